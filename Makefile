@@ -1,0 +1,25 @@
+PY ?= python3
+PIP ?= $(PY) -m pip
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: install test lint demo bench clean
+
+install:  ## CPU torch first (a plain `torch` requirement would pull a CUDA build), then the package
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q -e ".[dev]"
+
+test: install
+	$(PY) -m pytest -q -x -p no:cacheprovider tests
+
+lint:
+	$(PY) -m ruff check zerolaunch tests bench
+	$(PY) -m ruff format --check zerolaunch tests bench
+
+demo: install
+	$(PY) -m zerolaunch train recipes/tiny-gpt.yaml --cpu 2
+
+bench:
+	$(PY) bench/run.py
+
+clean:
+	rm -rf runs build *.egg-info .pytest_cache

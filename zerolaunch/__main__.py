@@ -1,0 +1,3 @@
+from zerolaunch.cli.app import main
+
+main()

@@ -1,0 +1,118 @@
+"""Options of the ZeRO engine, as frozen dataclasses.
+
+This module owns the engine's knobs and their defaults; it does not parse files, resolve "auto" or know any
+recipe vocabulary (that is `zerolaunch.config`, which builds these objects). Field names follow DeepSpeed's
+`zero_optimization` keys where one exists, so the mapping in `config/` is one-to-one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+OffloadDevice = Literal["none", "cpu", "nvme"]
+Dtype = Literal["fp32", "bf16", "fp16"]
+
+
+@dataclass(frozen=True)
+class OffloadOptions:
+    device: OffloadDevice = "none"
+    """Where the offloaded tensors live: none (on the accelerator), cpu (host RAM) or nvme (files)."""
+    pin_memory: bool = False
+    """Page-lock host buffers so host<->device copies run asynchronously."""
+    nvme_path: str | None = None
+    """Folder for the swap files when device is nvme."""
+    buffer_count: int = 4
+    """Pinned staging buffers used to stream nvme swap files (bounds host memory)."""
+
+
+@dataclass(frozen=True)
+class ZeroOptions:
+    stage: int = 1
+    """0 = plain data parallel (all-reduce), 1 = shard optimizer state, 2 = + gradients, 3 = + parameters."""
+    reduce_bucket_size: int = 500_000_000
+    """Elements per gradient bucket: one reduce-scatter per bucket."""
+    allgather_bucket_size: int = 500_000_000
+    """Elements per parameter all-gather after the step (stages 1/2)."""
+    overlap_comm: bool | None = None
+    """Run collectives on a side stream during backward; None = DeepSpeed's default (on for stage 3 only)."""
+    contiguous_gradients: bool = True
+    """Copy each gradient into its bucket buffer as soon as it is produced (avoids fragmentation)."""
+    stage3_prefetch_bucket_size: int = 50_000_000
+    """Elements gathered ahead of use in stage 3."""
+    stage3_param_persistence_threshold: int = 100_000
+    """Stage 3 params with fewer elements than this stay gathered on every rank."""
+    stage3_max_live_parameters: int = 1_000_000_000
+    """Upper bound on gathered (non-persistent) elements alive at once in stage 3."""
+    stage3_gather_16bit_weights_on_model_save: bool = False
+    """On save, also write the consolidated 16-bit model (streamed unit by unit)."""
+    stage3_units: tuple[str, ...] = ()
+    """Stage 3 unit override: module class names (or dotted module paths) that each become one unit."""
+    offload_optimizer: OffloadOptions = field(default_factory=OffloadOptions)
+    """fp32 master weights + optimizer state off the accelerator (stages 1-3)."""
+    offload_param: OffloadOptions = field(default_factory=OffloadOptions)
+    """Sharded parameters off the accelerator (stage 3 only)."""
+
+    @property
+    def overlap(self) -> bool:
+        return self.stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+
+@dataclass(frozen=True)
+class PrecisionOptions:
+    dtype: Dtype = "fp32"
+    """Compute dtype of the parameters the model sees; the master copy is always fp32."""
+    communication_dtype: Dtype | None = None
+    """Dtype gradients are reduced in; None = fp32 (exact, FSDP2's choice)."""
+    # fp16 dynamic loss scaling, DeepSpeed's semantics and defaults.
+    loss_scale: float = 0.0
+    """0 = dynamic; > 0 = a static scale."""
+    initial_scale_power: int = 16
+    """Dynamic scaling starts at 2**initial_scale_power."""
+    loss_scale_window: int = 1000
+    """Steps without overflow before the scale doubles."""
+    hysteresis: int = 2
+    """Overflows tolerated before the scale halves."""
+    min_loss_scale: float = 1.0
+    """The scale never drops below this."""
+
+
+@dataclass(frozen=True)
+class OptimizerOptions:
+    name: Literal["adamw", "adam", "sgd"] = "adamw"
+    """adamw (decoupled decay; DeepSpeed's "Adam" with adam_w_mode true), adam (L2 decay) or sgd."""
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    """Applied to params of 2+ dims; biases, norms and embeddings-by-1D get none (nanoGPT's grouping)."""
+    momentum: float = 0.0
+    """SGD only."""
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    name: Literal["none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine"] = "none"
+    warmup_min_lr: float = 0.0
+    warmup_max_lr: float | None = None
+    """None = the optimizer's lr."""
+    warmup_num_steps: int = 0
+    warmup_type: Literal["log", "linear"] = "log"
+    total_num_steps: int | None = None
+    """Needed by WarmupDecayLR, WarmupCosineLR and cosine."""
+    cos_min_ratio: float = 0.0001
+    """WarmupCosineLR / cosine: final lr as a fraction of the peak."""
+    warmup_min_ratio: float = 0.0
+    """WarmupCosineLR: first lr as a fraction of the peak."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    zero: ZeroOptions = field(default_factory=ZeroOptions)
+    precision: PrecisionOptions = field(default_factory=PrecisionOptions)
+    optimizer: OptimizerOptions = field(default_factory=OptimizerOptions)
+    scheduler: SchedulerOptions = field(default_factory=SchedulerOptions)
+    gradient_clipping: float = 0.0
+    """Clip the global gradient norm to this; 0 = off."""
+    gradient_accumulation_steps: int = 1
+    """Micro-steps per optimizer step."""
