@@ -1,0 +1,357 @@
+"""The library API: `engine = zerolaunch.initialize(model, config)`, the way `deepspeed.initialize` is used.
+
+This module owns: turning a user's config (a recipe dict or file, a DeepSpeed dict or ds_config.json, a
+Recipe, EngineOptions, or nothing = the recipe of the `zerolaunch train` run that started this script) into
+engine options; starting the process group from torchrun's environment when the script was started by plain
+`torchrun`; the user-facing engine wrapper (forward / backward / step / save and load checkpoints); running a
+recipe's `entrypoint:` script inside a worker (`run_entrypoint`); and writing a Hugging Face model directory
+(`save_hf_pretrained`). The engine itself is zero/, checkpoint files are checkpoint/; this only wires them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import shlex
+import sys
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zerolaunch.zero import Engine, EngineOptions, comm
+
+RECIPE_ENV = "ZEROLAUNCH_RECIPE"
+"""Path of the resolved recipe JSON of the run that started this process; `initialize(model)` reads it."""
+HF_CONFIG_EXTRA_KEY = "hf_config"
+"""Key of rank 0's checkpoint `extra` holding the HF model's config dict (convert writes it as config.json)."""
+DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
+
+
+# ---- config ---------------------------------------------------------------------------------------------
+def _resolve_config(config, overrides, world_size: int):
+    """(recipe or None, EngineOptions) from whatever the user passed; see initialize()."""
+    if isinstance(config, EngineOptions):
+        return None, config
+    if config is not None and hasattr(config, "engine") and isinstance(config.engine, EngineOptions):
+        return config, config.engine
+    from zerolaunch import config as zconfig
+
+    if config is None:
+        resolved = os.environ.get(RECIPE_ENV)
+        if not resolved:
+            return None, EngineOptions()
+        recipe = zconfig.load_resolved(resolved)
+        return recipe, recipe.engine
+    if isinstance(config, dict | str | os.PathLike):
+        recipe = zconfig.load_recipe(config, overrides=list(overrides), world_size=world_size)
+        return recipe, recipe.engine
+    raise TypeError(
+        f"zerolaunch.initialize: config must be a recipe/DeepSpeed dict, a path to a recipe or ds_config "
+        f"file, a Recipe or EngineOptions, got {type(config).__name__}"
+    )
+
+
+# ---- process group ------------------------------------------------------------------------------------------
+def _launched_by_torchrun() -> bool:
+    env = os.environ
+    return all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def init_process_group(timeout_s: float = 1800.0) -> bool:
+    """Start the default process group from torchrun's env (nccl on CUDA, gloo on CPU) unless one exists.
+
+    Returns True when this call created it. Without torchrun's variables (a plain `python train.py`) nothing is
+    started: the engine runs as a world of one.
+    """
+    if dist.is_initialized() or not _launched_by_torchrun():
+        return False
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+    # the group we made is ours to tear down; torch warns at exit about a group never destroyed.
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    return True
+
+
+def _default_device() -> torch.device:
+    # a gloo group (e.g. `zerolaunch train --device cpu` on a GPU host) means the run is on the CPU.
+    on_gloo = dist.is_initialized() and dist.get_backend() == "gloo"
+    if torch.cuda.is_available() and not on_gloo:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# ---- the engine wrapper -------------------------------------------------------------------------------------
+class ZeroLaunchEngine:
+    """What initialize() returns: DeepSpeed's engine surface over `zerolaunch.zero.Engine`.
+
+    Attributes not defined here (global_steps, memory_bytes(), comm_stats, full_state_dict(), ...) are the
+    inner engine's (`.engine`), so the checkpoint contract of docs/ARCHITECTURE.md works on either.
+    """
+
+    def __init__(self, engine, recipe=None):
+        self.engine = engine
+        self.recipe = recipe
+        self.module = engine.module
+        self.device = engine.device
+        self.group = engine.group
+        self.rank = comm.rank(engine.group)
+        self.world_size = comm.world_size(engine.group)
+
+    def __getattr__(self, name):
+        # only called for names not found on the wrapper itself.
+        return getattr(self.__dict__["engine"], name)
+
+    def _to_device(self, value):
+        if torch.is_tensor(value):
+            return value.to(self.device, non_blocking=True) if value.device != self.device else value
+        if isinstance(value, dict):
+            return {k: self._to_device(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self._to_device(v) for v in value)
+        return value
+
+    def __call__(self, *args, **kwargs):
+        """Forward. A lone dict is spread as keyword args (`engine(batch)` == `model(**batch)`, what HF
+        models want); tensors are moved to the engine's device first."""
+        args, kwargs = self._to_device(args), self._to_device(kwargs)
+        if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+            return self.engine(**args[0])
+        return self.engine(*args, **kwargs)
+
+    def backward(self, loss) -> None:
+        """Backward of a scalar loss, or of the `.loss` / ["loss"] of a model output."""
+        if not torch.is_tensor(loss):
+            loss = loss["loss"] if isinstance(loss, dict) else getattr(loss, "loss", loss)
+        if not torch.is_tensor(loss):
+            raise TypeError(
+                f"engine.backward needs a scalar loss tensor or an output with .loss, got {type(loss).__name__}"
+            )
+        self.engine.backward(loss)
+
+    def step(self):
+        """Call after every backward; the optimizer steps at each accumulation boundary -> StepInfo."""
+        return self.engine.step()
+
+    def save_checkpoint(self, save_dir, step: int | None = None, extra: dict | None = None):
+        """COLLECTIVE: write `save_dir/step_{step}/` (default step: global_steps) and move `latest`.
+
+        `extra` is this rank's JSON/tensor dict stored with the checkpoint (DeepSpeed's client_state). For an HF
+        model, rank 0's extra also carries the model's config (key "hf_config") so convert-checkpoint can write
+        config.json next to the weights.
+        """
+        from zerolaunch.checkpoint import save_checkpoint
+
+        extra = dict(extra or {})
+        if self.rank == 0 and HF_CONFIG_EXTRA_KEY not in extra:
+            hf_config = hf_config_dict(self.module)
+            if hf_config is not None:
+                extra[HF_CONFIG_EXTRA_KEY] = hf_config
+        return save_checkpoint(
+            self.engine,
+            Path(save_dir),
+            step=self.engine.global_steps if step is None else step,
+            extra=extra,
+            group=self.group,
+        )
+
+    def load_checkpoint(self, load_dir):
+        """Load a checkpoint root (follows `latest`) or one step folder, at any world size / stage; returns
+        this rank's saved `extra` (with rank 0's "hf_config" if there was one)."""
+        from zerolaunch.checkpoint import load_checkpoint
+
+        return load_checkpoint(self.engine, Path(load_dir), group=self.group)
+
+    def save_pretrained(self, out_dir, **kwargs) -> None:
+        """COLLECTIVE: see save_hf_pretrained."""
+        save_hf_pretrained(self, out_dir, **kwargs)
+
+
+def initialize(
+    model: torch.nn.Module,
+    config=None,
+    *,
+    overrides: list[str] | tuple[str, ...] = (),
+    group=None,
+    device: torch.device | str | None = None,
+    timeout_s: float = 1800.0,
+) -> ZeroLaunchEngine:
+    """Wrap `model` in the ZeRO engine and return a ZeroLaunchEngine.
+
+    config: a recipe or DeepSpeed dict, a path to a recipe YAML/JSON or ds_config.json, a Recipe, EngineOptions,
+    or None (the recipe of the `zerolaunch train` run that started this script, else the engine defaults).
+    overrides: `--set`-style "key=value" strings applied to a dict/path config.
+    Starts the process group from torchrun's env when none exists; device defaults to this rank's GPU or CPU.
+    """
+    init_process_group(timeout_s)
+    world_size = comm.world_size(group)
+    recipe, options = _resolve_config(config, overrides, world_size)
+    options = _hf_stage3_units(model, options)
+    device = torch.device(device) if device else _default_device()
+    init_fn = _meta_init_fn(model, options)
+    if init_fn is not None:
+        from zerolaunch.zero.stage3 import Stage3Engine
+
+        return ZeroLaunchEngine(Stage3Engine(model, options, group, device, init_fn=init_fn), recipe)
+    return ZeroLaunchEngine(Engine(model, options, group=group, device=device), recipe)
+
+
+def _meta_init_fn(model, options: EngineOptions):
+    """An HF model built on the meta device (model.args.meta) under ZeRO-3 is initialized unit by unit with
+    HF's own per-module init (`_init_weights`: normal(0, initializer_range), norms at 1, rotary tables),
+    not torch's reset_parameters defaults."""
+    if options.zero.stage != 3 or not any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        return None
+    from zerolaunch.models.hf import is_hf_model
+
+    return model._init_weights if is_hf_model(model) and hasattr(model, "_init_weights") else None
+
+
+def _hf_stage3_units(model, options: EngineOptions) -> EngineOptions:
+    """HF models under ZeRO-3 with no unit override: the decoder layer classes become the units."""
+    if options.zero.stage != 3 or options.zero.stage3_units:
+        return options
+    from zerolaunch.models.hf import is_hf_model, unit_class_names
+
+    units = unit_class_names(model) if is_hf_model(model) else ()
+    if not units:
+        return options
+    return replace(options, zero=replace(options.zero, stage3_units=units))
+
+
+# ---- entrypoint scripts -------------------------------------------------------------------------------------
+def run_entrypoint(recipe, resolved_path) -> None:
+    """Run the recipe's `entrypoint:` script in this worker instead of the built-in loop.
+
+    The script runs as `__main__` (runpy) with sys.argv = the entrypoint split shell-style, its folder first on
+    sys.path (as `python script.py` would), and ZEROLAUNCH_RECIPE = resolved_path so that
+    `zerolaunch.initialize(model)` with no config uses this run's recipe.
+    """
+    entry = str(recipe.entrypoint or "").strip()
+    # the resolved recipe holds an absolute script path (maybe with spaces); else "script.py --arg value".
+    argv = [entry] if Path(entry).is_file() else shlex.split(entry)
+    if not argv:
+        raise ValueError("entrypoint is empty: give a script path, e.g. entrypoint: my_train.py")
+    script = Path(argv[0]).expanduser()
+    if not script.is_file():
+        raise FileNotFoundError(
+            f"entrypoint: {script} is not a file (relative paths are taken from {Path.cwd()}); "
+            "give the path of your training script"
+        )
+    saved_argv, saved_path, saved_env = sys.argv, list(sys.path), os.environ.get(RECIPE_ENV)
+    sys.argv = [str(script), *argv[1:]]
+    sys.path.insert(0, str(script.resolve().parent))
+    os.environ[RECIPE_ENV] = str(Path(resolved_path).resolve())
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        if saved_env is None:
+            os.environ.pop(RECIPE_ENV, None)
+        else:
+            os.environ[RECIPE_ENV] = saved_env
+
+
+# ---- Hugging Face output ------------------------------------------------------------------------------------
+def hf_config_dict(model) -> dict | None:
+    """The JSON dict of an HF model's config (what config.json holds), or None for other models."""
+    from zerolaunch.models.hf import is_hf_model
+
+    if not is_hf_model(model):
+        return None
+    return json.loads(model.config.to_json_string(use_diff=False))
+
+
+def write_hf_config(config: dict, out_dir, dtype: torch.dtype | None = None) -> None:
+    """config.json from a config dict (e.g. a checkpoint's extra["hf_config"]), dtype set to the weights'."""
+    config = dict(config)
+    if dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        # transformers 5 writes "dtype", 4.x "torch_dtype"; set whichever this config has (both if neither).
+        keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["dtype", "torch_dtype"]
+        for k in keys:
+            config[k] = name
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def save_hf_pretrained(
+    engine, out_dir, *, dtype: torch.dtype | None = None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+) -> Path:
+    """COLLECTIVE: write an HF model directory that `AutoModelForCausalLM.from_pretrained` loads.
+
+    Every rank iterates engine.full_state_dict (it gathers); rank 0 writes config.json and the weights:
+    model.safetensors, or shards of at most max_shard_bytes + model.safetensors.index.json. Host memory on
+    rank 0 stays under one shard. dtype: of the written weights (default: as the model holds them; fp32 from a
+    16-bit model gives the exact master weights). Tied weights are written once (HF re-ties them on load);
+    non-persistent buffers (rotary tables) are left out, as save_pretrained does.
+    """
+    from zerolaunch.checkpoint.tensorfile import write_safetensors
+    from zerolaunch.models.hf import is_hf_model
+
+    inner = getattr(engine, "engine", engine)
+    model = inner.module
+    if not is_hf_model(model):
+        raise ValueError(
+            f"save_hf_pretrained needs a transformers PreTrainedModel, got {type(model).__name__}; "
+            "use zerolaunch convert-checkpoint for other models"
+        )
+    rank = comm.rank(inner.group)
+    out = Path(out_dir)
+    persistent = set(model.state_dict().keys())
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
+            stale.unlink(missing_ok=True)
+    shards: list[list[str]] = []
+    current: dict[str, torch.Tensor] = {}
+    current_bytes = total_bytes = 0
+    written_dtype = None
+
+    def flush():
+        nonlocal current, current_bytes
+        if current:
+            shards.append(list(current))
+            write_safetensors(out / f".part-{len(shards)}.safetensors", current.items(), {"format": "pt"})
+            current, current_bytes = {}, 0
+
+    for name, tensor in inner.full_state_dict(dtype=dtype):
+        if rank != 0 or name not in persistent:
+            continue
+        # clone: gathered tensors may be views of one bucket, and safetensors stores each tensor on its own.
+        t = tensor.detach().to("cpu", copy=True).contiguous()
+        if t.is_floating_point():
+            written_dtype = t.dtype
+        nbytes = t.numel() * t.element_size()
+        if current and current_bytes + nbytes > max_shard_bytes:
+            flush()
+        current[name] = t
+        current_bytes += nbytes
+        total_bytes += nbytes
+    if rank == 0:
+        flush()
+        _publish_shards(out, shards, total_bytes)
+        write_hf_config(hf_config_dict(model), out, written_dtype)
+    comm.barrier(inner.group)
+    return out
+
+
+def _publish_shards(out: Path, shards: list[list[str]], total_bytes: int) -> None:
+    """Rename the written parts to HF's names; more than one part gets an index (name -> file)."""
+    if len(shards) == 1:
+        (out / ".part-1.safetensors").replace(out / "model.safetensors")
+        return
+    weight_map = {}
+    for i, names in enumerate(shards, start=1):
+        final = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        (out / f".part-{i}.safetensors").replace(out / final)
+        weight_map.update(dict.fromkeys(names, final))
+    index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")

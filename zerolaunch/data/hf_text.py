@@ -1,0 +1,190 @@
+"""Text / JSONL files -> batches for Hugging Face causal LMs (`data.builder: zerolaunch.data.hf_text:build`).
+
+This module owns reading plain-text and JSONL files, tokenizing them with a tokenizer from a *local* directory
+(or byte-level, ids 0..255, when none is given), cutting the token stream into fixed windows and handing each
+rank its share of every epoch. It does not know the model: batches follow the Hugging Face convention
+`labels == input_ids` (the model shifts the labels itself), so they feed any `AutoModelForCausalLM` as is.
+
+Batches are resumable (stream.BatchStream: batch i is a pure function of i). Every rank tokenizes the whole corpus (deterministic, no communication) and keeps only its windows; that is
+fine for the corpora a launcher test or a fine-tune uses, not for pre-training-size data.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from zerolaunch.data.stream import BatchStream, mix_seed
+
+TEXT_SUFFIXES = (".txt", ".md", ".text", ".py")
+JSONL_SUFFIXES = (".jsonl",)
+BYTE_VOCAB_SIZE = 256
+"""Byte-level tokenization: one token per UTF-8 byte, so the model's vocab_size must be >= 256."""
+_EPOCH_SALT = 11
+
+
+def _files(path: str | os.PathLike | list) -> list[Path]:
+    """The files named by `path`: one file, every text/JSONL file of a directory (sorted), or a list of both."""
+    paths = path if isinstance(path, list | tuple) else [path]
+    if not paths:
+        raise ValueError("data.args.path is an empty list: give a text/JSONL file or a directory of them")
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(
+                f"data.args.path: {p} does not exist (relative paths are taken from {Path.cwd()}); "
+                "give a .txt/.md/.jsonl file or a directory of them"
+            )
+        if p.is_dir():
+            inside = sorted(
+                f for f in p.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES
+            )
+            if not inside:
+                raise ValueError(
+                    f"data.args.path: directory {p} holds no {'/'.join(TEXT_SUFFIXES + JSONL_SUFFIXES)} files"
+                )
+            found.extend(inside)
+        else:
+            found.append(p)
+    return found
+
+
+def read_documents(path: str | os.PathLike | list, text_key: str = "text") -> list[str]:
+    """One string per document: a whole text file, or the `text_key` field of each JSONL line."""
+    docs: list[str] = []
+    for f in _files(path):
+        if f.suffix not in JSONL_SUFFIXES:
+            docs.append(f.read_text(encoding="utf-8", errors="replace"))
+            continue
+        for line_no, line in enumerate(f.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{f}:{line_no}: not valid JSON ({e.msg}); each JSONL line must be one object"
+                ) from None
+            if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
+                keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+                raise ValueError(
+                    f"{f}:{line_no}: no string field {text_key!r} (found {keys}); "
+                    "set data.args.text_key to the field that holds the text"
+                )
+            docs.append(record[text_key])
+    return docs
+
+
+def load_tokenizer(tokenizer: str | os.PathLike):
+    """A tokenizer from a local directory; never downloads (HF_HUB_OFFLINE=1, local_files_only=True)."""
+    p = Path(tokenizer)
+    if not p.is_dir():
+        raise FileNotFoundError(
+            f"data.args.tokenizer: {p} is not a directory; zerolaunch never downloads: give a local directory "
+            "saved with tokenizer.save_pretrained(...), or leave tokenizer unset for byte-level tokens"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ImportError("data.args.tokenizer needs transformers: pip install 'zerolaunch[hf]'") from None
+    return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+
+
+def tokenize(docs: list[str], tokenizer=None) -> torch.Tensor:
+    """All documents as one 1-D long tensor, each followed by the end-of-text token (byte-level: a newline)."""
+    ids: list[int] = []
+    if tokenizer is None:
+        for d in docs:
+            ids.extend(d.encode("utf-8"))
+            ids.append(ord("\n"))
+    else:
+        eos = tokenizer.eos_token_id
+        for d in docs:
+            ids.extend(tokenizer(d, add_special_tokens=False)["input_ids"])
+            if eos is not None:
+                ids.append(eos)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def windows_stream(
+    tokens: torch.Tensor,
+    *,
+    seq_len: int,
+    rank: int,
+    world_size: int,
+    micro_batch_size: int,
+    seed: int,
+    description: str,
+) -> BatchStream:
+    """Endless batches of this rank's non-overlapping `seq_len` windows of `tokens`.
+
+    Window w belongs to rank `w % world_size` (disjoint across ranks, the same count on each); each epoch
+    visits a rank's windows in an order shuffled by (seed, epoch). Batch i is a pure function of i
+    (stream.BatchStream), so a resumed run sees the batches it would have seen.
+    """
+    window_count = tokens.numel() // seq_len
+    windows_per_rank = window_count // world_size
+    if windows_per_rank < 1:
+        raise ValueError(
+            f"the text holds {tokens.numel()} tokens = {window_count} windows of seq_len {seq_len}, fewer than "
+            f"world_size {world_size}; give more text or lower data.args.seq_len"
+        )
+    windows = tokens[: window_count * seq_len].view(window_count, seq_len)  # (W, T)
+    mine = torch.arange(windows_per_rank) * world_size + rank  # this rank's window ids, (W_r,)
+
+    @functools.lru_cache(maxsize=2)  # a batch spans at most two epochs
+    def epoch_order(epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(mix_seed(seed, _EPOCH_SALT, epoch))
+        return mine[torch.randperm(windows_per_rank, generator=g)]
+
+    def make_batch(index: int) -> dict[str, torch.Tensor]:
+        ids = []
+        for k in range(index * micro_batch_size, (index + 1) * micro_batch_size):
+            epoch, slot = divmod(k, windows_per_rank)
+            ids.append(int(epoch_order(epoch)[slot]))
+        x = windows[torch.tensor(ids)]  # (B, T)
+        # HF convention: labels are the inputs; the model shifts them by one itself.
+        return {"input_ids": x, "labels": x.clone()}
+
+    return BatchStream(make_batch, description=f"{description} windows/rank={windows_per_rank} T={seq_len}")
+
+
+def build(
+    *,
+    rank: int,
+    world_size: int,
+    micro_batch_size: int,
+    seed: int,
+    path,
+    seq_len: int = 256,
+    tokenizer: str | None = None,
+    text_key: str = "text",
+) -> BatchStream:
+    """The data builder: `path` (file, directory or list), `seq_len`, optional local `tokenizer` directory."""
+    for name, value in (
+        ("seq_len", seq_len),
+        ("micro_batch_size", micro_batch_size),
+        ("world_size", world_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"data.args.{name} must be a positive integer, got {value!r}")
+    if seq_len < 2:
+        raise ValueError(f"data.args.seq_len must be >= 2 (one token predicts the next), got {seq_len}")
+    docs = read_documents(path, text_key=text_key)
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+    tokens = tokenize(docs, tok)
+    kind = f"tokenizer {tokenizer}" if tok is not None else "byte-level"
+    return windows_stream(
+        tokens,
+        seq_len=seq_len,
+        rank=rank,
+        world_size=world_size,
+        micro_batch_size=micro_batch_size,
+        seed=seed,
+        description=f"hf_text {len(docs)} docs {tokens.numel()} tokens {kind}",
+    )

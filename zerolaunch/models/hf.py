@@ -1,0 +1,151 @@
+"""Any Hugging Face `transformers` causal LM as a zerolaunch model (`model.builder: zerolaunch.models.hf:build`).
+
+This module owns turning recipe arguments into an `AutoModelForCausalLM`: from a local directory
+(`path:`, `from_pretrained`) or from a config given inline (`config: {model_type: llama, ...}`, `from_config`,
+random init). It never downloads (HF_HUB_OFFLINE=1 and local_files_only=True), rejects config keys the model's
+config class does not know (transformers itself would silently keep them), and says which module class makes
+a ZeRO-3 unit (the decoder layer, from `_no_split_modules`). It does not know the engine or the data; the
+model returns HF's output object whose `.loss` the loop reads (labels == input_ids, HF shifts them itself).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _transformers():
+    """Import transformers offline, or fail with the install command."""
+    # huggingface_hub reads HF_HUB_OFFLINE when it is first imported: set it before the import.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError(
+            "model.builder zerolaunch.models.hf needs transformers: pip install 'zerolaunch[hf]'"
+        ) from None
+    return transformers
+
+
+def _dtype_kwarg(transformers, dtype: torch.dtype) -> dict:
+    # transformers 4.56 renamed from_pretrained's torch_dtype to dtype; 4.40-4.55 only know torch_dtype.
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+
+
+def make_config(config: dict):
+    """An HF config object from an inline dict with `model_type`; unknown keys are an error with a hint."""
+    transformers = _transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"model.args.config must be a mapping (model_type: llama, ...), got {type(config).__name__}"
+        )
+    fields = dict(config)
+    model_type = fields.pop("model_type", None)
+    if model_type is None:
+        raise ValueError("model.args.config needs a model_type key (e.g. llama, gpt2, mistral, qwen2)")
+    if model_type not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(
+            f"model.args.config.model_type {model_type!r} is not a model type transformers "
+            f"{transformers.__version__} knows{hint}"
+        )
+    config_class = CONFIG_MAPPING[model_type]
+    known = set(vars(config_class())) | set(getattr(config_class, "attribute_map", {}))
+    unknown = sorted(k for k in fields if k not in known)
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"model.args.config.{key}: {config_class.__name__} has no such field{hint}")
+    return config_class(**fields)
+
+
+def check_local_dir(path: str | os.PathLike) -> Path:
+    """The directory of a saved model, or a clear error: zerolaunch never downloads."""
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(
+            f"model.args.path: {p} is not a local directory (zerolaunch never downloads models; give a "
+            "directory written by save_pretrained or by `zerolaunch convert-checkpoint`, holding config.json "
+            "and model.safetensors)"
+        )
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.args.path: {p} has no config.json; is it a Hugging Face model directory?"
+        )
+    return p
+
+
+def unit_class_names(model: nn.Module) -> tuple[str, ...]:
+    """Module class names that make one ZeRO-3 unit each: HF's `_no_split_modules` (the decoder layers)."""
+    names = tuple(getattr(model, "_no_split_modules", None) or ())
+    present = {type(m).__name__ for m in model.modules()}
+    return tuple(n for n in names if n in present)
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    """True for a transformers PreTrainedModel (it has a config that save_pretrained can write)."""
+    config = getattr(model, "config", None)
+    return config is not None and hasattr(config, "save_pretrained") and hasattr(model, "_no_split_modules")
+
+
+def build(
+    *,
+    path: str | None = None,
+    config: dict | None = None,
+    dtype: str = "fp32",
+    attn_implementation: str | None = None,
+    meta: bool = False,
+) -> nn.Module:
+    """The model builder.
+
+    path: a local HF model directory (weights loaded). config: an inline config with model_type (random init).
+    dtype: fp32 | bf16 | fp16 for the weights as built (the engine casts to precision.dtype anyway).
+    attn_implementation: eager | sdpa | flash_attention_2 ..., None = transformers' default.
+    meta: build on the meta device (no memory; for ZeRO-3 to materialize unit by unit; needs `config`).
+    """
+    if (path is None) == (config is None):
+        raise ValueError(
+            "model.args needs exactly one of path (a local HF model directory) or config (an inline "
+            "config with model_type)"
+        )
+    if dtype not in DTYPES:
+        raise ValueError(f"model.args.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    transformers = _transformers()
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    if path is not None:
+        if meta:
+            raise ValueError("model.args.meta works with config only; a path loads real weights")
+        local = check_local_dir(path)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(local), local_files_only=True, **_dtype_kwarg(transformers, DTYPES[dtype]), **extra
+        )
+    else:
+        cfg = make_config(config)
+        if meta:
+            with torch.device("meta"):
+                model = transformers.AutoModelForCausalLM.from_config(cfg, **extra)
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(cfg, **extra)
+        model = model.to(DTYPES[dtype])
+    # training: no KV cache (it only costs memory, and some models warn when it meets labels).
+    model.config.use_cache = False
+    # from_pretrained hands back eval mode (dropout off); this builder builds models to train.
+    model.train()
+    # train.activation_checkpointing calls model.enable_activation_checkpointing(); HF spells it
+    # gradient_checkpointing_enable. Non-reentrant: it re-runs ZeRO-3's gather hooks in the recomputation.
+    model.enable_activation_checkpointing = functools.partial(
+        model.gradient_checkpointing_enable, gradient_checkpointing_kwargs={"use_reentrant": False}
+    )
+    return model
