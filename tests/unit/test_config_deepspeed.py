@@ -1,0 +1,265 @@
+"""The DeepSpeed vocabulary: the docs' example configs load, unsupported features are named, misspellings are
+refused at every level, no-effect keys are noted, and DeepSpeed's defaults apply.
+
+Leaves out "auto" arithmetic (test_config_auto) and file handling (test_config_load).
+"""
+
+from pathlib import Path
+
+import pytest
+
+from zerolaunch.config import RecipeError, load_recipe
+
+DS_CONFIGS = Path(__file__).resolve().parents[1] / "data" / "ds_configs"
+
+
+def test_deepspeed_stage1_example():
+    recipe = load_recipe(DS_CONFIGS / "ds_zero1.json", world_size=2)
+    assert recipe.engine.zero.stage == 1
+    assert recipe.engine.zero.reduce_bucket_size == 500_000_000
+    assert recipe.train.precision == "fp16" and recipe.engine.precision.dtype == "fp16"
+    # "Adam" is AdamW unless adam_w_mode is false.
+    assert recipe.engine.optimizer.name == "adamw" and recipe.engine.optimizer.lr == 0.00015
+    assert (recipe.train.micro_batch_size, recipe.train.gradient_accumulation_steps) == (4, 1)
+    assert recipe.engine.precision.initial_scale_power == 16 and recipe.engine.precision.hysteresis == 2
+    assert recipe.engine.gradient_clipping == 1.0  # DeepSpeed's default
+    assert recipe.engine.zero.overlap_comm is False  # on for stage 3 only
+    # A bare ds_config: model and data are the flagged defaults.
+    assert (
+        recipe.model.builder == "zerolaunch.models.gpt:build" and recipe.origins["model.builder"] == "default"
+    )
+    assert "bare DeepSpeed config" in recipe.notes["model.builder"]
+
+
+def test_hf_stage2_example():
+    recipe = load_recipe(DS_CONFIGS / "hf_zero2.json", overrides=["train.micro_batch_size=2"], world_size=4)
+    zero = recipe.engine.zero
+    assert zero.stage == 2 and zero.overlap_comm is True
+    assert zero.reduce_bucket_size == 200_000_000 and zero.allgather_bucket_size == 200_000_000
+    assert zero.offload_optimizer.device == "cpu" and zero.offload_optimizer.pin_memory is True
+    assert recipe.train.global_batch_size == 8
+    assert recipe.engine.scheduler.name == "WarmupLR"
+    assert recipe.engine.scheduler.warmup_max_lr == recipe.train.lr
+    assert "deepspeed.zero_optimization.reduce_scatter" in recipe.notes
+    assert "no effect" in recipe.notes["deepspeed.steps_per_print"]
+
+
+def test_hf_stage3_example_resolves_every_auto():
+    recipe = load_recipe(
+        DS_CONFIGS / "hf_zero3.json",
+        overrides=["train.precision=bf16", "train.lr=2e-5", "train.warmup_steps=10"],
+        world_size=2,
+    )
+    zero = recipe.engine.zero
+    assert zero.stage == 3 and zero.offload_param.device == "cpu" and zero.offload_optimizer.device == "cpu"
+    assert zero.stage3_gather_16bit_weights_on_model_save is True
+    assert zero.stage3_max_live_parameters == 1_000_000_000
+    assert recipe.engine.precision.dtype == "bf16"
+    assert recipe.engine.optimizer.lr == 2e-5 and recipe.engine.scheduler.warmup_max_lr == 2e-5
+    assert recipe.engine.scheduler.warmup_num_steps == 10
+    for key in (
+        "engine.zero.reduce_bucket_size",
+        "engine.optimizer.lr",
+        "engine.optimizer.betas",
+        "engine.precision.dtype",
+        "engine.gradient_clipping",
+        "engine.scheduler.warmup_num_steps",
+    ):
+        assert recipe.origins[key] == "auto", key
+    assert "auto" not in str(recipe.to_json()["engine"]).replace("'", "")
+
+
+@pytest.mark.parametrize(
+    ("ds", "match"),
+    [
+        (
+            {"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}},
+            "DeepSpeed's Lamb optimizer is not supported",
+        ),
+        ({"optimizer": {"type": "OneBitAdam"}}, "DeepSpeed's OneBitAdam optimizer is not supported"),
+        ({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}, "ZeRO\\+\\+ quantized weights"),
+        ({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}}, "ZeRO\\+\\+ hierarchical"),
+        (
+            {"zero_optimization": {"stage": 2, "zero_quantized_gradients": True}},
+            "ZeRO\\+\\+ quantized gradients",
+        ),
+        ({"zero_optimization": {"stage": 3, "mics_shard_size": 8}}, "MiCS"),
+        ({"pipeline": {"stages": 2}}, "pipeline parallelism is not supported"),
+        ({"sparse_attention": {"mode": "fixed"}}, "sparse_attention is not supported"),
+        ({"scheduler": {"type": "OneCycle"}}, "DeepSpeed's OneCycle scheduler is not supported"),
+        ({"optimizer": {"type": "Adam", "params": {"amsgrad": True}}}, "AMSGrad is not supported"),
+    ],
+)
+def test_unsupported_features_are_named(ds, match):
+    with pytest.raises(RecipeError, match=match):
+        load_recipe({"deepspeed": ds})
+
+
+def test_features_turned_off_are_accepted_with_a_note():
+    recipe = load_recipe(
+        {
+            "deepspeed": {
+                "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 1},
+                "flops_profiler": {"enabled": False},
+            }
+        }
+    )
+    assert "feature off" in recipe.notes["deepspeed.zero_optimization.zero_hpz_partition_size"]
+    assert "deepspeed.flops_profiler" in recipe.notes
+
+
+@pytest.mark.parametrize(
+    ("ds", "wrong", "right"),
+    [
+        ({"zero_optimisation": {"stage": 2}}, "zero_optimisation", "zero_optimization"),
+        (
+            {"zero_optimization": {"stage": 2, "overlap_com": True}},
+            "zero_optimization.overlap_com",
+            "overlap_comm",
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "offload_param": {"devic": "cpu"}}},
+            "offload_param.devic",
+            "device",
+        ),
+        ({"fp16": {"enable": True}}, "fp16.enable", "enabled"),
+        (
+            {"optimizer": {"type": "AdamW", "params": {"weight_decy": 0.1}}},
+            "params.weight_decy",
+            "weight_decay",
+        ),
+        (
+            {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 3}}},
+            "params.warmup_num_step",
+            "warmup_num_steps",
+        ),
+    ],
+)
+def test_misspelled_keys_at_any_level(ds, wrong, right):
+    with pytest.raises(RecipeError) as err:
+        load_recipe({"deepspeed": ds})
+    assert wrong in str(err.value) and f"Did you mean `{right}`?" in str(err.value)
+
+
+def test_misspelled_top_level_key_of_a_bare_config_is_refused(tmp_path):
+    path = tmp_path / "ds_config.json"
+    path.write_text('{"train_batch_size": 8, "zero_optimisation": {"stage": 2}}')
+    with pytest.raises(RecipeError, match="silently ignore"):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize(
+    ("ds", "match"),
+    [
+        ({"zero_optimization": {"stage": 4}}, "between 0 and 3"),
+        (
+            {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}},
+            "must be one of none, cpu, nvme",
+        ),
+        ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, "only ZeRO stage 3"),
+        (
+            {"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}},
+            "needs ZeRO stage 1, 2 or 3",
+        ),
+        ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "no nvme_path"),
+        ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "both enabled"),
+        ({"optimizer": {"type": "AdamW", "params": {"lr": -0.1}}}, "must be > 0"),
+        ({"zero_optimization": {"stage": "auto"}}, '"auto", which zerolaunch cannot resolve'),
+        ({"zero_optimization": {"reduce_bucket_size": "big"}}, "must be an integer"),
+        ({"communication_data_type": "fp8"}, "must be one of fp32, fp16, bf16"),
+        ({"optimizer": {"type": "Adamm"}}, "Did you mean `Adam`"),
+        ({"zero_optimization": 3}, "must be a mapping"),
+    ],
+)
+def test_bad_deepspeed_values(ds, match):
+    with pytest.raises(RecipeError, match=match):
+        load_recipe({"deepspeed": ds})
+
+
+def test_precision_conflict_between_spellings():
+    with pytest.raises(RecipeError, match="disagrees with `deepspeed.bf16.enabled`"):
+        load_recipe({"train": {"precision": "fp16"}, "deepspeed": {"bf16": {"enabled": True}}})
+    assert load_recipe({"deepspeed": {"bf16": {"enabled": True}}}).train.precision == "bf16"
+
+
+def test_adam_modes_and_sgd():
+    adam = load_recipe(
+        {"deepspeed": {"optimizer": {"type": "Adam", "params": {"adam_w_mode": False, "torch_adam": True}}}}
+    )
+    assert adam.engine.optimizer.name == "adam"
+    assert "deepspeed.optimizer.params.torch_adam" in adam.notes
+    sgd = load_recipe({"deepspeed": {"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}}})
+    assert (sgd.engine.optimizer.name, sgd.engine.optimizer.momentum, sgd.train.lr) == ("sgd", 0.9, 0.1)
+
+
+def test_deepspeed_defaults_apply_inside_a_deepspeed_block():
+    recipe = load_recipe(
+        {"deepspeed": {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}}
+    )
+    assert recipe.engine.zero.overlap_comm is True  # DeepSpeed: on for stage 3
+    assert recipe.engine.zero.offload_optimizer.pin_memory is True
+    assert load_recipe({"deepspeed": {}}).engine.zero.stage == 0
+    assert load_recipe({}).engine.zero.stage == 1  # zerolaunch's own default without a DeepSpeed block
+    legacy = load_recipe({"deepspeed": {"zero_optimization": True}})
+    assert legacy.engine.zero.stage == 1 and "legacy" in legacy.notes["deepspeed.zero_optimization"]
+
+
+def test_schedulers():
+    decay = load_recipe(
+        {
+            "train": {"steps": 50},
+            "deepspeed": {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5}}},
+        }
+    )
+    assert decay.engine.scheduler.total_num_steps == 50 and decay.train.warmup_steps == 5
+    cosine_spec = {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto", "cos_min_ratio": 0.1}}
+    with pytest.raises(RecipeError, match="DeepSpeed's default of 1000 warmup steps"):
+        load_recipe({"deepspeed": {"scheduler": cosine_spec}})
+    cosine = load_recipe({"train": {"warmup_steps": 10}, "deepspeed": {"scheduler": cosine_spec}})
+    assert cosine.engine.scheduler.name == "WarmupCosineLR" and cosine.engine.scheduler.cos_min_ratio == 0.1
+    assert cosine.engine.scheduler.total_num_steps == 100 and cosine.engine.scheduler.warmup_num_steps == 10
+    # DeepSpeed's WarmupLR defaults when params are absent.
+    plain = load_recipe({"train": {"steps": 2000}, "deepspeed": {"scheduler": {"type": "WarmupLR"}}})
+    assert plain.engine.scheduler.warmup_num_steps == 1000 and plain.engine.scheduler.warmup_max_lr == 0.001
+    with pytest.raises(RecipeError, match="both choose the schedule"):
+        load_recipe({"train": {"lr_schedule": "cosine"}, "deepspeed": {"scheduler": {"type": "WarmupLR"}}})
+
+
+def test_no_effect_keys_are_accepted_and_noted():
+    ds = {
+        "zero_force_ds_cpu_optimizer": False,
+        "zero_allow_untested_optimizer": True,
+        "wall_clock_breakdown": True,
+        "zero_optimization": {
+            "stage": 2,
+            "round_robin_gradients": True,
+            "elastic_checkpoint": True,
+            "sub_group_size": 1e9,
+        },
+    }
+    recipe = load_recipe({"deepspeed": ds})
+    for key in (
+        "zero_force_ds_cpu_optimizer",
+        "zero_allow_untested_optimizer",
+        "wall_clock_breakdown",
+        "zero_optimization.round_robin_gradients",
+        "zero_optimization.elastic_checkpoint",
+        "zero_optimization.sub_group_size",
+    ):
+        assert "no effect" in recipe.notes[f"deepspeed.{key}"], key
+
+
+def test_fp16_and_communication_dtype():
+    recipe = load_recipe(
+        {
+            "deepspeed": {
+                "fp16": {"enabled": True, "loss_scale_window": 500},
+                "communication_data_type": "BF16",
+            }
+        }
+    )
+    precision = recipe.engine.precision
+    assert (precision.dtype, precision.communication_dtype) == ("fp16", "bf16")
+    assert (precision.loss_scale, precision.loss_scale_window, precision.min_loss_scale) == (0.0, 500, 1.0)
+    assert recipe.origins["engine.precision.loss_scale_window"] == "file"
+    assert recipe.origins["engine.precision.hysteresis"] == "default"

@@ -1,0 +1,341 @@
+"""Resolution of the train section: the batch rule, the values spelled twice, and "auto".
+
+The recipe's `train.*` keys and the DeepSpeed block's keys are two spellings of one value (train.lr and
+optimizer.params.lr, train.micro_batch_size and train_micro_batch_size_per_gpu, ...): either may be given,
+both must agree, and a DeepSpeed "auto" takes the train value. The batch rule is DeepSpeed's:
+global = micro * accum * world_size, any two derive the third. Hidden-size "auto" (bucket sizes) follows
+Hugging Face. This module owns those rules; the engine options are assembled in engine.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path as FsPath
+from typing import Any
+
+from .errors import RecipeError, dotted
+from .schema import DEFAULT_MODEL_BUILDER, LR_SCHEDULES, PRECISIONS, TrainSection
+from .tree import MISSING, Path
+from .values import AUTO, DS, Resolver
+
+DEFAULTS = TrainSection()
+T: Path = ("train",)
+# Hidden sizes of the built-in GPT, used when zerolaunch/models/gpt.py (another part) is not there yet.
+FALLBACK_HIDDEN = {"tiny": 64, "small": 256, "125m": 768, "350m": 1024, "760m": 1536, "1.3b": 2048}
+HIDDEN_KEYS = ("d_model", "hidden_size", "n_embd")
+
+
+def solve_batch(
+    micro: int | None, accum: int | None, global_: int | None, world_size: int
+) -> tuple[int, int, int, set[str]]:
+    """DeepSpeed's batch rule. Returns (micro, accum, global, names derived here); a mismatch is an error."""
+    derived: set[str] = set()
+    if micro is not None and accum is not None and global_ is not None:
+        if micro * accum * world_size != global_:
+            raise RecipeError(
+                f"Batch sizes disagree: global_batch_size {global_} != micro_batch_size {micro} * "
+                f"gradient_accumulation_steps {accum} * world_size {world_size} = {micro * accum * world_size}. "
+                "Give any two of the three (the third is derived), or make them consistent."
+            )
+        return micro, accum, global_, derived
+    if global_ is None:
+        micro = DEFAULTS.micro_batch_size if micro is None else micro
+        accum = 1 if accum is None else accum
+        derived.add("global_batch_size")
+        return micro, accum, micro * accum * world_size, derived
+    if micro is None and accum is None:
+        accum = 1
+        derived.add("gradient_accumulation_steps")
+    if micro is None:
+        assert accum is not None
+        per_rank, rest = divmod(global_, accum * world_size)
+        if rest or per_rank < 1:
+            raise RecipeError(
+                f"global_batch_size {global_} is not divisible by gradient_accumulation_steps {accum} * "
+                f"world_size {world_size} = {accum * world_size}, so no whole micro_batch_size exists. "
+                f"Use a global batch that is a multiple of {accum * world_size}."
+            )
+        derived.add("micro_batch_size")
+        return per_rank, accum, global_, derived
+    steps, rest = divmod(global_, micro * world_size)
+    if rest or steps < 1:
+        raise RecipeError(
+            f"global_batch_size {global_} is not divisible by micro_batch_size {micro} * world_size "
+            f"{world_size} = {micro * world_size}, so no whole gradient_accumulation_steps exists. "
+            f"Use a global batch that is a multiple of {micro * world_size}."
+        )
+    derived.add("gradient_accumulation_steps")
+    return micro, steps, global_, derived
+
+
+def spelled_twice(
+    r: Resolver,
+    name: str,
+    ds_path: Path | None,
+    kind: str,
+    default: Any,
+    engine_key: str | None = None,
+    **limits: Any,
+) -> tuple[Any, bool]:
+    """train.<name> and its DeepSpeed spelling as one value; returns (value, given_by_user)."""
+    train_path = T + (name,)
+    if r.is_auto(train_path):
+        raise r.fail(
+            train_path,
+            'is "auto"',
+            f"Give a value: \"auto\" belongs in the DeepSpeed block, where it means 'take train.{name}'",
+        )
+    t_val = r.convert(train_path, r.raw(train_path), kind, **limits) if r.given(train_path) else None
+    d_given = ds_path is not None and r.given(ds_path)
+    d_val = r.convert(ds_path, r.raw(ds_path), kind, **limits) if d_given else None
+    if t_val is not None and d_val is not None and t_val != d_val:
+        raise RecipeError(
+            f"`train.{name}` = {t_val!r} ({r.where(train_path)}) and `{r.tree.key(ds_path)}` = {d_val!r} "
+            f"({r.where(ds_path)}) are two spellings of the same value and disagree. Keep one of them, or make "
+            "them equal."
+        )
+    if t_val is not None:
+        value, origin, note = t_val, r.tree.origin(train_path), None
+    elif d_val is not None:
+        value, origin, note = d_val, r.tree.origin(ds_path), f"from {dotted(ds_path)}"
+    else:
+        value, origin, note = default, "default", None
+    r.record(f"train.{name}", origin, note)
+    if engine_key is not None:
+        if ds_path is not None and r.is_auto(ds_path):
+            r.record(engine_key, "auto", f"auto: {dotted(ds_path)} = train.{name}")
+        elif d_val is not None:
+            r.record(engine_key, r.tree.origin(ds_path))
+        else:
+            r.record(engine_key, "derived" if origin != "default" else "default", f"from train.{name}")
+    return value, t_val is not None or d_val is not None
+
+
+def resolve_precision(r: Resolver) -> str:
+    flags: dict[str, Any] = {}
+    for dtype in ("bf16", "fp16"):
+        path = DS + (dtype, "enabled")
+        raw = r.raw(path)
+        flags[dtype] = raw if raw in (MISSING, AUTO) else r.convert(path, raw, "bool")
+    if flags["bf16"] is True and flags["fp16"] is True:
+        raise RecipeError(
+            f"fp16 and bf16 are both enabled ({r.where(DS + ('bf16', 'enabled'))}; "
+            f"{r.where(DS + ('fp16', 'enabled'))}). Enable one of them (or set train.precision)."
+        )
+    chosen = next((d for d in ("bf16", "fp16") if flags[d] is True), None)
+    path = T + ("precision",)
+    if r.given(path):
+        precision = r.convert(path, r.raw(path), "choice", choices=PRECISIONS)
+        for dtype, flag in flags.items():
+            if (flag is True and precision != dtype) or (flag is False and precision == dtype):
+                raise RecipeError(
+                    f"`train.precision` = {precision!r} ({r.where(path)}) disagrees with "
+                    f"`deepspeed.{dtype}.enabled` = {str(flag).lower()} ({r.where(DS + (dtype, 'enabled'))}). "
+                    f'Keep one of them, or set {dtype}.enabled to "auto".'
+                )
+        r.record("train.precision", r.tree.origin(path))
+    elif chosen is not None:
+        precision = chosen
+        r.record(
+            "train.precision", r.tree.origin(DS + (chosen, "enabled")), f"from deepspeed.{chosen}.enabled"
+        )
+    else:
+        precision = DEFAULTS.precision
+        r.record("train.precision", "default")
+    autos = [d for d, flag in flags.items() if flag == AUTO]
+    if autos:
+        r.record("engine.precision.dtype", "auto", f"auto: {'/'.join(autos)}.enabled from train.precision")
+    elif chosen is not None:
+        r.record("engine.precision.dtype", r.tree.origin(DS + (chosen, "enabled")))
+    else:
+        r.record("engine.precision.dtype", "derived", "from train.precision")
+    return precision
+
+
+def resolve_batch(r: Resolver) -> tuple[int, int, int]:
+    spellings = {
+        "micro_batch_size": DS + ("train_micro_batch_size_per_gpu",),
+        "gradient_accumulation_steps": DS + ("gradient_accumulation_steps",),
+        "global_batch_size": DS + ("train_batch_size",),
+    }
+    given: dict[str, int | None] = {}
+    for name, ds_path in spellings.items():
+        value, was_given = spelled_twice(r, name, ds_path, "int", None, min=1)
+        given[name] = value if was_given else None
+    micro, accum, global_, derived = solve_batch(
+        given["micro_batch_size"],
+        given["gradient_accumulation_steps"],
+        given["global_batch_size"],
+        r.world_size,
+    )
+    for name in derived:
+        r.record(
+            f"train.{name}", "derived", f"batch rule: global = micro * accum * world_size ({r.world_size})"
+        )
+    accum_ds = spellings["gradient_accumulation_steps"]
+    if r.is_auto(accum_ds):
+        r.record("engine.gradient_accumulation_steps", "auto", "auto: = train.gradient_accumulation_steps")
+    else:
+        r.record("engine.gradient_accumulation_steps", "derived", "from train.gradient_accumulation_steps")
+    return micro, accum, global_
+
+
+def hidden_size(r: Resolver, for_path: Path) -> tuple[int, str]:
+    """The model hidden size h for a bucket "auto": model.args, else the built-in GPT size table."""
+    args = r.raw(("model", "args"))
+    args = args if isinstance(args, dict) else {}
+    for key in HIDDEN_KEYS:
+        if key in args:
+            h = r.convert(("model", "args", key), args[key], "int", min=1)
+            return h, f"model.args.{key}"
+    # A Hugging Face model: an inline `config:` mapping, or a local model folder's config.json.
+    inline = args.get("config")
+    if isinstance(inline, dict):
+        for key in HIDDEN_KEYS:
+            if key in inline:
+                h = r.convert(("model", "args", "config", key), inline[key], "int", min=1)
+                return h, f"model.args.config.{key}"
+    folder = args.get("path")
+    if isinstance(folder, str):
+        found = _hf_config_hidden(FsPath(folder))
+        if found is not None:
+            return found, f"{folder}/config.json"
+    builder = r.raw(("model", "builder"))
+    if builder in (MISSING, DEFAULT_MODEL_BUILDER):
+        size = args.get("size", "tiny")
+        table = gpt_hidden_sizes()
+        if size in table:
+            return table[size], f"built-in GPT size {size!r}"
+        raise r.fail(
+            ("model", "args", "size"),
+            f"is {size!r}, not a built-in GPT size",
+            f"Use one of {', '.join(table)}",
+        )
+    raise r.fail(
+        for_path,
+        'is "auto", which needs the model hidden size, and it is unknown for this model',
+        f"Set model.args.d_model (or hidden_size / n_embd), or give {for_path[-1]} a number",
+    )
+
+
+def _hf_config_hidden(folder: FsPath) -> int | None:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for key in HIDDEN_KEYS:
+        value = config.get(key) if isinstance(config, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def gpt_hidden_sizes(source: FsPath | None = None) -> dict[str, int]:
+    """d_model per size from zerolaunch/models/gpt.py's SIZES, read with ast (no torch import)."""
+    source = source or FsPath(__file__).resolve().parent.parent / "models" / "gpt.py"
+    try:
+        tree = ast.parse(source.read_text())
+    except (OSError, SyntaxError):
+        return dict(FALLBACK_HIDDEN)
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id == "SIZES" and node.value is not None:
+            try:
+                sizes = ast.literal_eval(node.value)
+                return {name: int(spec["d_model"]) for name, spec in sizes.items()}
+            except (ValueError, TypeError, KeyError):
+                return dict(FALLBACK_HIDDEN)
+    return dict(FALLBACK_HIDDEN)
+
+
+def resolve_train(
+    r: Resolver, source_stem: str | None, has_ds_scheduler: bool, optimizer: str | None
+) -> TrainSection:
+    precision = resolve_precision(r)
+    micro, accum, global_ = resolve_batch(r)
+    opt = DS + ("optimizer", "params")
+    lr, _ = spelled_twice(r, "lr", opt + ("lr",), "float", DEFAULTS.lr, "engine.optimizer.lr", gt=0)
+    adam_like = optimizer in (None, "adam", "adamw")
+    weight_decay, _ = spelled_twice(
+        r,
+        "weight_decay",
+        opt + ("weight_decay",),
+        "float",
+        DEFAULTS.weight_decay,
+        "engine.optimizer.weight_decay",
+        min=0,
+    )
+    betas, _ = spelled_twice(
+        r, "betas", opt + ("betas",) if adam_like else None, "betas", DEFAULTS.betas, "engine.optimizer.betas"
+    )
+    eps, _ = spelled_twice(
+        r, "eps", opt + ("eps",) if adam_like else None, "float", DEFAULTS.eps, "engine.optimizer.eps", gt=0
+    )
+    clip, _ = spelled_twice(
+        r,
+        "gradient_clipping",
+        DS + ("gradient_clipping",),
+        "float",
+        DEFAULTS.gradient_clipping,
+        "engine.gradient_clipping",
+        min=0,
+    )
+    warmup_ds = DS + ("scheduler", "params", "warmup_num_steps") if has_ds_scheduler else None
+    # DeepSpeed's warmup schedulers default to 1000 warmup steps when the key is absent ("auto" = train's).
+    ds_default = warmup_ds is not None and r.raw(warmup_ds) is MISSING
+    warmup, warmup_given = spelled_twice(
+        r, "warmup_steps", warmup_ds, "int", 1000 if ds_default else 0, min=0
+    )
+    steps = r.value("train.steps", T + ("steps",), "int", DEFAULTS.steps, min=1)
+    if has_ds_scheduler and r.given(T + ("lr_schedule",)):
+        path = T + ("lr_schedule",)
+        raise RecipeError(
+            f"`train.lr_schedule` ({r.where(path)}) and `deepspeed.scheduler` "
+            f"({r.where(DS + ('scheduler',))}) both choose the schedule. Keep one of them."
+        )
+    # A DeepSpeed block without a scheduler keeps the lr constant, as DeepSpeed does.
+    has_ds = isinstance(r.raw(DS), dict)
+    lr_schedule = r.value(
+        "train.lr_schedule",
+        T + ("lr_schedule",),
+        "choice",
+        "constant" if has_ds else DEFAULTS.lr_schedule,
+        choices=LR_SCHEDULES,
+        default_note="DeepSpeed's default: no scheduler" if has_ds else None,
+    )
+    if warmup > steps:
+        if ds_default and not warmup_given:
+            raise RecipeError(
+                f"`deepspeed.scheduler.params.warmup_num_steps` is absent, so DeepSpeed's default of 1000 warmup "
+                f"steps applies, more than train.steps {steps}. Set train.warmup_steps (or warmup_num_steps)."
+            )
+        raise r.fail(
+            T + ("warmup_steps",), f"is {warmup}, more than train.steps {steps}", "Use fewer warmup steps"
+        )
+    stem = source_stem or "default"
+    run_dir = r.value(
+        "train.run_dir", T + ("run_dir",), "str", f"runs/{stem}", default_note="runs/<recipe name>"
+    )
+    return TrainSection(
+        steps=steps,
+        micro_batch_size=micro,
+        gradient_accumulation_steps=accum,
+        global_batch_size=global_,
+        lr=lr,
+        weight_decay=weight_decay,
+        betas=betas,
+        eps=eps,
+        gradient_clipping=clip,
+        warmup_steps=warmup,
+        lr_schedule=lr_schedule,
+        seed=r.value("train.seed", T + ("seed",), "int", DEFAULTS.seed, min=0),
+        precision=precision,
+        log_every=r.value("train.log_every", T + ("log_every",), "int", DEFAULTS.log_every, min=1),
+        run_dir=run_dir,
+        activation_checkpointing=r.value(
+            "train.activation_checkpointing", T + ("activation_checkpointing",), "bool", False
+        ),
+    )

@@ -1,0 +1,305 @@
+"""Assembly of `zerolaunch.zero.options.EngineOptions` from the resolved train section and the DeepSpeed block.
+
+With no DeepSpeed block the engine takes zerolaunch's defaults (ZeRO stage 1) and the train section. With
+one, DeepSpeed's defaults apply where a key is absent (stage 0, overlap_comm on for stage 3 only, pinned
+offload buffers, WarmupLR's 1000 warmup steps and 0.001 peak), as a DeepSpeed user expects. Bucket "auto"s
+come from the hidden size h as in Hugging Face: reduce h*h, stage-3 prefetch 0.9*h*h, persistence 10*h.
+This module owns that mapping and the cross-key rules (offload_param needs stage 3, ...).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .auto import hidden_size
+from .deepspeed import optimizer_name, scheduler_name
+from .errors import RecipeError
+from .schema import TrainSection
+from .tree import Path
+from .values import DS, Resolver
+
+if TYPE_CHECKING:
+    from zerolaunch.zero.options import EngineOptions, OffloadOptions, ZeroOptions
+
+Z: Path = DS + ("zero_optimization",)
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
+    from zerolaunch.zero.options import EngineOptions, OptimizerOptions, PrecisionOptions
+
+    has_ds = isinstance(r.raw(DS), dict)
+    zero = _zero(r, has_ds)
+    fp16: Path = DS + ("fp16",)
+    k = "engine.precision."
+    precision = PrecisionOptions(
+        dtype=train.precision,
+        communication_dtype=r.value(
+            k + "communication_dtype", DS + ("communication_data_type",), "choice", None, choices=DTYPES
+        ),
+        loss_scale=r.value(k + "loss_scale", fp16 + ("loss_scale",), "float", 0.0, min=0),
+        initial_scale_power=r.value(
+            k + "initial_scale_power", fp16 + ("initial_scale_power",), "int", 16, min=0, max=64
+        ),
+        loss_scale_window=r.value(k + "loss_scale_window", fp16 + ("loss_scale_window",), "int", 1000, min=1),
+        hysteresis=r.value(k + "hysteresis", fp16 + ("hysteresis",), "int", 2, min=1),
+        min_loss_scale=r.value(k + "min_loss_scale", fp16 + ("min_loss_scale",), "float", 1.0, gt=0),
+    )
+    name = optimizer_name(r.tree, DS) or "adamw"
+    params: Path = DS + ("optimizer", "params")
+    if name == "adam":
+        # DeepSpeed's "Adam" is AdamW unless adam_w_mode is false.
+        w_mode = r.value("engine.optimizer.adam_w_mode", params + ("adam_w_mode",), "bool", True)
+        name = "adamw" if w_mode else "adam"
+        r.notes.setdefault(
+            "engine.optimizer.name", f"DeepSpeed's Adam with adam_w_mode {str(w_mode).lower()}"
+        )
+        r.origins.pop("engine.optimizer.adam_w_mode", None)
+    r.record(
+        "engine.optimizer.name",
+        r.tree.origin(DS + ("optimizer", "type")) if r.given(DS + ("optimizer",)) else "default",
+    )
+    momentum = 0.0
+    if name == "sgd":
+        momentum = r.value("engine.optimizer.momentum", params + ("momentum",), "float", 0.0, min=0)
+    else:
+        r.record("engine.optimizer.momentum", "default", "SGD only")
+    optimizer = OptimizerOptions(
+        name=name,
+        lr=train.lr,
+        betas=train.betas,
+        eps=train.eps,
+        weight_decay=train.weight_decay,
+        momentum=momentum,
+    )
+    return EngineOptions(
+        zero=zero,
+        precision=precision,
+        optimizer=optimizer,
+        scheduler=_scheduler(r, train),
+        gradient_clipping=train.gradient_clipping,
+        gradient_accumulation_steps=train.gradient_accumulation_steps,
+    )
+
+
+def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
+    from zerolaunch.zero.options import ZeroOptions
+
+    base = ZeroOptions()
+    k = "engine.zero."
+    stage_default = 0 if has_ds else base.stage
+    note = "DeepSpeed's default without zero_optimization" if has_ds else "zerolaunch's default"
+    stage = r.value(k + "stage", Z + ("stage",), "int", stage_default, default_note=note, min=0, max=3)
+
+    def h_auto(factor: float, power: int, key: str):
+        def compute() -> tuple[int, str]:
+            h, source = hidden_size(r, Z + (key,))
+            value = int(factor * h**power)
+            formula = {1: "h", 2: "h*h"}[power]
+            return value, f"{'' if factor == 1 else f'{factor:g}*'}{formula} with h={h} ({source})"
+
+        return compute
+
+    reduce_bucket = r.value(
+        k + "reduce_bucket_size",
+        Z + ("reduce_bucket_size",),
+        "int",
+        base.reduce_bucket_size,
+        auto=h_auto(1, 2, "reduce_bucket_size"),
+        gt=0,
+    )
+    prefetch = r.value(
+        k + "stage3_prefetch_bucket_size",
+        Z + ("stage3_prefetch_bucket_size",),
+        "int",
+        base.stage3_prefetch_bucket_size,
+        auto=h_auto(0.9, 2, "stage3_prefetch_bucket_size"),
+        min=0,
+    )
+    persistence = r.value(
+        k + "stage3_param_persistence_threshold",
+        Z + ("stage3_param_persistence_threshold",),
+        "int",
+        base.stage3_param_persistence_threshold,
+        auto=h_auto(10, 1, "stage3_param_persistence_threshold"),
+        min=0,
+    )
+    overlap = r.value(
+        k + "overlap_comm",
+        Z + ("overlap_comm",),
+        "bool",
+        stage == 3,
+        default_note="DeepSpeed's default: on for stage 3 only",
+    )
+    save_16bit = _gather_16bit(r)
+    offload_optimizer = _offload(r, "offload_optimizer", has_ds, 4)
+    offload_param = _offload(r, "offload_param", has_ds, 5)
+    if offload_param.device != "none" and stage != 3:
+        path = Z + ("offload_param",)
+        raise RecipeError(
+            f"{r.where(path)}: `zero_optimization.offload_param` offloads parameters, which only ZeRO stage 3 "
+            f"shards (stage is {stage}). Set zero_optimization.stage to 3, or use offload_optimizer instead."
+        )
+    if offload_optimizer.device != "none" and stage == 0:
+        path = Z + ("offload_optimizer",)
+        raise RecipeError(
+            f"{r.where(path)}: `zero_optimization.offload_optimizer` needs ZeRO stage 1, 2 or 3 (stage is 0). "
+            "Set zero_optimization.stage."
+        )
+    return ZeroOptions(
+        stage=stage,
+        reduce_bucket_size=reduce_bucket,
+        allgather_bucket_size=r.value(
+            k + "allgather_bucket_size",
+            Z + ("allgather_bucket_size",),
+            "int",
+            base.allgather_bucket_size,
+            gt=0,
+        ),
+        overlap_comm=overlap,
+        contiguous_gradients=r.value(
+            k + "contiguous_gradients", Z + ("contiguous_gradients",), "bool", base.contiguous_gradients
+        ),
+        stage3_prefetch_bucket_size=prefetch,
+        stage3_param_persistence_threshold=persistence,
+        stage3_max_live_parameters=r.value(
+            k + "stage3_max_live_parameters",
+            Z + ("stage3_max_live_parameters",),
+            "int",
+            base.stage3_max_live_parameters,
+            min=0,
+        ),
+        stage3_gather_16bit_weights_on_model_save=save_16bit,
+        stage3_units=r.value(k + "stage3_units", Z + ("stage3_units",), "str_list", ()),
+        offload_optimizer=offload_optimizer,
+        offload_param=offload_param,
+    )
+
+
+def _gather_16bit(r: Resolver) -> bool:
+    key = "engine.zero.stage3_gather_16bit_weights_on_model_save"
+    new, old = (
+        Z + ("stage3_gather_16bit_weights_on_model_save",),
+        Z + ("stage3_gather_fp16_weights_on_model_save",),
+    )
+    if r.given(new) and r.given(old) and r.raw(new) != r.raw(old):
+        raise RecipeError(
+            f"{r.where(old)}: stage3_gather_fp16_weights_on_model_save (the old name) and "
+            "stage3_gather_16bit_weights_on_model_save disagree. Keep the new name only."
+        )
+    return r.value(key, new if r.given(new) or not r.given(old) else old, "bool", False)
+
+
+def _offload(r: Resolver, name: str, has_ds: bool, buffer_count: int) -> OffloadOptions:
+    from zerolaunch.zero.options import OffloadOptions
+
+    path = Z + (name,)
+    k = f"engine.zero.{name}."
+    block = r.raw(path)
+    if r.given(path) and block is not None and not isinstance(block, dict):
+        raise r.fail(
+            path, f"must be a mapping like {{device: cpu}}, got {block!r}", "Write device: cpu|nvme|none"
+        )
+    device = r.value(k + "device", path + ("device",), "choice", "none", choices=("none", "cpu", "nvme"))
+    nvme_path = r.value(k + "nvme_path", path + ("nvme_path",), "optional_str", None)
+    if device == "nvme" and not nvme_path:
+        raise r.fail(
+            path + ("device",), "is nvme but no nvme_path is given", f"Add {name}.nvme_path: /local/nvme"
+        )
+    # DeepSpeed pins offload buffers unless told otherwise; an offload block here follows it.
+    pin = r.value(k + "pin_memory", path + ("pin_memory",), "bool", has_ds and isinstance(block, dict))
+    count = r.value(k + "buffer_count", path + ("buffer_count",), "int", buffer_count, min=1)
+    return OffloadOptions(device=device, pin_memory=pin, nvme_path=nvme_path, buffer_count=count)
+
+
+def _scheduler(r: Resolver, train: TrainSection) -> Any:
+    from zerolaunch.zero.options import SchedulerOptions
+
+    kind = scheduler_name(r.tree, DS)
+    k = "engine.scheduler."
+    if kind is None:
+        for key in (
+            "warmup_min_lr",
+            "warmup_min_ratio",
+            "cos_min_ratio",
+            "warmup_type",
+            "warmup_max_lr",
+            "warmup_num_steps",
+            "total_num_steps",
+        ):
+            r.record(
+                k + key,
+                "derived" if key in ("warmup_max_lr", "warmup_num_steps", "total_num_steps") else "default",
+            )
+        r.record(k + "name", "derived", f"from train.lr_schedule {train.lr_schedule!r}")
+        if train.lr_schedule == "cosine":
+            return SchedulerOptions(
+                name="cosine",
+                warmup_max_lr=train.lr,
+                warmup_num_steps=train.warmup_steps,
+                warmup_type="linear",
+                total_num_steps=train.steps,
+            )
+        name = "WarmupLR" if train.warmup_steps else "none"
+        return SchedulerOptions(
+            name=name,
+            warmup_max_lr=train.lr,
+            warmup_num_steps=train.warmup_steps,
+            warmup_type="linear",
+            total_num_steps=train.steps,
+        )
+    p: Path = DS + ("scheduler", "params")
+    r.record(k + "name", r.tree.origin(DS + ("scheduler", "type")))
+    r.record(k + "warmup_num_steps", r.origins["train.warmup_steps"], "= train.warmup_steps")
+    if r.is_auto(p + ("warmup_num_steps",)):
+        r.record(k + "warmup_num_steps", "auto", "auto: = train.warmup_steps")
+    wants_total = kind != "WarmupLR"
+    total = r.value(
+        k + "total_num_steps",
+        p + ("total_num_steps",),
+        "int",
+        train.steps if wants_total else None,
+        auto=lambda: (train.steps, "= train.steps"),
+        default_note="= train.steps" if wants_total else None,
+        min=1,
+    )
+    if total is not None and total < train.warmup_steps:
+        raise r.fail(
+            p + ("total_num_steps",),
+            f"is {total}, fewer than the {train.warmup_steps} warmup steps",
+            "Use more total steps or fewer warmup steps",
+        )
+    peak = r.value(
+        k + "warmup_max_lr",
+        p + ("warmup_max_lr",),
+        "float",
+        0.001 if kind in ("WarmupLR", "WarmupDecayLR") else None,
+        auto=lambda: (train.lr, "= train.lr"),
+        default_note="DeepSpeed's default",
+        gt=0,
+    )
+    return SchedulerOptions(
+        name=kind,
+        warmup_min_lr=r.value(
+            k + "warmup_min_lr",
+            p + ("warmup_min_lr",),
+            "float",
+            0.0,
+            auto=lambda: (0.0, "0 (Hugging Face's choice)"),
+            min=0,
+        ),
+        warmup_max_lr=peak,
+        warmup_num_steps=train.warmup_steps,
+        warmup_type=r.value(
+            k + "warmup_type",
+            p + ("warmup_type",),
+            "choice",
+            "linear" if kind == "cosine" else "log",
+            choices=("log", "linear"),
+        ),
+        total_num_steps=total,
+        cos_min_ratio=r.value(k + "cos_min_ratio", p + ("cos_min_ratio",), "float", 0.0001, min=0, max=1),
+        warmup_min_ratio=r.value(
+            k + "warmup_min_ratio", p + ("warmup_min_ratio",), "float", 0.0, min=0, max=1
+        ),
+    )

@@ -1,0 +1,370 @@
+"""Reading recipes: YAML/JSON files (with line numbers), the `deepspeed:` block or file, --set overrides.
+
+`load_recipe` is the one entry point: file -> raw tree -> overrides -> key-name checks -> resolution (auto.py,
+engine.py) -> frozen `Recipe`. Precedence is stated once: --set > file > defaults. `save_resolved` /
+`load_resolved` write and read run_dir/recipe.resolved.json. This module owns file formats and paths; the
+meaning of keys lives in schema.py / deepspeed.py, their resolution in auto.py / engine.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path as FsPath
+from typing import Any
+
+import yaml
+
+from . import deepspeed as ds_vocab
+from .auto import resolve_train
+from .builders import check_builder_spec, import_builder
+from .engine import build_engine
+from .errors import RecipeError, did_you_mean
+from .schema import (
+    DEFAULT_DATA_BUILDER,
+    DEFAULT_MODEL_BUILDER,
+    TOP_LEVEL_KEYS,
+    CheckpointSection,
+    DataSection,
+    ModelSection,
+    Recipe,
+    TrainSection,
+    section_keys,
+)
+from .tree import Path, RawTree
+from .values import DS, Resolver
+
+RESOLVED_NAME = "recipe.resolved.json"
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML with DeepSpeed-style floats (1e9, 3e-4 are floats, not strings) and no duplicate keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (the second one would silently win)",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 wants a dot in a float; DeepSpeed configs write 5e8 and people type --set train.lr=3e-4.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_text(text: str, name: str, is_json: bool) -> tuple[Any, dict[Path, int]]:
+    """Parse a recipe / DeepSpeed file; syntax errors name the file and line."""
+    if is_json:
+        try:
+            data = json.loads(text, object_pairs_hook=lambda pairs: _no_duplicates(pairs, name))
+        except json.JSONDecodeError as exc:
+            raise RecipeError(
+                f"{name} line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}). Fix the syntax there "
+                "(JSON wants double quotes and no trailing commas)."
+            ) from None
+    else:
+        try:
+            data = yaml.load(text, Loader=_Loader)  # noqa: S506 -- _Loader is a SafeLoader
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            where = f"{name} line {mark.line + 1}, column {mark.column + 1}" if mark else name
+            raise RecipeError(
+                f"{where}: not valid YAML ({exc.problem or exc}). Fix the syntax there."
+            ) from None
+        except yaml.YAMLError as exc:
+            raise RecipeError(f"{name}: not valid YAML ({exc}). Fix the syntax.") from None
+    return data, _key_lines(text)
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]], name: str) -> dict:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise RecipeError(f"{name}: duplicate key {key!r} (the second one would silently win). Keep one.")
+        out[key] = value
+    return out
+
+
+def _key_lines(text: str) -> dict[Path, int]:
+    """Line of every mapping key, by path (for error messages); empty if the text does not compose as YAML."""
+    try:
+        root = yaml.compose(text, Loader=_Loader)
+    except yaml.YAMLError:
+        return {}
+    lines: dict[Path, int] = {}
+
+    def walk(node: Any, path: Path) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                sub = path + (str(key_node.value),)
+                lines[sub] = key_node.start_mark.line + 1
+                walk(value_node, sub)
+
+    walk(root, ())
+    return lines
+
+
+def read_file(path: FsPath, what: str = "recipe") -> tuple[Any, dict[Path, int]]:
+    if not path.exists():
+        raise RecipeError(
+            f"The {what} file {path} does not exist. Check the path (and the current directory)."
+        )
+    if not path.is_file():
+        raise RecipeError(f"The {what} path {path} is not a file. Pass a .yaml, .yml or .json file.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"Cannot read the {what} file {path}: {exc}.") from None
+    data, lines = parse_text(text, str(path), is_json=path.suffix.lower() == ".json")
+    if data is None:
+        raise RecipeError(f"The {what} file {path} is empty. Give at least one section (e.g. `train:`).")
+    return data, lines
+
+
+def parse_override(text: str) -> tuple[Path, Any]:
+    """`train.lr=3e-4` -> (("train", "lr"), 0.0003); a DeepSpeed key may omit the `deepspeed.` prefix."""
+    key, sep, value_text = text.partition("=")
+    path = tuple(part.strip() for part in key.strip().split("."))
+    if not sep or not all(path):
+        raise RecipeError(
+            f"--set {text!r} is not KEY=VALUE with a dotted KEY. Write e.g. --set train.lr=3e-4."
+        )
+    head = path[0]
+    if head in ds_vocab.TOP and head not in TOP_LEVEL_KEYS:
+        path = DS + path
+    elif head not in TOP_LEVEL_KEYS:
+        raise RecipeError(
+            f"--set {text}: unknown key `{head}`." + did_you_mean(head, [*TOP_LEVEL_KEYS, *ds_vocab.TOP])
+        )
+    try:
+        value = yaml.load(value_text, Loader=_Loader) if value_text.strip() else None  # noqa: S506
+    except yaml.YAMLError:
+        raise RecipeError(f"--set {text}: cannot parse the value {value_text!r} as YAML. Quote it.") from None
+    return path, value
+
+
+def build_tree(raw: Any, name: str, lines: dict[Path, int], base_dir: FsPath) -> tuple[RawTree, bool]:
+    """The raw tree of one recipe; returns (tree, is_bare_deepspeed_config)."""
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{name}: a recipe must be a mapping of sections, got {type(raw).__name__}.")
+    tree = RawTree()
+    bare = bool(raw) and not any(k in TOP_LEVEL_KEYS for k in raw) and any(k in ds_vocab.TOP for k in raw)
+    if bare:
+        tree.put((), {"deepspeed": raw}, "file", name)
+        tree.put(DS, raw, "file", name, lines)
+        tree.bare_deepspeed = True
+        return tree, True
+    tree.put((), raw, "file", name, lines)
+    for key in raw:
+        if key in ds_vocab.TOP and key not in TOP_LEVEL_KEYS:
+            raise RecipeError(
+                f"{tree.where((key,))}: `{key}` is a DeepSpeed key; in a recipe it goes under `deepspeed:` "
+                f"(or pass the DeepSpeed file itself as the recipe)."
+            )
+    block = raw.get("deepspeed")
+    if isinstance(block, str):
+        ds_path = (base_dir / block).resolve()
+        data, ds_lines = read_file(ds_path, what="DeepSpeed config (from `deepspeed:`)")
+        if not isinstance(data, dict):
+            raise RecipeError(
+                f"{ds_path}: a DeepSpeed config must be a JSON object, got {type(data).__name__}."
+            )
+        tree.put(DS, data, "file", str(ds_path), ds_lines)
+    elif block is not None and not isinstance(block, dict):
+        raise RecipeError(
+            f"{tree.where(DS)}: `deepspeed` must be a mapping of DeepSpeed keys or a path to a ds_config.json, "
+            f"got {block!r}."
+        )
+    return tree, False
+
+
+def _normalize(tree: RawTree, notes: dict[str, str]) -> None:
+    """Old DeepSpeed spellings -> current ones, noted."""
+    zero = tree.get(DS + ("zero_optimization",))
+    if isinstance(zero, bool):
+        tree.put(DS + ("zero_optimization",), {"stage": 1 if zero else 0}, tree.origin(DS), tree.where(DS))
+        notes["deepspeed.zero_optimization"] = (
+            f"legacy `zero_optimization: {str(zero).lower()}` = stage {int(zero)}"
+        )
+    old = tree.get(DS + ("bfloat16",))
+    if isinstance(tree.get(DS), dict) and "bfloat16" in tree.get(DS):
+        if tree.has(DS + ("bf16",)):
+            raise RecipeError(
+                f"{tree.where(DS + ('bfloat16',))}: both `bf16` and its old name `bfloat16` are given. Keep `bf16`."
+            )
+        origin, where = tree.origin(DS + ("bfloat16",)), tree.where(DS + ("bfloat16",))
+        del tree.get(DS)["bfloat16"]
+        tree.put(DS + ("bf16",), old, origin, where)
+        notes["deepspeed.bf16"] = "given under its old name `bfloat16`"
+
+
+def check_recipe_names(tree: RawTree) -> None:
+    for key, value in tree.get(()).items():
+        if key not in TOP_LEVEL_KEYS:
+            raise RecipeError(
+                f"{tree.where((key,))}: unknown top-level key `{key}`." + did_you_mean(key, TOP_LEVEL_KEYS)
+            )
+        if key in ("entrypoint", "deepspeed") or value is None:
+            continue
+        if not isinstance(value, dict):
+            raise RecipeError(f"{tree.where((key,))}: section `{key}` must be a mapping, got {value!r}.")
+        valid = section_keys(key)
+        for sub in value:
+            if sub not in valid:
+                raise RecipeError(
+                    f"{tree.where((key, sub))}: unknown key `{key}.{sub}`." + did_you_mean(str(sub), valid)
+                )
+
+
+def _record_leaves(r: Resolver, key: str, path: Path, value: Any, default: bool) -> None:
+    if isinstance(value, dict) and value:
+        for sub, item in value.items():
+            _record_leaves(r, f"{key}.{sub}", path + (str(sub),), item, default)
+    else:
+        r.record(key, "default" if default or not r.tree.has(path) else r.tree.origin(path))
+
+
+def _local_path(r: Resolver, key: str, path: Path, base_dir: FsPath, must_be_file: bool) -> str | None:
+    value = r.value(key, path, "optional_str", None)
+    if value is None:
+        return None
+    full = (base_dir / os.path.expanduser(value)).resolve()
+    if not full.exists() or (must_be_file and not full.is_file()):
+        raise r.fail(
+            path,
+            f"names {full}, which does not exist",
+            "Fix the path (relative paths start at the recipe's folder)",
+        )
+    return str(full)
+
+
+def _sections(
+    r: Resolver, train: TrainSection, base_dir: FsPath
+) -> tuple[ModelSection, DataSection, CheckpointSection, str | None]:
+    built: dict[str, Any] = {}
+    for section, default_builder in (("model", DEFAULT_MODEL_BUILDER), ("data", DEFAULT_DATA_BUILDER)):
+        builder = r.value(f"{section}.builder", (section, "builder"), "str", default_builder)
+        check_builder_spec(builder, base_dir, key=f"{section}.builder")
+        path = (section, "args")
+        default_args = {"size": "tiny"} if section == "model" and builder == DEFAULT_MODEL_BUILDER else {}
+        args = r.convert(path, r.raw(path), "mapping") if r.tree.has(path) else copy.deepcopy(default_args)
+        _record_leaves(r, f"{section}.args", path, args, default=not r.tree.has(path))
+        built[section] = (builder, args)
+    init_from = _local_path(r, "model.init_from", ("model", "init_from"), base_dir, must_be_file=False)
+    model = ModelSection(builder=built["model"][0], args=built["model"][1], init_from=init_from)
+    data = DataSection(builder=built["data"][0], args=built["data"][1])
+    c: Path = ("checkpoint",)
+    ckpt_dir = r.value("checkpoint.dir", c + ("dir",), "optional_str", None)
+    if ckpt_dir is None:
+        ckpt_dir = f"{train.run_dir}/checkpoints"
+        r.record("checkpoint.dir", "derived", "run_dir/checkpoints")
+    checkpoint = CheckpointSection(
+        dir=ckpt_dir,
+        every=r.value("checkpoint.every", c + ("every",), "int", 0, default_note="only at the end", min=0),
+        keep=r.value("checkpoint.keep", c + ("keep",), "int", 3, min=0),
+    )
+    entrypoint = _local_path(r, "entrypoint", ("entrypoint",), base_dir, must_be_file=True)
+    return model, data, checkpoint, entrypoint
+
+
+def load_recipe(
+    source: str | os.PathLike[str] | dict[str, Any],
+    overrides: Iterable[str] = (),
+    world_size: int = 1,
+    check_builders: bool = False,
+) -> Recipe:
+    """Load, override (--set > file > defaults), check and resolve a recipe for `world_size` ranks."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise RecipeError(f"world size must be a positive integer, got {world_size!r}.")
+    if isinstance(source, dict):
+        raw, lines, name, base_dir, stem = copy.deepcopy(source), {}, "the recipe", FsPath.cwd(), None
+    else:
+        file = FsPath(source)
+        raw, lines = read_file(file)
+        name, base_dir, stem = str(file), file.resolve().parent, file.stem
+    tree, bare = build_tree(raw, name, lines, base_dir)
+    for text in overrides:
+        path, value = parse_override(text)
+        tree.put(path, value, "--set", f"--set {text}")
+    block = tree.get(DS)
+    if isinstance(block, str):
+        # `--set deepspeed=ds.json`: a path on the command line is relative to the working directory.
+        where = tree.where(DS)
+        data, _ = read_file(FsPath(block).resolve(), what=f"DeepSpeed config (from {where})")
+        if not isinstance(data, dict):
+            raise RecipeError(
+                f"{block}: a DeepSpeed config must be a JSON object, got {type(data).__name__}."
+            )
+        tree.put(DS, data, "--set", where)
+    notes: dict[str, str] = {}
+    _normalize(tree, notes)
+    check_recipe_names(tree)
+    if isinstance(tree.get(DS), dict):
+        ds_vocab.check_names(tree, DS, notes)
+    r = Resolver(tree, world_size)
+    r.notes.update(notes)
+    optimizer = ds_vocab.optimizer_name(tree, DS)
+    has_scheduler = ds_vocab.scheduler_name(tree, DS) is not None
+    train = resolve_train(r, stem, has_scheduler, optimizer)
+    engine = build_engine(r, train)
+    model, data, checkpoint, entrypoint = _sections(r, train, base_dir)
+    if bare:
+        r.notes["model.builder"] = (
+            "a bare DeepSpeed config: the built-in tiny GPT on synthetic data (defaults)"
+        )
+    if check_builders:
+        import_builder(model.builder, base_dir, key="model.builder")
+        import_builder(data.builder, base_dir, key="data.builder")
+    return Recipe(
+        model=model,
+        data=data,
+        train=train,
+        checkpoint=checkpoint,
+        engine=engine,
+        entrypoint=entrypoint,
+        origins=r.origins,
+        notes=r.notes,
+        source=None if isinstance(source, dict) else str(FsPath(source).resolve()),
+        base_dir=str(base_dir),
+    )
+
+
+def save_resolved(recipe: Recipe, run_dir: str | os.PathLike[str]) -> FsPath:
+    """Write run_dir/recipe.resolved.json (via a temp file + rename, so a reader never sees half a file)."""
+    folder = FsPath(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / RESOLVED_NAME
+    temp = folder / f".{RESOLVED_NAME}.tmp"
+    temp.write_text(json.dumps(recipe.to_json(), indent=2) + "\n", encoding="utf-8")
+    os.replace(temp, target)
+    return target
+
+
+def load_resolved(path: str | os.PathLike[str]) -> Recipe:
+    """The recipe exactly as `save_resolved` wrote it (no re-resolution)."""
+    file = FsPath(path)
+    if file.is_dir():
+        file = file / RESOLVED_NAME
+    if not file.is_file():
+        raise RecipeError(f"{file} does not exist. Pass the run dir or its {RESOLVED_NAME}.")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RecipeError(
+            f"{file} cannot be read as JSON ({exc}). Re-create it with `zerolaunch train`."
+        ) from None
+    return Recipe.from_json(data, where=str(file))

@@ -1,0 +1,221 @@
+"""The recipe's shape: frozen section dataclasses, their documented fields, and the resolved-JSON round trip.
+
+This module owns what a *resolved* recipe is (every value concrete, no "auto") and how it is written to and
+read back from `recipe.resolved.json`. It does not read user files, apply --set or resolve anything (load.py,
+auto.py), and it holds no DeepSpeed vocabulary (deepspeed.py). The engine options themselves live in
+`zerolaunch.zero.options`; they are imported lazily because importing `zerolaunch.zero` imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import RecipeError
+
+if TYPE_CHECKING:
+    from zerolaunch.zero.options import EngineOptions
+
+RESOLVED_FORMAT = "zerolaunch.recipe.resolved/1"
+
+DEFAULT_MODEL_BUILDER = "zerolaunch.models.gpt:build"
+DEFAULT_DATA_BUILDER = "zerolaunch.data.synthetic:build"
+PRECISIONS = ("fp32", "bf16", "fp16")
+LR_SCHEDULES = ("cosine", "constant")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    builder: str = DEFAULT_MODEL_BUILDER
+    """"pkg.module:fn" or "path/to/file.py:fn" (relative to the recipe), called fn(**args) -> nn.Module."""
+    args: dict[str, Any] = field(default_factory=lambda: {"size": "tiny"})
+    """Keyword arguments of the model builder."""
+    init_from: str | None = None
+    """Initial weights: safetensors, torch state dict, or a zerolaunch / DeepSpeed checkpoint folder."""
+
+
+@dataclass(frozen=True)
+class DataSection:
+    builder: str = DEFAULT_DATA_BUILDER
+    """Called fn(rank=, world_size=, micro_batch_size=, seed=, **args) -> iterable of batches."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the data builder."""
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    steps: int = 100
+    """Optimizer steps to run."""
+    micro_batch_size: int = 4
+    """Samples per rank per forward/backward (DeepSpeed: train_micro_batch_size_per_gpu)."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step (DeepSpeed: gradient_accumulation_steps)."""
+    global_batch_size: int = 4
+    """Samples per optimizer step = micro * accum * world_size (DeepSpeed: train_batch_size)."""
+    lr: float = 3e-4
+    """Peak learning rate (DeepSpeed: optimizer.params.lr)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay of AdamW (DeepSpeed: optimizer.params.weight_decay)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas (DeepSpeed: optimizer.params.betas)."""
+    eps: float = 1e-8
+    """Adam epsilon (DeepSpeed: optimizer.params.eps)."""
+    gradient_clipping: float = 1.0
+    """Clip the global grad norm to this; 0 = off (DeepSpeed: gradient_clipping, default 1.0)."""
+    warmup_steps: int = 0
+    """Linear warmup steps (DeepSpeed: scheduler.params.warmup_num_steps)."""
+    lr_schedule: str = "cosine"
+    """cosine (warmup then cosine decay over `steps`) or constant (warmup then flat); a DeepSpeed scheduler
+    block replaces it."""
+    seed: int = 1234
+    """Seed of model init, data order and dropout (each rank offsets its data seed by its rank)."""
+    precision: str = "fp32"
+    """fp32, bf16 or fp16 (DeepSpeed: bf16.enabled / fp16.enabled)."""
+    log_every: int = 10
+    """Print a progress line every N optimizer steps (DeepSpeed: steps_per_print)."""
+    run_dir: str = "runs/default"
+    """Where the run writes recipe.resolved.json, metrics.jsonl and logs (relative to the working dir)."""
+    activation_checkpointing: bool = False
+    """Recompute each repeated block's activations in backward (saves memory, costs ~1/3 more compute)."""
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    dir: str | None = None
+    """Checkpoint root; default run_dir/checkpoints."""
+    every: int = 0
+    """Save every N optimizer steps; 0 = only at the end of the run."""
+    keep: int = 3
+    """Keep the newest N checkpoints; 0 = keep all."""
+
+
+SECTION_CLASSES: dict[str, type] = {
+    "model": ModelSection,
+    "data": DataSection,
+    "train": TrainSection,
+    "checkpoint": CheckpointSection,
+}
+TOP_LEVEL_KEYS = ("model", "data", "train", "checkpoint", "entrypoint", "deepspeed")
+
+
+def section_keys(section: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(SECTION_CLASSES[section]))
+
+
+@dataclass(frozen=True)
+class Recipe:
+    model: ModelSection
+    data: DataSection
+    train: TrainSection
+    checkpoint: CheckpointSection
+    engine: EngineOptions
+    entrypoint: str | None = None
+    """A user script run in each worker instead of the built-in loop (absolute path once resolved)."""
+    origins: dict[str, str] = field(default_factory=dict)
+    """Dotted key -> where its value came from: default, file, --set, auto or derived."""
+    notes: dict[str, str] = field(default_factory=dict)
+    """Dotted key -> how it was resolved, or why an accepted DeepSpeed key does nothing here."""
+    source: str | None = None
+    """The recipe file (None for a recipe given as a dict)."""
+    base_dir: str = "."
+    """Folder that relative builder paths are resolved against (the recipe's folder)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-able form written as run_dir/recipe.resolved.json (lists for tuples)."""
+        return {
+            "format": RESOLVED_FORMAT,
+            "source": self.source,
+            "base_dir": self.base_dir,
+            "model": _plain(dataclasses.asdict(self.model)),
+            "data": _plain(dataclasses.asdict(self.data)),
+            "train": _plain(dataclasses.asdict(self.train)),
+            "checkpoint": _plain(dataclasses.asdict(self.checkpoint)),
+            "entrypoint": self.entrypoint,
+            "engine": _plain(dataclasses.asdict(self.engine)),
+            "origins": dict(self.origins),
+            "notes": dict(self.notes),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: str = "recipe.resolved.json") -> Recipe:
+        """Rebuild a resolved recipe exactly (no re-resolution), as the worker does."""
+        if not isinstance(data, dict) or data.get("format") != RESOLVED_FORMAT:
+            raise RecipeError(
+                f"{where} is not a resolved zerolaunch recipe (no `format: {RESOLVED_FORMAT}`). Pass the "
+                "recipe.resolved.json that `zerolaunch train` wrote into the run dir."
+            )
+        try:
+            train = dict(data["train"])
+            train["betas"] = tuple(train["betas"])
+            return cls(
+                model=ModelSection(**data["model"]),
+                data=DataSection(**data["data"]),
+                train=TrainSection(**train),
+                checkpoint=CheckpointSection(**data["checkpoint"]),
+                engine=engine_from_json(data["engine"]),
+                entrypoint=data.get("entrypoint"),
+                origins=dict(data.get("origins", {})),
+                notes=dict(data.get("notes", {})),
+                source=data.get("source"),
+                base_dir=data.get("base_dir", "."),
+            )
+        except (KeyError, TypeError) as exc:
+            raise RecipeError(
+                f"{where} does not match this zerolaunch version's recipe fields ({exc}). Re-create it with "
+                "`zerolaunch train` (or `zerolaunch recipe show --write`) from the original recipe."
+            ) from None
+
+
+def engine_from_json(data: dict[str, Any]) -> EngineOptions:
+    from zerolaunch.zero.options import (
+        EngineOptions,
+        OffloadOptions,
+        OptimizerOptions,
+        PrecisionOptions,
+        SchedulerOptions,
+        ZeroOptions,
+    )
+
+    zero = dict(data["zero"])
+    zero["offload_optimizer"] = OffloadOptions(**zero["offload_optimizer"])
+    zero["offload_param"] = OffloadOptions(**zero["offload_param"])
+    zero["stage3_units"] = tuple(zero["stage3_units"])
+    optimizer = dict(data["optimizer"])
+    optimizer["betas"] = tuple(optimizer["betas"])
+    rest = {k: v for k, v in data.items() if k not in ("zero", "precision", "optimizer", "scheduler")}
+    return EngineOptions(
+        zero=ZeroOptions(**zero),
+        precision=PrecisionOptions(**data["precision"]),
+        optimizer=OptimizerOptions(**optimizer),
+        scheduler=SchedulerOptions(**data["scheduler"]),
+        **rest,
+    )
+
+
+def _plain(value: Any) -> Any:
+    """Tuples -> lists, recursively, so a JSON round trip compares equal."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def flat_items(recipe: Recipe) -> list[tuple[str, Any]]:
+    """(dotted key, value) for every leaf the table shows; the keys of `Recipe.origins`."""
+    data = recipe.to_json()
+    items: list[tuple[str, Any]] = []
+
+    def walk(prefix: str, value: Any, expand: bool) -> None:
+        if isinstance(value, dict) and value and expand:
+            for key, sub in value.items():
+                walk(f"{prefix}.{key}", sub, expand=True)
+        else:
+            items.append((prefix, value))
+
+    for section in ("model", "data", "train", "checkpoint"):
+        walk(section, data[section], expand=True)
+    items.append(("entrypoint", data["entrypoint"]))
+    walk("engine", data["engine"], expand=True)
+    return items

@@ -1,0 +1,178 @@
+"""Typed reads of the raw recipe tree, recording where each resolved value came from.
+
+`Resolver` turns raw values into checked Python values (an int that is an int, an lr that is > 0), raises
+`RecipeError` naming the dotted key, its file/line or --set flag, the bad value and the fix, and fills the
+`origins` / `notes` maps that the recipe table shows. It knows nothing of which keys exist (schema.py,
+deepspeed.py) or how "auto" is computed (auto.py passes the computation in).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from .errors import RecipeError
+from .tree import MISSING, Path, RawTree
+
+AUTO = "auto"
+DS: Path = ("deepspeed",)
+
+
+class Resolver:
+    def __init__(self, tree: RawTree, world_size: int) -> None:
+        self.tree = tree
+        self.world_size = world_size
+        self.origins: dict[str, str] = {}
+        self.notes: dict[str, str] = {}
+
+    # ---- raw access -------------------------------------------------------------------------------------
+    def raw(self, path: Path) -> Any:
+        return self.tree.get(path)
+
+    def given(self, path: Path) -> bool:
+        """Present with a concrete value (not missing, not "auto")."""
+        value = self.raw(path)
+        return value is not MISSING and value != AUTO
+
+    def is_auto(self, path: Path) -> bool:
+        return self.raw(path) == AUTO
+
+    def where(self, path: Path) -> str:
+        return self.tree.where(path)
+
+    def record(self, key: str, origin: str, note: str | None = None) -> None:
+        self.origins[key] = origin
+        if note:
+            self.notes[key] = note
+
+    def fail(self, path: Path, problem: str, fix: str) -> RecipeError:
+        end = "" if fix.endswith(".") else "."
+        return RecipeError(f"{self.where(path)}: `{self.tree.key(path)}` {problem}. {fix}{end}")
+
+    # ---- typed conversion ---------------------------------------------------------------------------------
+    def convert(self, path: Path, value: Any, kind: str, **limits: Any) -> Any:
+        if value == AUTO:
+            raise self.fail(
+                path,
+                'is "auto", which zerolaunch cannot resolve for this key',
+                'Give a value; "auto" is resolved for batch sizes, lr, betas, eps, weight_decay, '
+                "gradient_clipping, bf16/fp16.enabled, warmup/total steps and the three bucket sizes",
+            )
+        check = _CONVERTERS[kind]
+        result = check(self, path, value, limits)
+        low, high = limits.get("min"), limits.get("max")
+        gt = limits.get("gt")
+        if low is not None and high is not None and not low <= result <= high:
+            raise self.fail(
+                path, f"must be between {low} and {high} (got {value!r})", f"Use a value from {low} to {high}"
+            )
+        if gt is not None and not result > gt:
+            raise self.fail(path, f"must be > {gt} (got {value!r})", "Use a positive value")
+        if low is not None and result < low:
+            raise self.fail(path, f"must be >= {low} (got {value!r})", f"Use a value of at least {low}")
+        if high is not None and result > high:
+            raise self.fail(path, f"must be <= {high} (got {value!r})", f"Use a value of at most {high}")
+        return result
+
+    def value(
+        self,
+        key: str,
+        path: Path,
+        kind: str,
+        default: Any,
+        *,
+        auto: Callable[[], tuple[Any, str]] | None = None,
+        default_note: str | None = None,
+        **limits: Any,
+    ) -> Any:
+        """The checked value at `path` (or `default`), recording its origin under output key `key`."""
+        raw = self.raw(path)
+        if raw is MISSING:
+            self.record(key, "default", default_note)
+            return default
+        if raw == AUTO and auto is not None:
+            resolved, note = auto()
+            self.record(key, "auto", f"auto: {note}")
+            return resolved
+        result = self.convert(path, raw, kind, **limits)
+        self.record(key, self.tree.origin(path))
+        return result
+
+
+def _int(r: Resolver, path: Path, value: Any, limits: dict) -> int:
+    # DeepSpeed configs write sizes as 5e8 / 2e8: integral floats are ints.
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise r.fail(path, f"must be an integer, got {value!r}", "Write a whole number, e.g. 8 or 5e8")
+    return value
+
+
+def _float(r: Resolver, path: Path, value: Any, limits: dict) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise r.fail(path, f"must be a number, got {value!r}", "Write a number, e.g. 3e-4")
+    return float(value)
+
+
+def _bool(r: Resolver, path: Path, value: Any, limits: dict) -> bool:
+    if not isinstance(value, bool):
+        raise r.fail(path, f"must be true or false, got {value!r}", "Write true or false")
+    return value
+
+
+def _str(r: Resolver, path: Path, value: Any, limits: dict) -> str:
+    if not isinstance(value, str) or not value:
+        raise r.fail(path, f"must be a non-empty string, got {value!r}", "Quote the value if needed")
+    return value
+
+
+def _optional_str(r: Resolver, path: Path, value: Any, limits: dict) -> str | None:
+    return None if value is None else _str(r, path, value, limits)
+
+
+def _choice(r: Resolver, path: Path, value: Any, limits: dict) -> str:
+    choices = limits.pop("choices")
+    folded = {c.lower(): c for c in choices}
+    if not isinstance(value, str) or value.lower() not in folded:
+        raise r.fail(
+            path, f"must be one of {', '.join(choices)} (got {value!r})", f"Use one of {', '.join(choices)}"
+        )
+    return folded[value.lower()]
+
+
+def _betas(r: Resolver, path: Path, value: Any, limits: dict) -> tuple[float, float]:
+    ok = isinstance(value, (list, tuple)) and len(value) == 2
+    ok = ok and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in value)
+    if not ok:
+        raise r.fail(path, f"must be two numbers in [0, 1), got {value!r}", "Write e.g. [0.9, 0.95]")
+    return (float(value[0]), float(value[1]))
+
+
+def _mapping(r: Resolver, path: Path, value: Any, limits: dict) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise r.fail(path, f"must be a mapping, got {value!r}", "Write key: value pairs under it")
+    return dict(value)
+
+
+def _str_list(r: Resolver, path: Path, value: Any, limits: dict) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise r.fail(path, f"must be a list of names, got {value!r}", "Write e.g. [GPTBlock]")
+    return tuple(value)
+
+
+_CONVERTERS: dict[str, Callable[[Resolver, Path, Any, dict], Any]] = {
+    "int": _int,
+    "float": _float,
+    "bool": _bool,
+    "str": _str,
+    "optional_str": _optional_str,
+    "choice": _choice,
+    "betas": _betas,
+    "mapping": _mapping,
+    "str_list": _str_list,
+}
