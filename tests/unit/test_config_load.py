@@ -53,6 +53,16 @@ def test_precedence_set_over_file_over_default(recipe_file):
     assert recipe.origins["model.args.dropout"] == "file"
 
 
+def test_a_deepspeed_key_given_only_by_set_keeps_zerolaunch_defaults(recipe_file):
+    # DeepSpeed's defaults (stage 0, no scheduler) apply to a DeepSpeed block written in a file; one that
+    # --set creates must not silently turn the recipe's ZeRO-1 into plain data parallel.
+    plain = load_recipe(recipe_file)
+    tuned = load_recipe(recipe_file, overrides=["zero_optimization.reduce_bucket_size=1000"])
+    assert tuned.engine.zero.reduce_bucket_size == 1000
+    assert tuned.engine.zero.stage == plain.engine.zero.stage == 1
+    assert tuned.engine.scheduler == plain.engine.scheduler
+
+
 def test_set_with_deepspeed_prefix_and_later_set_wins(recipe_file):
     recipe = load_recipe(
         recipe_file, overrides=["deepspeed.zero_optimization.stage=2", "zero_optimization.stage=3"]

@@ -297,7 +297,9 @@ def resolve_train(
             f"({r.where(DS + ('scheduler',))}) both choose the schedule. Keep one of them."
         )
     # A DeepSpeed block without a scheduler keeps the lr constant, as DeepSpeed does.
-    has_ds = isinstance(r.raw(DS), dict)
+    # A block made only by --set keeps zerolaunch's defaults: `--set zero_optimization.x=...` must not
+    # silently drop the stage to DeepSpeed's 0.
+    has_ds = isinstance(r.raw(DS), dict) and r.tree.from_file(DS)
     lr_schedule = r.value(
         "train.lr_schedule",
         T + ("lr_schedule",),

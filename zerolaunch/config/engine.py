@@ -28,7 +28,9 @@ DTYPES = ("fp32", "fp16", "bf16")
 def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
     from zerolaunch.zero.options import EngineOptions, OptimizerOptions, PrecisionOptions
 
-    has_ds = isinstance(r.raw(DS), dict)
+    # A block made only by --set keeps zerolaunch's defaults: `--set zero_optimization.x=...` must not
+    # silently drop the stage to DeepSpeed's 0.
+    has_ds = isinstance(r.raw(DS), dict) and r.tree.from_file(DS)
     zero = _zero(r, has_ds)
     fp16: Path = DS + ("fp16",)
     k = "engine.precision."

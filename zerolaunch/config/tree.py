@@ -77,6 +77,11 @@ class RawTree:
         """file or --set for a value present in the tree (the nearest recorded ancestor decides)."""
         return self._record(path)[0]
 
+    def from_file(self, path: Path) -> bool:
+        """True when some value under `path` was written in a file (not only created by --set)."""
+        leaves = [p for p, v in self.walk(path) if not isinstance(v, dict)] or [path]
+        return any(self.has(p) and self.origin(p) == "file" for p in leaves)
+
     def where(self, path: Path) -> str:
         """`recipe.yaml line 12` / `--set train.lr=1`, for error messages."""
         origin, where = self._record(path)
