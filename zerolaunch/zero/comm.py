@@ -95,8 +95,15 @@ def rank(group) -> int:
     return dist.get_rank(group) if dist.is_initialized() else 0
 
 
-def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group, *, stats: CommStats | None = None,
-                   async_op: bool = False, average: bool = False) -> Pending | None:
+def reduce_scatter(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group,
+    *,
+    stats: CommStats | None = None,
+    async_op: bool = False,
+    average: bool = False,
+) -> Pending | None:
     """output (n,) on every rank <- sum over ranks of input[r*n:(r+1)*n] (input is (world*n,)).
 
     average=True divides by the world size after the sum (done here, not with ReduceOp.AVG, which gloo lacks).
@@ -119,8 +126,14 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group, *, stats: C
     return pending
 
 
-def all_gather(output: torch.Tensor, input: torch.Tensor, group, *, stats: CommStats | None = None,
-               async_op: bool = False) -> Pending | None:
+def all_gather(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group,
+    *,
+    stats: CommStats | None = None,
+    async_op: bool = False,
+) -> Pending | None:
     """output (world*n,) <- concatenation over ranks of input (n,)."""
     if world_size(group) == 1:
         output.copy_(input)
@@ -132,8 +145,9 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group, *, stats: CommS
     return _run("all_gather", issue, output.numel() * output.element_size(), stats, async_op)
 
 
-def all_reduce(tensor: torch.Tensor, group, *, op: str = "sum", stats: CommStats | None = None,
-               async_op: bool = False) -> Pending | None:
+def all_reduce(
+    tensor: torch.Tensor, group, *, op: str = "sum", stats: CommStats | None = None, async_op: bool = False
+) -> Pending | None:
     """In place: tensor <- reduction over ranks. op: "sum" | "max" | "min"."""
     if world_size(group) == 1:
         return Pending(None, None, "", 0, time.perf_counter()) if async_op else None

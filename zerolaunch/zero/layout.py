@@ -116,7 +116,9 @@ class Layout:
             for slot in self.slots_in(bucket):
                 a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
                 if a < b:
-                    out.append(Fragment(slot.name, a - slot.offset, b - slot.offset, slot.group, base + a - lo))
+                    out.append(
+                        Fragment(slot.name, a - slot.offset, b - slot.offset, slot.group, base + a - lo)
+                    )
         return out
 
     @property
@@ -143,7 +145,7 @@ def plan_layout(specs: Sequence[ParamSpec], world_size: int, bucket_numel: int, 
         pending: list[ParamSpec] = []
         filled = 0
 
-        def close():
+        def close(g: int = g) -> None:
             nonlocal group_offset, pending, filled
             if not pending:
                 return
@@ -166,3 +168,15 @@ def plan_layout(specs: Sequence[ParamSpec], world_size: int, bucket_numel: int, 
             filled += s.numel
         close()
     return Layout(world_size, tuple(slots), tuple(buckets), len(groups))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model parameter as the checkpoint sees it (every parameter once; tied names are aliases)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    """torch dtype name without the prefix: "float32", "bfloat16", "float16"."""
+    trainable: bool
+    aliases: tuple[str, ...] = ()

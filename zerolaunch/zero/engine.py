@@ -1,0 +1,460 @@
+"""The Engine facade, and the ZeRO stages 0, 1 and 2 behind it.
+
+This module owns the training-step protocol of docs/ARCHITECTURE.md "The engine" (forward, backward with
+loss scaling and accumulation, step at the accumulation boundary, memory and comm accounting, the
+checkpoint contract) for stages 0-2; `Engine(...)` with stage 3 returns a `stage3.Stage3Engine`, which
+implements the same API. The buffers and gradient buckets are flat.py's; see [Note: layout].
+
+- Stage 0: every rank holds and steps everything; grads all-reduced per bucket (a plain DDP baseline).
+- Stage 1: full grads (param.grad are views into a flat grad buffer) accumulate over micro-steps with no
+  communication; at the boundary each bucket is reduce-scattered, each rank steps the slices it owns.
+- Stage 2: reduce-scatter per bucket during backward (flat.BackwardReducer); only the fp32 shard is kept.
+- Stages 1/2: updated params return with one all-gather per gradient bucket (allgather_bucket_size is not
+  used separately: the reduce buckets already bound the message size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import comm, flat, offload
+from .layout import Fragment, ParamSpec, TensorSpec, plan_layout
+from .loss_scale import LossScaler
+from .optim import build_optimizer, state_kinds, unscale_check_clip
+from .options import EngineOptions
+from .param_groups import collect_aliases, collect_params, split_decay_groups
+from .sched import LRSchedule
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    stepped: bool
+    """True when the optimizer stepped (an accumulation boundary without fp16 overflow)."""
+    skipped: bool
+    """True at a boundary whose step was skipped (fp16 overflow on some rank)."""
+    grad_norm: float | None
+    """Global grad norm before clipping; None off the boundary, inf on overflow."""
+    loss_scale: float
+    lr: float
+
+
+def validate_options(options: EngineOptions) -> None:
+    """Raise ValueError naming the bad option and the fix (the config layer shows the message)."""
+    z, p = options.zero, options.precision
+    if z.stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero.stage must be 0, 1, 2 or 3, got {z.stage}")
+    if z.reduce_bucket_size < 1:
+        raise ValueError(f"zero.reduce_bucket_size must be >= 1 element, got {z.reduce_bucket_size}")
+    if options.gradient_accumulation_steps < 1:
+        raise ValueError(
+            f"gradient_accumulation_steps must be >= 1, got {options.gradient_accumulation_steps}"
+        )
+    if options.gradient_clipping < 0:
+        raise ValueError(f"gradient_clipping must be >= 0 (0 = off), got {options.gradient_clipping}")
+    for key, value in (
+        ("precision.dtype", p.dtype),
+        ("precision.communication_dtype", p.communication_dtype),
+    ):
+        if value is not None and value not in DTYPES:
+            raise ValueError(f"{key} must be one of fp32, bf16, fp16, got {value!r}")
+    if z.stage == 0 and z.offload_optimizer.device != "none":
+        raise ValueError("zero.offload_optimizer needs zero.stage >= 1 (stage 0 keeps everything replicated)")
+    if z.stage < 3 and z.offload_param.device != "none":
+        raise ValueError(
+            "zero.offload_param needs zero.stage 3 (stages 0-2 keep the parameters on the device)"
+        )
+
+
+class Engine:
+    def __new__(
+        cls,
+        model: nn.Module,
+        options: EngineOptions,
+        *,
+        group=None,
+        device: torch.device = torch.device("cpu"),
+    ):
+        validate_options(options)
+        if options.zero.stage == 3:
+            from .stage3 import Stage3Engine
+
+            return Stage3Engine(model, options, group, device)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        model: nn.Module,
+        options: EngineOptions,
+        *,
+        group=None,
+        device: torch.device = torch.device("cpu"),
+    ):
+        self.options = options
+        self.group = group
+        self.device = torch.device(device)
+        self.stage = options.zero.stage
+        self.rank = comm.rank(group)
+        self.world_size = comm.world_size(group)
+        self.comm_stats = comm.CommStats()
+        self.dtype = DTYPES[options.precision.dtype]
+        # grads are reduced in fp32 unless asked otherwise: exact sums, FSDP2's choice.
+        self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
+        self.master_device = offload.master_device(options.zero.offload_optimizer, self.device)
+        pin = options.zero.offload_optimizer.pin_memory
+
+        self.module = (
+            model.to(device=self.device, dtype=self.dtype)
+            if self.dtype != torch.float32
+            else model.to(device=self.device)
+        )
+        named = collect_params(self.module)
+        self._named = dict(named)
+        self._aliases = collect_aliases(self.module)
+        self._frozen = [(n, p) for n, p in named if not p.requires_grad]
+        self._buffers = list(self.module.named_buffers())
+        self._groups = split_decay_groups(named, options.optimizer.weight_decay)
+        specs = [
+            ParamSpec(name, tuple(p.shape), g)
+            for g, grp in enumerate(self._groups)
+            for name, p in reversed(list(zip(grp["names"], grp["params"], strict=True)))
+        ]
+        # reverse registration order: the last layers' grads are ready first in backward -> bucket 0.
+        layout_world = 1 if self.stage == 0 else self.world_size
+        self.layout = plan_layout(specs, layout_world, options.zero.reduce_bucket_size)
+        self._layout_rank = 0 if self.stage == 0 else self.rank
+        self.num_groups = len(self._groups)
+
+        self.flat_params = flat.FlatParams(self.layout, self._named, self.num_groups, self.dtype, self.device)
+        self._broadcast_initial_state()
+
+        shard_numels = [self.layout.shard_numel(g) for g in range(self.num_groups)]
+        self.master = [offload.zeros(n, self.master_device, pin=pin) for n in shard_numels]
+        self.grad_shards = [offload.zeros(n, self.master_device, pin=pin) for n in shard_numels]
+        with torch.no_grad():
+            for bucket in self.layout.buckets:
+                owned = flat.owned_view(self.flat_params.buffers, bucket, self._layout_rank)
+                flat.shard_view(self.layout, self.master, bucket).copy_(owned)
+
+        self.full_grads: list[torch.Tensor] = []
+        self.reducer: flat.BackwardReducer | None = None
+        if self.stage in (0, 1):
+            # autograd accumulates in place into an existing .grad of matching shape: the views persist.
+            self.full_grads = [torch.zeros_like(b) for b in self.flat_params.buffers]
+            for slot in self.layout.params:
+                self._named[slot.name].grad = self.flat_params.param_view(self.full_grads, slot)
+        else:
+            self.reducer = flat.BackwardReducer(
+                self.layout,
+                self.grad_shards,
+                group,
+                comm_dtype=self.comm_dtype,
+                device=self.device,
+                overlap=options.zero.overlap,
+                stats=self.comm_stats,
+            )
+            self._hook_handles = [
+                self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
+                for slot in self.layout.params
+            ]
+
+        self.optimizer = build_optimizer(
+            options.optimizer,
+            [
+                {"params": [m], "weight_decay": grp["weight_decay"]}
+                for m, grp in zip(self.master, self._groups, strict=True)
+            ],
+            self.master_device,
+        )
+        self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
+        self.scaler = LossScaler(options.precision)
+        self.global_steps = 0
+        self.micro_steps = 0
+        self._lr = self.scheduler.lr_at(0)
+
+    # ---- init -----------------------------------------------------------------------------------------
+    def _broadcast_initial_state(self) -> None:
+        """Every rank starts from rank 0's weights and buffers (builders may seed differently per rank)."""
+        with torch.no_grad():
+            for buf in self.flat_params.buffers:
+                comm.broadcast(buf, 0, self.group, stats=self.comm_stats)
+            for _, t in self._frozen + self._buffers:
+                if t.is_contiguous():
+                    comm.broadcast(t.data, 0, self.group, stats=self.comm_stats)
+                else:
+                    tmp = t.data.contiguous()
+                    comm.broadcast(tmp, 0, self.group, stats=self.comm_stats)
+                    t.data.copy_(tmp)
+
+    # ---- training step --------------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """loss * loss_scale / gradient_accumulation_steps, backward; stage 2 reduces as grads arrive."""
+        if loss.dim() != 0:
+            raise ValueError(
+                f"engine.backward expects a scalar loss, got shape {tuple(loss.shape)}; "
+                "reduce it first (e.g. loss.mean())"
+            )
+        self._reattach_grad_views()
+        scale = self.scaler.scale / self.options.gradient_accumulation_steps
+        (loss * scale).backward()
+        if self.reducer is not None:
+            self.reducer.finish_backward()
+
+    @torch.no_grad()
+    def _reattach_grad_views(self) -> None:
+        """Stages 0/1: param.grad must be the view into the flat grad buffer; model.zero_grad() (set_to_none)
+        or code that assigns .grad would otherwise make autograd write grads the engine never reduces."""
+        if not self.full_grads:
+            return
+        for slot in self.layout.params:
+            param = self._named[slot.name]
+            view = self.flat_params.param_view(self.full_grads, slot)
+            grad = param.grad
+            if grad is not None and grad.data_ptr() == view.data_ptr():
+                continue
+            if grad is None:
+                view.zero_()  # set_to_none meant "no gradient so far"
+            else:
+                view.copy_(grad)
+            param.grad = view
+
+    def step(self) -> StepInfo:
+        """Call after every backward; steps the optimizer only at an accumulation boundary."""
+        self.micro_steps += 1
+        if self.micro_steps % self.options.gradient_accumulation_steps != 0:
+            return StepInfo(False, False, None, self.scaler.scale, self._lr)
+        if self.reducer is not None:
+            if self.reducer.busy:
+                self.reducer.finish_backward()
+        else:
+            self._reattach_grad_views()
+            flat.reduce_full_grads(
+                self.layout,
+                self.full_grads,
+                self.grad_shards,
+                self.group,
+                rank=self.rank,
+                sharded=self.stage == 1,
+                comm_dtype=self.comm_dtype,
+                comm_device=self.device,
+                stats=self.comm_stats,
+            )
+            for g in self.full_grads:
+                g.zero_()
+        offload.sync(self.device)
+        loss_scale = self.scaler.scale
+        overflow, norm = unscale_check_clip(
+            self.grad_shards,
+            self.group,
+            sharded=self.stage > 0,
+            loss_scale=loss_scale,
+            fp16=self.scaler.enabled,
+            clip_norm=self.options.gradient_clipping,
+            comm_device=self.device,
+            stats=self.comm_stats,
+        )
+        skipped = self.scaler.update(overflow)
+        # every grad shard element is overwritten by the next window's first reduction (stages 0/1 at the
+        # boundary, stage 2 on its first micro-step): no zeroing pass over the shards.
+        if self.reducer is not None:
+            self.reducer.reset_accumulation()
+        if skipped:
+            return StepInfo(False, True, float("inf"), loss_scale, self._lr)
+        self._lr = self.scheduler.lr_at(self.global_steps)
+        for pg, master, grad in zip(self.optimizer.param_groups, self.master, self.grad_shards, strict=True):
+            pg["lr"] = self._lr
+            master.grad = grad
+        self.optimizer.step()
+        for master in self.master:
+            master.grad = None
+        self._publish_params()
+        self.global_steps += 1
+        return StepInfo(True, False, float(norm), loss_scale, self._lr)
+
+    @torch.no_grad()
+    def _publish_params(self) -> None:
+        """Owned master slices -> compute dtype -> every rank's full flat params (all-gather per bucket)."""
+        issued = []
+        for bucket in self.layout.buckets:
+            master = flat.shard_view(self.layout, self.master, bucket)
+            out = flat.bucket_view(self.flat_params.buffers, bucket)
+            if self.stage == 0:
+                out.copy_(master)
+                continue
+            if master.device == self.device and master.dtype == self.dtype:
+                src = master
+            else:
+                # copy_ across device and dtype at once: from pinned memory this is one async H2D copy and
+                # a cast on the device (6x faster than .to(device, dtype=...), which casts on the host).
+                src = torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
+                src.copy_(master, non_blocking=master.is_pinned())
+            issued.append((src, comm.all_gather(out, src, self.group, stats=self.comm_stats, async_op=True)))
+        for _, pending in issued:
+            pending.wait()
+
+    # ---- accounting -----------------------------------------------------------------------------------
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds per kind (model states and engine buffers; activations not included)."""
+
+        def nbytes(ts):
+            return sum(t.numel() * t.element_size() for t in ts)
+
+        opt_state = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        return {
+            "params": nbytes(self.flat_params.buffers) + nbytes([p for _, p in self._frozen]),
+            "grads": nbytes(self.full_grads) + nbytes(self.grad_shards),
+            "optimizer": nbytes(opt_state),
+            "master": nbytes(self.master),
+            "buckets": self.reducer.staging_bytes if self.reducer is not None else 0,
+        }
+
+    # ---- checkpoint contract: collective-free unless noted ---------------------------------------------
+    def param_specs(self) -> list[TensorSpec]:
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        return [
+            TensorSpec(
+                name,
+                tuple(p.shape),
+                str(p.dtype).removeprefix("torch.") if not p.requires_grad else dtype_name,
+                p.requires_grad,
+                self._aliases.get(name, ()),
+            )
+            for name, p in self._named.items()
+        ]
+
+    def owned_fragments(self) -> list[Fragment]:
+        """Fragments this rank saves. Stage 0 replicates everything: rank 0 saves it all, the others none
+        (each element is then written exactly once); every rank still loads the whole state."""
+        if self.stage == 0 and self.rank != 0:
+            return []
+        return self.layout.owned_fragments(self._layout_rank)
+
+    def _state_tensor(self, kind: str, group: int) -> torch.Tensor:
+        """The optimizer's flat state `kind` of group `group`, created (zeros) if the optimizer has none yet."""
+        master = self.master[group]
+        state = self.optimizer.state[master]
+        if kind not in state:
+            state[kind] = torch.zeros_like(master)
+        return state[kind]
+
+    def _optimizer_step_count(self) -> int:
+        for master in self.master:
+            step = self.optimizer.state.get(master, {}).get("step")
+            if step is not None:
+                return int(step)
+        return 0
+
+    def fragment_state(self) -> dict[str, torch.Tensor]:
+        """{f"{kind}/{name}/{start}": flat fp32 tensor} for every owned fragment; "step/..." is 1 element."""
+        kinds = state_kinds(self.options.optimizer)
+        step = torch.tensor([float(self._optimizer_step_count())])
+        out: dict[str, torch.Tensor] = {}
+        for f in self.owned_fragments():
+            sl = slice(f.shard_offset, f.shard_offset + f.numel)
+            out[f"master/{f.name}/{f.start}"] = self.master[f.group][sl]
+            for kind in kinds:
+                state = self.optimizer.state.get(self.master[f.group], {}).get(kind)
+                if state is not None:
+                    out[f"{kind}/{f.name}/{f.start}"] = state[sl]
+            out[f"step/{f.name}/{f.start}"] = step
+        return out
+
+    @torch.no_grad()
+    def load_fragment_state(self, read) -> None:
+        """read(kind, name, start, stop) -> flat fp32 tensor. Loads master + optimizer state of the owned
+        fragments and every full trainable param (so no all-gather is needed). The optimizer step count
+        comes from load_state_meta, not from "step" fragments."""
+        for slot in self.layout.params:
+            full = read("master", slot.name, 0, slot.numel)
+            self.flat_params.param_view(self.flat_params.buffers, slot).copy_(full.reshape(slot.shape))
+        kinds = state_kinds(self.options.optimizer)
+        for f in self.layout.owned_fragments(self._layout_rank):
+            sl = slice(f.shard_offset, f.shard_offset + f.numel)
+            self.master[f.group][sl].copy_(read("master", f.name, f.start, f.stop))
+            for kind in kinds:
+                self._state_tensor(kind, f.group)[sl].copy_(read(kind, f.name, f.start, f.stop))
+
+    def replicated_state(self) -> dict[str, torch.Tensor]:
+        return {name: t.detach() for name, t in self._frozen + self._buffers}
+
+    @torch.no_grad()
+    def load_replicated_state(self, state: dict[str, torch.Tensor]) -> None:
+        expected = {name: t for name, t in self._frozen + self._buffers}
+        missing = sorted(set(expected) - set(state))
+        unknown = sorted(set(state) - set(expected))
+        if missing or unknown:
+            raise ValueError(
+                f"replicated state does not match the model: missing {missing}, unknown {unknown}; "
+                "was the checkpoint written for another model?"
+            )
+        for name, t in expected.items():
+            t.copy_(state[name])
+
+    def state_meta(self) -> dict:
+        return {
+            "stage": self.stage,
+            "global_steps": self.global_steps,
+            "micro_steps": self.micro_steps,
+            "optimizer_step": self._optimizer_step_count(),
+            "scheduler": self.scheduler.state_dict(),
+            "loss_scaler": self.scaler.state_dict(),
+        }
+
+    def load_state_meta(self, meta: dict) -> None:
+        self.global_steps = int(meta["global_steps"])
+        self.micro_steps = int(meta.get("micro_steps", 0))
+        self.scheduler.load_state_dict(meta["scheduler"])
+        self.scaler.load_state_dict(meta["loss_scaler"])
+        step = int(meta.get("optimizer_step", self.global_steps))
+        if step > 0 or self.optimizer.state:
+            for g, master in enumerate(self.master):
+                for kind in state_kinds(self.options.optimizer):
+                    self._state_tensor(kind, g)
+                state = self.optimizer.state[master]
+                old = state.get("step")
+                state["step"] = torch.tensor(
+                    float(step),
+                    dtype=old.dtype if old is not None else torch.float32,
+                    device=old.device if old is not None else self._step_device(),
+                )
+        self._lr = self.scheduler.lr_at(self.global_steps)
+
+    def _step_device(self) -> torch.device:
+        # fused optimizers keep "step" on the params' device; the others on the CPU.
+        return self.master_device if self.optimizer.defaults.get("fused") else torch.device("cpu")
+
+    def full_state_dict(self, dtype: torch.dtype | None = None):
+        """COLLECTIVE (call on every rank, iterate to the end): (name, full tensor) for every param + buffer.
+
+        dtype=None gives the params as the model holds them. Asking fp32 from a 16-bit model gathers the fp32
+        master bucket by bucket, so the values are the exact optimizer weights, not rounded copies.
+        """
+        from_master = dtype == torch.float32 and self.dtype != torch.float32
+        gathered: dict[int, torch.Tensor] = {}
+        for name, p in self._named.items():
+            slot = self.flat_params.slot_of.get(name)
+            if slot is None or not from_master:
+                t = p.detach()
+                yield name, t if dtype is None or not t.is_floating_point() else t.to(dtype)
+                continue
+            if slot.bucket not in gathered:
+                gathered.clear()
+                gathered[slot.bucket] = self._gather_master_bucket(self.layout.buckets[slot.bucket])
+            yield name, gathered[slot.bucket][slot.offset : slot.offset + slot.numel].view(slot.shape)
+        for name, b in self._buffers:
+            yield name, b.detach() if dtype is None or not b.is_floating_point() else b.detach().to(dtype)
+
+    def _gather_master_bucket(self, bucket) -> torch.Tensor:
+        src = flat.shard_view(self.layout, self.master, bucket).to(self.device)
+        if self.stage == 0:
+            return src
+        out = torch.empty(bucket.padded_numel, dtype=torch.float32, device=self.device)
+        comm.all_gather(out, src, self.group, stats=self.comm_stats)
+        return out

@@ -1,0 +1,269 @@
+"""Flat buffers and gradient buckets of the stage 0-2 engine.
+
+This module owns the tensors behind [Note: layout]: per param group one contiguous compute-dtype buffer
+whose slices are the model's parameters (`FlatParams`), the arithmetic from a bucket to its slices (the
+whole bucket, the slice a rank owns, the matching piece of the rank's flat shard), and the two ways
+gradients reach the fp32 shards:
+
+- `reduce_full_grads` (stages 0/1): at the accumulation boundary, every bucket of the full gradient
+  buffer is reduce-scattered (stage 1) or all-reduced (stage 0) and averaged over the ranks.
+- `BackwardReducer` (stage 2): during backward, a bucket's reduce-scatter is issued the moment its last
+  gradient is ready (post-accumulate-grad hooks); the full gradient is copied into a staging buffer and
+  released at once, so a rank keeps only its fp32 shard, accumulated over micro-steps.
+
+Buckets are issued strictly in bucket-index order on every rank (a ready bucket waits for the ones before
+it), so the sequence of collectives is identical on all ranks whatever order autograd produces grads in.
+It does not own the optimizer, the step or the checkpoint contract (engine.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from . import comm, offload
+from .layout import BucketPlan, Layout, ParamSlot
+
+
+def bucket_view(flats: list[torch.Tensor], bucket: BucketPlan) -> torch.Tensor:
+    """The whole (padded) bucket inside its group's flat buffer."""
+    return flats[bucket.group][bucket.group_offset : bucket.group_offset + bucket.padded_numel]
+
+
+def owned_view(flats: list[torch.Tensor], bucket: BucketPlan, rank: int) -> torch.Tensor:
+    """The slice of the bucket that `rank` owns, inside the group's flat buffer."""
+    lo, hi = bucket.shard_range(rank)
+    return bucket_view(flats, bucket)[lo:hi]
+
+
+def shard_view(layout: Layout, shards: list[torch.Tensor], bucket: BucketPlan) -> torch.Tensor:
+    """The bucket's piece of a rank's flat shard of its group (master, grads, optimizer state)."""
+    start = layout.bucket_shard_offset(bucket)
+    return shards[bucket.group][start : start + bucket.shard_numel]
+
+
+class FlatParams:
+    """Per group a flat compute-dtype buffer; every trainable parameter becomes a view into it."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        params_by_name: dict[str, torch.nn.Parameter],
+        num_groups: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.layout = layout
+        self.buffers = [
+            torch.zeros(layout.group_numel(g), dtype=dtype, device=device) for g in range(num_groups)
+        ]
+        self.slot_of: dict[str, ParamSlot] = {}
+        with torch.no_grad():
+            for slot in layout.params:
+                param = params_by_name[slot.name]
+                view = self.param_view(self.buffers, slot)
+                view.copy_(param.detach().reshape(slot.shape))
+                # the Parameter object stays the same (the model, optimizers of tied modules and user code
+                # keep their references); only its storage moves into the flat buffer.
+                param.data = view
+                self.slot_of[slot.name] = slot
+
+    def param_view(self, flats: list[torch.Tensor], slot: ParamSlot) -> torch.Tensor:
+        """The parameter's elements inside a flat buffer (params or full grads), in its shape."""
+        start = self.layout.buckets[slot.bucket].group_offset + slot.offset
+        return flats[slot.group][start : start + slot.numel].view(slot.shape)
+
+
+def reduce_full_grads(
+    layout: Layout,
+    full_grads: list[torch.Tensor],
+    shards: list[torch.Tensor],
+    group,
+    *,
+    rank: int,
+    sharded: bool,
+    comm_dtype: torch.dtype,
+    comm_device: torch.device,
+    stats: comm.CommStats,
+    max_in_flight: int = 2,
+) -> None:
+    """Stages 0/1, at the boundary: shards (fp32) <- the rank's averaged slice of every bucket (overwritten).
+
+    sharded=True reduce-scatters (stage 1); sharded=False all-reduces the whole bucket (stage 0, where the
+    layout was planned for one rank, so the "slice" is the bucket). At most `max_in_flight` buckets are
+    outstanding, which bounds the comm-dtype copies (e.g. fp32 copies of bf16 grads) to that many buckets.
+    """
+    world = comm.world_size(group)
+    issued: deque = deque()
+
+    def complete_oldest() -> None:
+        bucket, out, pending = issued.popleft()
+        pending.wait()
+        if not sharded and world > 1:
+            out.div_(world)
+        offload.to_host(shard_view(layout, shards, bucket), out, accumulate=False)
+
+    for bucket in layout.buckets:
+        src = bucket_view(full_grads, bucket)
+        if src.dtype != comm_dtype or src.device != comm_device:
+            src = src.to(comm_device, dtype=comm_dtype)
+        if sharded:
+            out = torch.empty(bucket.shard_numel, dtype=comm_dtype, device=comm_device)
+            pending = comm.reduce_scatter(out, src, group, stats=stats, async_op=True, average=True)
+        else:
+            out = src
+            pending = comm.all_reduce(out, group, op="sum", stats=stats, async_op=True)
+        issued.append((bucket, out, pending))
+        if len(issued) > max_in_flight:
+            complete_oldest()
+    while issued:
+        complete_oldest()
+
+
+class BackwardReducer:
+    """Stage 2: per-bucket reduce-scatter issued from post-accumulate-grad hooks during backward.
+
+    [Note: stage-2 buffers] A bucket takes a staging buffer (comm dtype, the bucket's padded size, zeroed, so
+    padding and params without a grad this micro-step contribute zeros) when its first grad arrives, and
+    gives it back once its reduce-scatter has completed and the result was added into the fp32 shard. With
+    overlap, at most `max_in_flight` staging buffers are kept: taking one beyond that first completes the
+    oldest issued bucket. Without overlap each reduce-scatter is awaited right after it is issued.
+    On CUDA with overlap the collectives run on `stream` (a side stream), which first waits for the compute
+    stream (the staging copies); the compute stream waits for it before reusing a buffer and at the end of
+    backward. Tensors stay alive by reference in `_inflight`, so no record_stream is needed.
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        shards: list[torch.Tensor],
+        group,
+        *,
+        comm_dtype: torch.dtype,
+        device: torch.device,
+        overlap: bool,
+        stats: comm.CommStats,
+        max_in_flight: int = 2,
+    ):
+        self.layout = layout
+        self.shards = shards
+        self.group = group
+        self.comm_dtype = comm_dtype
+        self.device = device
+        self.overlap = overlap
+        self.stats = stats
+        self.max_in_flight = max(1, max_in_flight) if overlap else 1
+        self.stream = torch.cuda.Stream(device) if overlap and device.type == "cuda" else None
+        self._buffer_numel = max((b.padded_numel for b in layout.buckets), default=0)
+        self._free: list[torch.Tensor] = []
+        self._allocated = 0
+        self._staging: dict[int, torch.Tensor] = {}
+        self._ready_count = [0] * len(layout.buckets)
+        self._slot_count = [len(layout.slots_in(b)) for b in layout.buckets]
+        self._next_issue = 0
+        self._inflight: deque = deque()
+        self._fresh = [True] * len(layout.buckets)
+        self._host_staging: torch.Tensor | None = None
+        self.issued_count = 0
+        """Reduce-scatters issued since construction (tests read it from inside backward)."""
+
+    @property
+    def staging_bytes(self) -> int:
+        return self._allocated * self._buffer_numel * torch.empty((), dtype=self.comm_dtype).element_size()
+
+    def hook_for(self, slot: ParamSlot):
+        def on_grad_ready(param: torch.Tensor) -> None:
+            if param.grad is None:
+                return
+            bucket = self.layout.buckets[slot.bucket]
+            staging = self._staging_for(bucket)
+            with torch.no_grad():
+                staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
+            param.grad = None  # the full gradient is released: this rank keeps only its shard
+            self._ready_count[bucket.index] += 1
+            self._issue_ready()
+
+        return on_grad_ready
+
+    def _staging_for(self, bucket: BucketPlan) -> torch.Tensor:
+        held = self._staging.get(bucket.index)
+        if held is not None:
+            return held[1]
+        if not self._free and self._allocated >= self.max_in_flight and self._inflight:
+            self._complete_oldest()
+        if self._free:
+            base = self._free.pop()
+        else:
+            base = torch.empty(self._buffer_numel, dtype=self.comm_dtype, device=self.device)
+            self._allocated += 1
+        view = base[: bucket.padded_numel]
+        view.zero_()
+        self._staging[bucket.index] = (base, view)
+        return view
+
+    def _issue_ready(self) -> None:
+        buckets = self.layout.buckets
+        while self._next_issue < len(buckets):
+            b = buckets[self._next_issue]
+            if self._ready_count[b.index] < self._slot_count[b.index]:
+                return
+            self._issue(b)
+
+    def _issue(self, bucket: BucketPlan) -> None:
+        src = self._staging_for(bucket)
+        base = self._staging.pop(bucket.index)[0]
+        out = torch.empty(bucket.shard_numel, dtype=self.comm_dtype, device=self.device)
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                pending = comm.reduce_scatter(
+                    out, src, self.group, stats=self.stats, async_op=True, average=True
+                )
+        else:
+            pending = comm.reduce_scatter(out, src, self.group, stats=self.stats, async_op=True, average=True)
+        self.issued_count += 1
+        self._next_issue += 1
+        self._inflight.append((bucket, base, out, pending))
+        if not self.overlap:
+            self._complete_oldest()
+
+    def _complete_oldest(self) -> None:
+        bucket, base, out, pending = self._inflight.popleft()
+        if self.stream is not None:
+            with torch.cuda.stream(self.stream):
+                pending.wait()
+                self._accumulate(bucket, out)
+            # the compute stream may now overwrite `base` (the next bucket's staging copies).
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        else:
+            pending.wait()
+            self._accumulate(bucket, out)
+        self._free.append(base)
+
+    def _accumulate(self, bucket: BucketPlan, out: torch.Tensor) -> None:
+        """The bucket's fp32 shard <- (first micro-step of the window) or += the reduced slice."""
+        dst = shard_view(self.layout, self.shards, bucket)
+        fresh = self._fresh[bucket.index]
+        if not fresh and dst.device != out.device and self._host_staging is None:
+            numel = max(b.shard_numel for b in self.layout.buckets)
+            self._host_staging = offload.zeros(numel, dst.device, pin=True)
+        offload.to_host(dst, out, accumulate=not fresh, staging=self._host_staging)
+        self._fresh[bucket.index] = False
+
+    def reset_accumulation(self) -> None:
+        """After a step: the next micro-step's reduced grads overwrite the shards (no zeroing pass needed)."""
+        self._fresh = [True] * len(self.layout.buckets)
+
+    def finish_backward(self) -> None:
+        """Issue every bucket not yet issued (grads missing this micro-step count as zero), await all."""
+        while self._next_issue < len(self.layout.buckets):
+            self._issue(self.layout.buckets[self._next_issue])
+        while self._inflight:
+            self._complete_oldest()
+        self._ready_count = [0] * len(self.layout.buckets)
+        self._next_issue = 0
+
+    @property
+    def busy(self) -> bool:
+        return self._next_issue > 0 or bool(self._inflight) or any(self._ready_count)

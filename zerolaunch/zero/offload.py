@@ -1,0 +1,68 @@
+"""Where the fp32 master, its gradients and the optimizer state live when the optimizer is offloaded.
+
+This module owns the host side of optimizer offload for stages 1/2 (offload_optimizer.device == "cpu"):
+allocating host buffers (pinned when asked and when there is an accelerator to pin for), and the ordering
+rule that the host may only read device->host copies once the device stream that issued them is done.
+On a CPU-only machine the "host" is the compute device and the copies are plain same-device copies: the
+code path is the same, which is what the tests exercise. nvme offload is not implemented for stages 0-2.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .options import OffloadOptions
+
+
+def master_device(offload: OffloadOptions, device: torch.device) -> torch.device:
+    """Device of the fp32 master, fp32 grad shards and optimizer state."""
+    if offload.device == "cpu":
+        return torch.device("cpu")
+    if offload.device == "nvme":
+        raise ValueError(
+            "zero.offload_optimizer.device 'nvme' is not supported for stages 0-2; use 'cpu' (or stage 3)"
+        )
+    return device
+
+
+def zeros(numel: int, device: torch.device, *, pin: bool) -> torch.Tensor:
+    """An fp32 flat buffer; page-locked when on the host, asked for, and an accelerator exists."""
+    t = torch.zeros(numel, dtype=torch.float32, device=device)
+    if pin and device.type == "cpu" and torch.cuda.is_available():
+        t = t.pin_memory()
+    return t
+
+
+def to_host(
+    dst: torch.Tensor, src: torch.Tensor, *, accumulate: bool, staging: torch.Tensor | None = None
+) -> None:
+    """dst (host fp32) <- / += src (device, any float dtype); non-blocking when dst is pinned.
+
+    accumulate=True across devices lands src in `staging` (a reusable fp32 host buffer of >= src.numel()
+    elements, ideally pinned) before the add; without one, a temporary is allocated (slow: pageable, and
+    first-touch page faults on every call).
+    """
+    if dst.device == src.device:
+        if accumulate:
+            dst.add_(src)
+        else:
+            dst.copy_(src)
+        return
+    if not accumulate:
+        # one (possibly async) copy straight into dst; the host reads it only after sync() in step().
+        dst.copy_(src, non_blocking=dst.is_pinned())
+        return
+    if staging is None:
+        staged = src.to(dst.device, dtype=torch.float32)
+    else:
+        staged = staging[: src.numel()]
+        staged.copy_(src, non_blocking=staging.is_pinned())
+        # the add reads `staged` on the host: the async copy must have landed first.
+        sync(src.device)
+    dst.add_(staged)
+
+
+def sync(device: torch.device) -> None:
+    """Block the host until the device's current stream has finished (before the host step reads grads)."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()

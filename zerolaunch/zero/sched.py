@@ -1,0 +1,110 @@
+"""Learning-rate schedules, as a pure function of the optimizer step.
+
+This module owns the lr at every step, with DeepSpeed's formulas for WarmupLR, WarmupDecayLR and
+WarmupCosineLR (deepspeed/runtime/lr_schedules.py) and a nanoGPT-style "cosine". It does not touch an
+optimizer: the engine asks `lr_at(global_steps)` before each step and writes it into every param group.
+
+`lr_at(k)` is DeepSpeed's lr at `last_batch_iteration == k`, used for the (k+1)-th optimizer step (k counts
+steps already taken). DeepSpeed's engine applies that value one step later (its first step runs at the
+optimizer's configured lr, or 0 for WarmupCosineLR); we apply the schedule from the very first step.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .options import SchedulerOptions
+
+NAMES = ("none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine")
+
+
+class LRSchedule:
+    def __init__(self, options: SchedulerOptions, base_lr: float):
+        self.options = options
+        self.base_lr = float(base_lr)
+        self.last_step = -1
+        """The last step `lr_at` was asked for (kept only for state_dict symmetry with DeepSpeed)."""
+        self._validate()
+
+    def _validate(self) -> None:
+        o = self.options
+        if o.name not in NAMES:
+            raise ValueError(f"scheduler.name {o.name!r} is unknown; use one of: {', '.join(NAMES)}")
+        if o.warmup_num_steps < 0:
+            raise ValueError(f"scheduler.warmup_num_steps must be >= 0, got {o.warmup_num_steps}")
+        if o.warmup_type not in ("log", "linear"):
+            raise ValueError(f"scheduler.warmup_type must be 'log' or 'linear', got {o.warmup_type!r}")
+        if o.name in ("WarmupDecayLR", "WarmupCosineLR", "cosine"):
+            if o.total_num_steps is None or o.total_num_steps < 1:
+                raise ValueError(
+                    f"scheduler.total_num_steps is required (>= 1) for {o.name}, got {o.total_num_steps}; "
+                    "set it to the number of optimizer steps of the run"
+                )
+        if not 0.0 <= o.cos_min_ratio <= 1.0:
+            raise ValueError(f"scheduler.cos_min_ratio must be in [0, 1], got {o.cos_min_ratio}")
+
+    @property
+    def peak_lr(self) -> float:
+        o = self.options
+        return self.base_lr if o.warmup_max_lr is None else float(o.warmup_max_lr)
+
+    def _warmup_gamma(self, step: int, warmup_steps: int) -> float:
+        # DeepSpeed: log warmup reaches 1 at step warmup_steps - 1; linear at warmup_steps.
+        if self.options.warmup_type == "log":
+            return math.log(step + 1) / math.log(warmup_steps)
+        return step / warmup_steps
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of the optimizer step that follows `step` steps already taken."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        self.last_step = step
+        o = self.options
+        if o.name == "none":
+            return self.base_lr
+        if o.name == "cosine":
+            return self._cosine(step)
+        # DeepSpeed clamps warmup to >= 2 steps (log(1) would divide by zero).
+        warmup = max(2, o.warmup_num_steps)
+        if o.name == "WarmupCosineLR":
+            return self.base_lr * self._warmup_cosine_ratio(step, warmup)
+        min_lr, delta = o.warmup_min_lr, self.peak_lr - o.warmup_min_lr
+        if step < warmup:
+            return min_lr + delta * self._warmup_gamma(step, warmup)
+        if o.name == "WarmupLR":
+            return min_lr + delta
+        total = o.total_num_steps
+        gamma = max(0.0, float(total - step) / float(max(1.0, total - warmup)))
+        return min_lr + delta * gamma
+
+    def _warmup_cosine_ratio(self, step: int, warmup: int) -> float:
+        o = self.options
+        if step < warmup:
+            return o.warmup_min_ratio + self._warmup_gamma(step, warmup) * (1.0 - o.warmup_min_ratio)
+        real_step = step - warmup + 1
+        real_total = max(1, o.total_num_steps - warmup)
+        ratio = (1 + math.cos(math.pi * real_step / real_total)) / 2
+        return max(0.0, o.cos_min_ratio + (1.0 - o.cos_min_ratio) * ratio)
+
+    def _cosine(self, step: int) -> float:
+        # nanoGPT: linear warmup to the peak, cosine down to cos_min_ratio * peak, flat after total steps.
+        o = self.options
+        peak, total, warmup = self.peak_lr, o.total_num_steps, o.warmup_num_steps
+        min_lr = o.cos_min_ratio * peak
+        if step < warmup:
+            return peak * (step + 1) / (warmup + 1)
+        if step >= total:
+            return min_lr
+        progress = (step - warmup) / max(1, total - warmup)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak - min_lr)
+
+    def state_dict(self) -> dict:
+        return {"name": self.options.name, "last_step": self.last_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("name") != self.options.name:
+            raise ValueError(
+                f"checkpoint scheduler is {state.get('name')!r} but this run uses {self.options.name!r}; "
+                "the lr depends only on the step, so set scheduler.name to match or start a new run"
+            )
+        self.last_step = int(state["last_step"])
