@@ -78,12 +78,14 @@ class Engine:
         *,
         group=None,
         device: torch.device = torch.device("cpu"),
+        init_fn=None,
     ):
         validate_options(options)
         if options.zero.stage == 3:
             from .stage3 import Stage3Engine
 
-            return Stage3Engine(model, options, group, device)
+            # init_fn(module) initializes a unit built on the meta device (stage 3 materializes one at a time).
+            return Stage3Engine(model, options, group, device, init_fn=init_fn)
         return super().__new__(cls)
 
     def __init__(
@@ -93,6 +95,7 @@ class Engine:
         *,
         group=None,
         device: torch.device = torch.device("cpu"),
+        init_fn=None,
     ):
         self.options = options
         self.group = group
