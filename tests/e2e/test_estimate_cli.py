@@ -1,0 +1,148 @@
+"""`zerolaunch estimate-memory` through the real command tree: the three inputs, --json, and bad input.
+
+Tests: --params (table + recommendation, no torch), --model (exact count of the built-in GPT), a recipe file
+(its micro-batch, seq_len and stage-3 units), every kind of bad input -> one error line and exit 2.
+Leaves out: --measure (test_estimate_measure.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from zerolaunch.cli.app import app
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def _run(*args):
+    return runner.invoke(app, ["estimate-memory", *args])
+
+
+def _json(*args) -> dict:
+    result = _run(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_params_prints_the_table_and_a_recommendation():
+    result = _run("--params", "7e9", "--gpus", "8", "--gpu-memory", "80GiB")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "per GPU, GiB" in out and "per CPU node" in out and "DS GPU" in out
+    assert "Recommended: zero stage 1" in out  # stage 0 needs ~156 GiB per GPU for 7B
+
+
+def test_params_json_has_every_stage_and_offload_row():
+    data = _json("--params", "7B", "--gpus", "4", "--nodes", "2", "--gpu-memory", "80GB", "--dtype", "bf16")
+    assert data["model"]["params"] == 7 * 10**9 and data["setup"]["world_size"] == 8
+    labels = [r["label"] for r in data["rows"]]
+    assert labels[0] == "stage 0" and "stage 3 + optimizer+params-cpu" in labels
+    assert {r["stage"] for r in data["rows"]} == {0, 1, 2, 3}
+    assert data["recommended"]["stage"] == 1
+    s3 = next(r for r in data["rows"] if r["label"] == "stage 3")
+    assert s3["gpu_total_bytes"] < next(r for r in data["rows"] if r["label"] == "stage 0")["gpu_total_bytes"]
+
+
+def test_model_counts_the_builtin_gpt_exactly():
+    import torch
+
+    from zerolaunch.models.gpt import build
+
+    with torch.device("meta"):
+        model = build(size="125m", vocab_size=50304, seq_len=1024)
+    want = sum(p.numel() for p in model.parameters())
+    data = _json("--model", "gpt-125m", "--gpus", "2", "--micro-batch", "4", "--seq-len", "1024")
+    assert data["model"]["params"] == want and data["model"]["exact"] is True
+    assert data["rows"][0]["activation_bytes"] > 0
+    assert data["recommended"] is None  # no GPU here and no --gpu-memory given
+
+
+def test_recipe_takes_its_batch_and_sequence_and_builds_on_meta():
+    data = _json(str(ROOT / "recipes" / "tiny-gpt.yaml"), "--gpus", "2", "--gpu-memory", "1GiB")
+    assert data["setup"]["micro_batch"] == 8 and data["setup"]["seq_len"] == 64
+    assert data["model"]["exact"] and data["recommended"] == {
+        "stage": 0,
+        "offload": "none",
+        "activation_checkpointing": False,
+    }
+
+
+def test_recipe_set_override_reaches_the_estimate():
+    data = _json(str(ROOT / "recipes" / "tiny-gpt.yaml"), "--set", "train.micro_batch_size=2")
+    assert data["setup"]["micro_batch"] == 2
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--params", "0"], "positive"),
+        (["--params", "-5"], "positive"),
+        (["--params", "lots"], "cannot read 'lots'"),
+        (["--params", "1e9", "--gpus", "0"], "--gpus"),
+        (["--params", "1e9", "--nodes", "-1"], "--nodes"),
+        (["--params", "1e9", "--gpu-memory", "80gigs"], "80GiB"),
+        (["--params", "1e9", "--micro-batch", "0"], "--micro-batch"),
+        (["--params", "1e9", "--dtype", "int8"], "bf16, fp16, fp32"),
+        (["--model", "gpt-13b"], "Did you mean gpt-1.3b"),
+        ([], "exactly one of RECIPE, --params or --model"),
+        (["--params", "1e9", "--model", "gpt-tiny"], "got --params and --model"),
+        (["no/such/recipe.yaml"], "no/such/recipe.yaml"),
+        (["--params", "1e9", "--measure"], "--measure"),
+    ],
+)
+def test_bad_input_is_one_clear_error_and_exit_2(args, message):
+    result = _run(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_console_script_answers_without_torch():
+    code = (
+        "import sys\n"
+        "from zerolaunch.cli.app import main\n"
+        "sys.argv = ['zerolaunch', 'estimate-memory', '--params', '7e9', '--gpus', '8', '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["model"]["params"] == 7 * 10**9
+
+
+def test_gpu_memory_defaults_to_the_visible_gpu(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 81559\necho 81559\n")  # MiB per GPU, one line per GPU
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    data = _json("--params", "1e9")
+    assert data["setup"]["gpu_memory_bytes"] == 81559 * 2**20
+    assert data["recommended"]["stage"] == 0
+
+
+def test_recipe_with_a_custom_model_counts_it_and_says_activations_are_unknown(tmp_path):
+    (tmp_path / "net.py").write_text(
+        "import torch\n"
+        "def build(width=31):\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(17, width), torch.nn.Linear(width, 5))\n"
+    )
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model:\n  builder: net.py:build\n  args: {width: 29}\n")
+    result = _run(str(recipe), "--gpus", "3", "--gpu-memory", "1GiB")
+    assert result.exit_code == 0, result.output
+    assert "activations not estimated" in result.output
+    data = _json(str(recipe), "--gpus", "3")
+    assert data["model"]["params"] == 17 * 29 + 29 + 29 * 5 + 5
+    assert data["rows"][0]["activation_bytes"] is None

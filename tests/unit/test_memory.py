@@ -1,0 +1,184 @@
+"""estimate-memory arithmetic without an engine: input parsing, the --params stand-in, activations, the
+recommendation order, and the torch-free import of the --params path.
+
+Leaves out: equality with a real Engine (test_memory_engine.py), DeepSpeed's formulas
+(test_memory_deepspeed.py), the command line (tests/e2e/test_estimate_cli.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from zerolaunch.memory import EstimateError, Setup, estimate, parse_bytes, parse_count, synthetic_gpt
+from zerolaunch.memory.activations import activation_bytes
+from zerolaunch.memory.engine_layout import stage012_layout, stage2_staging_buffers
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    "text, nbytes",
+    [
+        ("80GiB", 80 * GIB),
+        ("80GB", 80 * 10**9),
+        ("24G", 24 * GIB),
+        ("81920MiB", 80 * GIB),
+        ("1024", 1024),
+        ("1.5 TiB", int(1.5 * 2**40)),
+        (80 * GIB, 80 * GIB),
+    ],
+)
+def test_parse_bytes(text, nbytes):
+    assert parse_bytes(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["80gigs", "-1GiB", "0", "", "GiB", "1e999GiB", "80 Gib s"])
+def test_parse_bytes_rejects_with_the_form_to_use(text):
+    with pytest.raises(EstimateError, match="80GiB"):
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize(
+    "text, count",
+    [
+        ("7e9", 7 * 10**9),
+        ("7B", 7 * 10**9),
+        ("1.3b", 1_300_000_000),
+        ("350M", 350 * 10**6),
+        ("125_000_000", 125 * 10**6),
+    ],
+)
+def test_parse_count(text, count):
+    assert parse_count(text) == count
+
+
+@pytest.mark.parametrize("text", ["-5", "0", "abc", "7X", "0.4"])
+def test_parse_count_rejects(text):
+    with pytest.raises(EstimateError, match="--params"):
+        parse_count(text)
+
+
+@pytest.mark.parametrize("total", [1, 5_000, 10**6, 124_475_904, 1_300_000_000, 7 * 10**9, 175 * 10**9])
+def test_synthetic_gpt_has_exactly_the_asked_parameter_count(total):
+    shape = synthetic_gpt(total)
+    assert shape.numel == total
+    assert not shape.exact
+    # every trainable tensor is in exactly one stage-3 unit
+    in_units = [n for u in shape.units for n in u.param_names]
+    assert sorted(in_units) == sorted(s.name for s in shape.specs)
+
+
+def test_synthetic_gpt_looks_like_the_gpt3_table():
+    arch = synthetic_gpt(1_300_000_000).arch
+    assert (arch.d_model, arch.n_head) == (2048, 16) and 22 <= arch.n_layer <= 24
+    assert synthetic_gpt(7 * 10**9).arch.d_model == 4096
+
+
+def test_bad_setup_values_are_named():
+    with pytest.raises(EstimateError, match="--gpus"):
+        Setup(gpus_per_node=0)
+    with pytest.raises(EstimateError, match="--micro-batch"):
+        Setup(micro_batch=-1)
+    with pytest.raises(EstimateError, match="--dtype"):
+        Setup(dtype="int8")
+
+
+def test_activations_grow_linearly_with_micro_batch_and_checkpointing_saves():
+    arch = synthetic_gpt(350 * 10**6).arch
+    one = activation_bytes(arch, Setup(micro_batch=1, seq_len=1024), checkpointing=False)
+    four = activation_bytes(arch, Setup(micro_batch=4, seq_len=1024), checkpointing=False)
+    assert four == 4 * one
+    ckpt = activation_bytes(arch, Setup(micro_batch=4, seq_len=1024), checkpointing=True)
+    assert ckpt < four / 2
+    assert activation_bytes(None, Setup(), checkpointing=False) is None
+
+
+def test_activation_block_count_for_one_gpt_layer_by_hand():
+    # 1 layer, d=64, 4 heads, vocab 100, B=2, T=8, bf16: block 17*d*16 tokens*2 B + LN stats + lse
+    from zerolaunch.memory.shape import Arch
+
+    arch = Arch(n_layer=1, d_model=64, n_head=4, vocab_size=100, d_ff=256)
+    tokens = 16
+    block = 2 * tokens * 17 * 64 + 16 * tokens + 4 * 2 * 4 * 8
+    head = 2 * tokens * 2 * 64 + 8 * tokens
+    loss = 12 * tokens * 100
+    assert activation_bytes(arch, Setup(micro_batch=2, seq_len=8), checkpointing=False) == block + head + loss
+
+
+def test_stage2_staging_buffers_follow_the_reducer_policy():
+    shape = synthetic_gpt(124_000_000)
+    names = [s.name for s in shape.specs]
+    lay = stage012_layout(shape.specs, 2, 4, 5_000_000)
+    # the no-decay bucket (biases, norms) fills during the whole backward: it holds one buffer while the
+    # decay buckets take turns with the other (with overlap, at the 2-buffer cap, taking a buffer first
+    # completes the oldest reduce-scatter and reuses its buffer).
+    assert len(lay.buckets) > 10
+    assert stage2_staging_buffers(lay, names, overlap=False) == 2
+    assert stage2_staging_buffers(lay, names, overlap=True) == 2
+    decay_only = [n for n in names if n.endswith("weight") and ".ln_" not in n and "ln_f" not in n]
+    # without the interleaved no-decay group one buffer is enough when nothing overlaps
+    assert stage2_staging_buffers(lay, decay_only, overlap=False) == 1
+
+
+def _est(gpu_memory, **kw):
+    return estimate(synthetic_gpt(1_300_000_000), Setup(gpus_per_node=8, gpu_memory_bytes=gpu_memory, **kw))
+
+
+def test_recommendation_takes_the_fastest_configuration_that_fits():
+    everything = _est(10**15)
+    assert everything.recommended == (0, "none", False)
+    s0 = everything.row(0).gpu_total_bytes
+    s1 = everything.row(1).gpu_total_bytes
+    assert s1 < s0
+    assert _est(s1).recommended == (1, "none", False)
+    assert _est(s1 - 1).recommended[0] >= 2
+
+
+def test_recommendation_falls_back_to_checkpointing_then_offload():
+    base = _est(10**15, micro_batch=16, seq_len=2048)
+    smallest_plain = min(r.gpu_total_bytes for r in base.rows if r.supported and r.offload == "none")
+    got = _est(smallest_plain - 1, micro_batch=16, seq_len=2048).recommended
+    assert got is not None and got[1] == "none" and got[2] is True  # checkpointing before any offload
+
+
+def test_nothing_fits_says_what_to_change():
+    est = _est(1)
+    assert est.recommended is None and "Nothing fits" in est.recommendation and "--gpus" in est.recommendation
+
+
+def test_no_gpu_memory_means_no_fit_column():
+    est = _est(None)
+    assert est.recommended is None and all(r.fits is None for r in est.rows if r.supported)
+    assert "--gpu-memory" in est.recommendation
+
+
+def test_unsupported_rows_never_fit():
+    est = _est(10**15)
+    nvme = est.row(3, "optimizer-nvme")
+    assert not nvme.supported and nvme.fits is False and "nvme" in nvme.note
+
+
+def test_params_path_imports_no_torch():
+    code = (
+        "import sys\n"
+        "from zerolaunch.memory import Setup, estimate, synthetic_gpt\n"
+        "estimate(synthetic_gpt(7 * 10**9), Setup(gpus_per_node=8))\n"
+        "import zerolaunch.cli.estimate\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_gated_mlp_keeps_two_more_d_ff_wide_tensors_per_layer():
+    from zerolaunch.memory.shape import Arch
+
+    setup = Setup(micro_batch=2, seq_len=8, dtype="bf16")
+    plain = Arch(n_layer=3, d_model=64, n_head=4, vocab_size=100, d_ff=176)
+    gated = Arch(n_layer=3, d_model=64, n_head=4, vocab_size=100, d_ff=176, gated_mlp=True)
+    extra = activation_bytes(gated, setup, checkpointing=False) - activation_bytes(
+        plain, setup, checkpointing=False
+    )
+    assert extra == 3 * 2 * 176 * 16 * 2  # layers x tensors x d_ff x tokens x bf16 bytes

@@ -1,0 +1,138 @@
+"""estimate-memory's model-state bytes equal what a real Engine holds (`engine.memory_bytes()`), exactly.
+
+Tests: stages 0-3, 1 and 3 ranks (3: padding, numel not divisible), fp32 and bf16, small buckets (many
+buckets, padding, numel not divisible by the world size), stage 2 with and without overlap (the staging
+buffer count), Adam / SGD state, the awkward test net (tied, frozen, 1-D params) and the built-in GPT, CPU
+optimizer offload (on CPU the "host" is the device, so gpu + host per key is compared). Each case runs one
+real step first, so optimizer state and staging buffers exist. Leaves out: activations and the peak (they
+need a GPU: `estimate-memory --measure`), nvme.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "dist"))
+
+from _spawn import run_ranks  # noqa: E402
+from _zero_models import Net  # noqa: E402
+
+from zerolaunch.memory import STATE_KEYS, Setup, estimate  # noqa: E402
+from zerolaunch.memory.shape import from_module  # noqa: E402
+from zerolaunch.models.gpt import build as build_gpt  # noqa: E402
+from zerolaunch.zero import Engine  # noqa: E402
+from zerolaunch.zero.options import (  # noqa: E402
+    EngineOptions,
+    OffloadOptions,
+    OptimizerOptions,
+    PrecisionOptions,
+    ZeroOptions,
+)
+
+# (model, stage, dtype, bucket, overlap, optimizer, offload); for stage 3, "bucket" is the persistence
+# threshold (the GPT's blocks are smaller than the default 100_000: they would all stay resident).
+CASES = [
+    ("net", 0, "fp32", 100, None, "adamw", "none"),
+    ("net", 1, "fp32", 100, None, "adamw", "none"),
+    ("net", 1, "bf16", 64, None, "sgd", "optimizer-cpu"),
+    ("net", 2, "fp32", 100, False, "adamw", "none"),
+    ("net", 2, "bf16", 50, True, "adam", "none"),
+    ("gpt", 1, "bf16", 5000, None, "adamw", "none"),
+    ("gpt", 2, "bf16", 5000, None, "adamw", "optimizer-cpu"),
+    ("gpt", 2, "fp32", 3000, True, "adamw", "none"),
+    ("net", 3, "fp32", 100, None, "adamw", "none"),
+    ("gpt", 3, "bf16", 100, None, "adamw", "none"),
+    ("gpt", 3, "bf16", 100_000, False, "adamw", "optimizer-cpu"),
+    ("gpt", 3, "fp32", 1000, None, "sgd", "optimizer+params-cpu"),
+]
+
+
+def _model(name: str):
+    torch.manual_seed(0)
+    if name == "net":
+        return Net()
+    return build_gpt(size="tiny", vocab_size=97, seq_len=19)
+
+
+def _batch(name: str):
+    g = torch.Generator().manual_seed(1)
+    if name == "net":
+        return (torch.randn(3, 31, generator=g),), torch.randn(3, 5, generator=g)
+    ids = torch.randint(0, 97, (2, 19), generator=g)
+    return {"input_ids": ids, "labels": ids}, None
+
+
+def _one_step(name, engine) -> None:
+    inputs, target = _batch(name)
+    if name == "net":
+        out = engine(*(x.to(engine.dtype) for x in inputs))
+        loss = torch.nn.functional.mse_loss(out.float(), target)
+    else:
+        loss = engine(**inputs).loss
+    engine.backward(loss)
+    engine.step()
+
+
+def _options(stage, dtype, bucket, overlap, optimizer, offload) -> EngineOptions:
+    return EngineOptions(
+        zero=ZeroOptions(
+            stage=stage,
+            reduce_bucket_size=bucket if stage < 3 else 500_000_000,
+            stage3_param_persistence_threshold=bucket if stage == 3 else 100_000,
+            overlap_comm=overlap,
+            offload_optimizer=OffloadOptions(device="cpu" if offload != "none" else "none"),
+            offload_param=OffloadOptions(device="cpu" if offload == "optimizer+params-cpu" else "none"),
+        ),
+        precision=PrecisionOptions(dtype=dtype),
+        optimizer=OptimizerOptions(name=optimizer, lr=1e-3, momentum=0.9 if optimizer == "sgd" else 0.0),
+    )
+
+
+def _measure_cases(rank: int, world_size: int, cases) -> list[dict]:
+    out = []
+    for name, stage, dtype, bucket, overlap, optimizer, offload in cases:
+        engine = Engine(_model(name), _options(stage, dtype, bucket, overlap, optimizer, offload))
+        _one_step(name, engine)
+        out.append(engine.memory_bytes())
+    return out
+
+
+def _estimated(case, world_size: int) -> dict:
+    name, stage, dtype, bucket, overlap, optimizer, offload = case
+    setup = Setup(
+        gpus_per_node=world_size,
+        dtype=dtype,
+        reduce_bucket_size=bucket if stage < 3 else 500_000_000,
+        stage3_param_persistence_threshold=bucket if stage == 3 else 100_000,
+        overlap_comm=overlap,
+        optimizer=optimizer,
+        momentum=0.9 if optimizer == "sgd" else 0.0,
+    )
+    row = estimate(from_module(_model(name), source=name), setup).row(stage, offload)
+    return {k: row.gpu[k] + row.host[k] for k in STATE_KEYS}
+
+
+def _check(world_size: int, measured: list[dict]) -> None:
+    mismatches = []
+    for case, got in zip(CASES, measured, strict=True):
+        want = _estimated(case, world_size)
+        if want != {k: got[k] for k in STATE_KEYS}:
+            mismatches.append(f"world {world_size} {case}: estimate {want} != engine {got}")
+    assert not mismatches, "\n".join(mismatches)
+
+
+def test_estimate_equals_engine_memory_one_rank():
+    _check(1, _measure_cases(0, 1, CASES))
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size", [3])
+def test_estimate_equals_engine_memory_on_ranks(world_size):
+    results = run_ranks(_measure_cases, world_size, CASES, timeout_s=240)
+    # every rank holds the same bytes (equal shards by construction); check rank 0 and that they agree
+    assert all(r == results[0] for r in results)
+    _check(world_size, results[0])

@@ -1,0 +1,275 @@
+"""`zerolaunch estimate-memory`: per-GPU / per-node memory of every ZeRO stage x offload, and what fits.
+
+    zerolaunch estimate-memory --params 7e9 --gpus 8 --gpu-memory 80GiB
+    zerolaunch estimate-memory --model gpt-1.3b --gpus 8 --micro-batch 8 --seq-len 2048
+    zerolaunch estimate-memory recipes/tiny-gpt.yaml --gpus 2 [--measure] [--json]
+
+typer + rich only: the arithmetic is zerolaunch/memory/; torch is imported only for a recipe or --model
+(built on the meta device) and for --measure. Bad input -> one red line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from typing import TYPE_CHECKING
+
+import typer
+
+from .errors import print_user_error
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from zerolaunch.memory import Estimate
+
+GIB = 2**30
+_OFFLOAD_SHORT = {
+    "none": "-",
+    "optimizer-cpu": "opt:cpu",
+    "optimizer+params-cpu": "opt+p:cpu",
+    "optimizer-nvme": "opt:nvme",
+}
+
+
+def visible_gpu_memory_bytes() -> int | None:
+    """Total memory of the first visible GPU, from nvidia-smi (no torch import); None without one."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.split()
+        return int(out[0]) * 2**20 if out else None  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def _gib(nbytes: int | None) -> str:
+    """GiB in at most 5 characters, so the table fits an 80-column terminal."""
+    if nbytes is None:
+        return "-"
+    g = nbytes / GIB
+    return f"{g:.2f}" if g < 10 else f"{g:.1f}" if g < 100 else f"{g:.0f}"
+
+
+def _table(title: str, columns: list[str]) -> Table:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE, pad_edge=False)
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
+    return table
+
+
+def render_gpu_table(est: Estimate) -> Table:
+    """Per GPU (rank): the model states, buffers, activations, peak and whether it fits."""
+    s = est.setup
+    table = _table(
+        f"per GPU, GiB: {s.world_size} GPU(s) = {s.nodes} node(s) x {s.gpus_per_node}, {s.dtype}, "
+        f"micro-batch {s.micro_batch} x seq {s.seq_len}",
+        ["stage", "offload", "params", "grads", "optim", "bufs", "act", "act*", "peak", "fits"],
+    )
+    for r in est.rows:
+        if not r.supported:
+            continue
+        ckpt = s.activation_checkpointing
+        fits = r.fits_ckpt if ckpt else r.fits
+        fit_text = "-" if fits is None else ("[green]yes[/]" if fits else "[red]no[/]")
+        g = r.gpu
+        table.add_row(
+            str(r.stage),
+            _OFFLOAD_SHORT[r.offload],
+            _gib(g["params"]),
+            _gib(g["grads"]),
+            _gib(g["master"] + g["optimizer"]),
+            _gib(g["buckets"] + r.buffer_peak_bytes),
+            _gib(r.activation_bytes),
+            _gib(r.activation_ckpt_bytes),
+            _gib(r.gpu_total_ckpt_bytes if ckpt else r.gpu_total_bytes),
+            fit_text,
+        )
+    return table
+
+
+def render_host_table(est: Estimate) -> Table:
+    """Per node on the host, and DeepSpeed's published figures for the same configuration."""
+    table = _table(
+        "per CPU node, and DeepSpeed's model-state estimate, GiB",
+        ["stage", "offload", "CPU/node", "DS GPU", "DS CPU/node"],
+    )
+    for r in est.rows:
+        if r.supported:
+            table.add_row(
+                str(r.stage),
+                _OFFLOAD_SHORT[r.offload],
+                _gib(r.cpu_node_bytes),
+                _gib(r.deepspeed_gpu_bytes),
+                _gib(r.deepspeed_cpu_node_bytes),
+            )
+    return table
+
+
+def print_estimate(est: Estimate, console) -> None:
+    exact = "" if est.exact else " [yellow](tensor shapes assumed)[/]"
+    console.print(f"[bold]model[/]: {est.source}{exact}")
+    console.print(
+        f"params {est.numel:,} ({est.numel / 1e9:.3f} B), largest layer {est.largest_layer_numel:,}; "
+        f"activation checkpointing {'on' if est.setup.activation_checkpointing else 'off'} in 'peak'"
+    )
+    console.print(render_gpu_table(est))
+    console.print(render_host_table(est))
+    if est.rows and est.rows[0].activation_bytes is None:
+        console.print(
+            "[yellow]activations not estimated (model sizes unknown): GPU peak = model states only[/]"
+        )
+    console.print(
+        "[dim]optim = fp32 master + optimizer state; bufs = stage 2 reduce staging buckets, stage 3 gathered "
+        "units + prefetch + staging; act* = with activation checkpointing; peak = resident + max(activations, "
+        "optimizer-step copies). DS = DeepSpeed's estimate_zero2/3_model_states_mem_needs (model states "
+        "only, 16-bit params, CPU x1.5).[/]"
+    )
+    skipped = [f"{r.label} ({r.note})" for r in est.rows if not r.supported]
+    if skipped:
+        console.print(f"[dim]not offered (the engine refuses them): {'; '.join(skipped)}[/]")
+    style = "bold green" if est.recommended else "bold red"
+    console.print(f"[{style}]{est.recommendation}[/]")
+
+
+def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, stage3_units):
+    """(ModelShape, Setup fields from the recipe, micro-batch / seq / ckpt defaults)."""
+    from zerolaunch.memory import EstimateError, parse_count, synthetic_gpt
+
+    given = [n for n, v in (("RECIPE", recipe), ("--params", params), ("--model", model)) if v]
+    if len(given) != 1:
+        raise EstimateError(
+            "give exactly one of RECIPE, --params or --model"
+            + (f" (got {' and '.join(given)})" if given else "")
+            + "; e.g. `zerolaunch estimate-memory --params 7e9 --gpus 8`"
+        )
+    if set_ and not recipe:
+        raise EstimateError("--set overrides a recipe value; it needs a RECIPE")
+    if params:
+        return synthetic_gpt(parse_count(params), vocab_size, seq_len or 1024), {}, {}
+    if model:
+        from zerolaunch.memory.shape import from_gpt_size
+
+        return from_gpt_size(model, vocab_size, seq_len or 1024, stage3_units), {}, {}
+    return _recipe_inputs(recipe, set_, world_size)
+
+
+def _recipe_inputs(path, set_, world_size):
+    from zerolaunch.config import import_builder, load_recipe
+    from zerolaunch.memory import setup_fields_from_engine
+    from zerolaunch.memory.shape import build_on_meta, from_module
+
+    rec = load_recipe(path, overrides=set_, world_size=world_size, check_builders=True)
+    fn = import_builder(rec.model.builder, rec.base_dir)
+    model = build_on_meta(fn, dict(rec.model.args))
+    shape = from_module(
+        model, source=f"{path} ({rec.model.builder})", stage3_units=rec.engine.zero.stage3_units
+    )
+    seq = rec.data.args.get("seq_len") or rec.model.args.get("seq_len")
+    defaults = {
+        "micro_batch": rec.train.micro_batch_size,
+        "activation_checkpointing": rec.train.activation_checkpointing,
+    }
+    if isinstance(seq, int):
+        defaults["seq_len"] = seq
+    return shape, setup_fields_from_engine(rec.engine), defaults | {"_recipe": rec}
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("estimate-memory")
+    def estimate_memory(
+        recipe: str | None = typer.Argument(None, help="Recipe file: its model is built on the meta device."),
+        params: str | None = typer.Option(
+            None, "--params", help="Parameter count instead, e.g. 7e9 or 1.3B."
+        ),
+        model: str | None = typer.Option(None, "--model", help="A built-in GPT instead, e.g. gpt-1.3b."),
+        gpus: int = typer.Option(1, "--gpus", help="GPUs per node."),
+        nodes: int = typer.Option(1, "--nodes", help="Nodes."),
+        gpu_memory: str | None = typer.Option(
+            None, "--gpu-memory", help="Memory per GPU, e.g. 80GiB (default: the visible GPU's)."
+        ),
+        cpu_memory: str | None = typer.Option(None, "--cpu-memory", help="Host RAM per node, e.g. 512GiB."),
+        micro_batch: int | None = typer.Option(None, "--micro-batch", help="Samples per GPU per step."),
+        seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sample."),
+        dtype: str | None = typer.Option(
+            None, "--dtype", help="bf16 | fp16 | fp32 (default: recipe, else bf16)."
+        ),
+        vocab_size: int = typer.Option(50304, "--vocab-size", help="Vocabulary of --params / --model."),
+        ckpt: bool | None = typer.Option(
+            None,
+            "--activation-checkpointing/--no-activation-checkpointing",
+            help="Which activation figure the 'peak' column uses (default: the recipe's, else off).",
+        ),
+        set_: list[str] = typer.Option(
+            [], "--set", help="Override a recipe value (repeatable).", metavar="K=V"
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+        measure: bool = typer.Option(False, "--measure", help="Also run real steps of RECIPE and compare."),
+        measure_steps: int = typer.Option(3, "--measure-steps", help="Steps --measure runs."),
+    ) -> None:
+        """Estimate per-GPU and per-node memory for ZeRO stages 0-3 with and without offload."""
+        from zerolaunch.config.errors import UserError
+        from zerolaunch.memory import EstimateError, Setup, estimate, parse_bytes
+
+        try:
+            if gpus < 1 or nodes < 1:
+                raise EstimateError(f"--gpus and --nodes must be >= 1, got --gpus {gpus} --nodes {nodes}")
+            if vocab_size < 1:
+                raise EstimateError(f"--vocab-size must be >= 1, got {vocab_size}")
+            if measure and not recipe:
+                raise EstimateError("--measure runs real steps of a RECIPE; give one")
+            shape, fields, defaults = _build_inputs(
+                recipe, params, model, set_, gpus * nodes, vocab_size, seq_len, ()
+            )
+            rec = defaults.pop("_recipe", None)
+            flags = {
+                "micro_batch": micro_batch,
+                "seq_len": seq_len,
+                "dtype": dtype,
+                "activation_checkpointing": ckpt,
+            }
+            fields = fields | defaults | {k: v for k, v in flags.items() if v is not None}
+            fields.setdefault("dtype", "bf16")
+            gpu_bytes = parse_bytes(gpu_memory) if gpu_memory else visible_gpu_memory_bytes()
+            cpu_bytes = parse_bytes(cpu_memory, "--cpu-memory") if cpu_memory else None
+            setup = Setup(
+                gpus_per_node=gpus,
+                nodes=nodes,
+                gpu_memory_bytes=gpu_bytes,
+                cpu_memory_bytes=cpu_bytes,
+                **fields,
+            )
+            est = estimate(shape, setup)
+            report = None
+            if measure:
+                from zerolaunch.memory.measure import measure_recipe
+
+                report = measure_recipe(rec, est, steps=measure_steps, world_size=gpus * nodes)
+        except (EstimateError, UserError) as exc:
+            print_user_error(exc if isinstance(exc, UserError) else UserError(str(exc)))
+            raise typer.Exit(2) from None
+        if as_json:
+            out = est.to_json()
+            if report is not None:
+                out["measured"] = report.to_json()
+            typer.echo(json.dumps(out, indent=2))
+            return
+        from rich.console import Console
+
+        console = Console()
+        print_estimate(est, console)
+        if report is not None:
+            from zerolaunch.memory.measure import render_measure
+
+            console.print(render_measure(report))

@@ -1,0 +1,34 @@
+"""`zerolaunch estimate-memory`: per-rank memory of every ZeRO stage x offload choice, before a run.
+
+units.py parses inputs; shape.py / modules.py describe the model; engine_layout.py, stage3.py and
+activations.py hold the arithmetic (the engine's own layout code); estimate.py puts the rows together;
+deepspeed.py holds DeepSpeed's formulas for comparison; measure.py runs real steps to check the figures.
+Importing this package does not import torch (the `--params` path stays fast).
+"""
+
+from zerolaunch.memory.estimate import (
+    OFFLOADS,
+    STATE_KEYS,
+    Estimate,
+    Row,
+    Setup,
+    estimate,
+    setup_fields_from_engine,
+)
+from zerolaunch.memory.shape import ModelShape, synthetic_gpt
+from zerolaunch.memory.units import EstimateError, parse_bytes, parse_count
+
+__all__ = [
+    "OFFLOADS",
+    "STATE_KEYS",
+    "Estimate",
+    "EstimateError",
+    "ModelShape",
+    "Row",
+    "Setup",
+    "estimate",
+    "setup_fields_from_engine",
+    "parse_bytes",
+    "parse_count",
+    "synthetic_gpt",
+]

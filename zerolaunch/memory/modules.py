@@ -1,0 +1,61 @@
+"""Facts read off a real `nn.Module` for the estimate: stage-3 units, DeepSpeed's largest layer, GPT sizes.
+
+Imported only on the recipe / --model paths (it needs torch); `--params` never loads it.
+"""
+
+from __future__ import annotations
+
+from zerolaunch.memory.shape import Arch, Unit
+from zerolaunch.memory.units import EstimateError
+
+_ARCH_KEYS = {
+    "n_layer": ("n_layer", "num_hidden_layers", "n_layers", "num_layers"),
+    "d_model": ("d_model", "n_embd", "hidden_size", "dim"),
+    "n_head": ("n_head", "num_attention_heads", "n_heads"),
+    "vocab_size": ("vocab_size",),
+    "d_ff": ("d_ff", "intermediate_size", "ffn_dim", "n_inner"),
+}
+
+
+def largest_layer_numel(model) -> int:
+    """DeepSpeed's `model_to_params` definition: the most elements any one module holds itself."""
+    return max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+
+
+def detect_units(model, override: tuple[str, ...] = ()) -> tuple[Unit, ...]:
+    """Stage-3 units exactly as the engine forms them (zero/units.py): the root unit first."""
+    from zerolaunch.zero.units import partition
+
+    try:
+        part = partition(model, tuple(override), persistence_threshold=0)
+    except ValueError as e:
+        raise EstimateError(str(e)) from None
+    return tuple(Unit(u.name, tuple(n for n, _ in u.params)) for u in part.units)
+
+
+def _read(obj, keys):
+    for k in keys:
+        v = getattr(obj, k, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def detect_arch(model) -> Arch | None:
+    """GPT sizes from the model or its `.config` (our GPT, nanoGPT, Hugging Face); None if not found."""
+    for obj in (getattr(model, "config", None), getattr(model, "cfg", None), model):
+        if obj is None:
+            continue
+        got = {k: _read(obj, keys) for k, keys in _ARCH_KEYS.items()}
+        if got["n_layer"] and got["d_model"] and got["n_head"] and got["vocab_size"]:
+            # Hugging Face's gated MLPs (Llama, Mistral, Qwen) are the ones whose activation is silu.
+            gated = str(getattr(obj, "hidden_act", "")).lower() in ("silu", "swish", "swiglu")
+            return Arch(
+                got["n_layer"],
+                got["d_model"],
+                got["n_head"],
+                got["vocab_size"],
+                got["d_ff"] or 4 * got["d_model"],
+                gated,
+            )
+    return None

@@ -1,0 +1,89 @@
+"""Stage 3 per-rank bytes: unit shards, gathered units, resident small params, staging buckets.
+
+Owns the replay of zero/units.py (persistent = trainable params under the threshold, kept whole on every
+rank), zero/stage3_flat.py (per unit one bucket per param group, padded to a multiple of world_size; this
+rank keeps 1/world of it) and zero/stage3_hooks.py's gather schedule (root unit gathered throughout, the
+unit running now, plus the next units that fit in stage3_prefetch_bucket_size, within
+stage3_max_live_parameters). Torch-free.
+"""
+
+from __future__ import annotations
+
+from zerolaunch.memory import engine_layout as el
+
+
+def unit_padded_numels(shape, world_size: int, threshold: int) -> tuple[list[int], int]:
+    """([padded elements of each unit, root first], padded elements of the resident unit)."""
+    persistent = {s.name for s in shape.specs if s.numel < threshold}
+    units = []
+    for unit in shape.units:
+        specs = [s for s in shape.unit_specs(unit) if s.name not in persistent]
+        units.append(_padded(specs, world_size))
+    resident = _padded([s for s in shape.specs if s.name in persistent], world_size)
+    return units, resident
+
+
+def _padded(specs, world_size: int) -> int:
+    if not specs:
+        return 0
+    # stage3_flat.UnitFlat: bucket_numel = the whole unit -> exactly one bucket per param group.
+    total = sum(s.numel for s in specs)
+    return el.plan_layout(el.engine_specs(specs), world_size, max(1, total)).padded_numel
+
+
+def gathered_peak_numel(units: list[int], prefetch_numel: int, max_live_numel: int) -> int:
+    """Most non-resident elements gathered at once: the root, the unit running and its prefetches.
+
+    In backward the unit just finished may still be gathered while the next is fetched (it is freed when its
+    last grad reports), so one more unit is allowed for than in forward.
+    """
+    root, blocks = units[0], [u for u in units[1:] if u]
+    peak = root
+    for i, current in enumerate(blocks):
+        live, budget = root + current, prefetch_numel
+        for nxt in blocks[i + 1 :]:
+            if nxt > budget or live + nxt > max_live_numel:
+                break
+            live += nxt
+            budget -= nxt
+        previous = blocks[i - 1] if i > 0 else 0
+        peak = max(peak, live + previous)
+    return peak
+
+
+def stage3_states(shape, setup, offload: str):
+    """(gpu, host, step transient, gathered bytes, staging bytes) of the stage 3 engine.
+
+    gpu/host are what `Stage3Engine.memory_bytes()` reports between steps (shards, the resident unit, fp32
+    states; no unit gathered, no staging buffer). The gathered units and the staging buffers of the units
+    being reduced exist only inside forward/backward: estimate.py adds them to the activations, the
+    staging ones only after the loss (a unit's staging buffer is taken at its first grad).
+    """
+    b, c, world = setup.dtype_bytes, setup.comm_bytes, setup.world_size
+    units, resident = unit_padded_numels(shape, world, setup.stage3_param_persistence_threshold)
+    shard = (sum(units) + resident) // world
+    gpu = dict.fromkeys(("params", "grads", "master", "optimizer", "buckets"), 0)
+    host = dict(gpu)
+    params_home = host if offload == "optimizer+params-cpu" else gpu
+    params_home["params"] = b * (sum(units) // world + resident // world)
+    gpu["params"] += b * resident + b * shape.frozen_numel
+    gathered = gathered_peak_numel(units, setup.stage3_prefetch_bucket_size, setup.stage3_max_live_parameters)
+    # stage3_hooks: a unit's staging buffer lives from its first grad until its reduce-scatter completes. The
+    # root's fills over the whole backward (ln_f first, the embeddings last), the resident unit's too; the
+    # blocks' take turns, up to max_reduces_in_flight (2) with overlap and one more filling.
+    in_flight = 3 if setup.overlap(3) else 1
+    blocks = [u for u in units[1:] if u]
+    staging = c * (units[0] + resident + in_flight * max(blocks, default=0))
+    live = (b * gathered, staging)
+    step_tensor = 4 * 2 if setup.optimizer in ("adam", "adamw") else 0
+    opt = 4 * shard * setup.optimizer_state_tensors + step_tensor
+    if offload == "optimizer-nvme":
+        # master + optimizer state in swap files; the host streams them through buffer_count pinned buffers.
+        host["grads"] = 4 * shard
+        host["buckets"] = setup.nvme_buffer_count * 4 * max(units + [resident]) // world
+        return gpu, host, 0, *live
+    states = gpu if offload == "none" else host
+    states["grads"] = 4 * shard
+    states["master"] = 4 * shard
+    states["optimizer"] = opt
+    return gpu, host, 0, *live
