@@ -7,39 +7,15 @@ staging buffers the backward reducer ends up holding. The arithmetic itself is l
 copied; only the engine's few choices (group rule, order, buffer policy) are restated here, each next to the
 engine line it mirrors, and tests/unit/test_memory_engine.py holds them equal to a real Engine.
 
-layout.py is torch-free, but `zerolaunch/zero/__init__.py` imports the engine (and torch); `_layout_module`
-loads that one file without running the package __init__, so `--params` answers without torch.
+layout.py is torch-free and `zerolaunch.zero` loads its engine lazily, so `--params` answers without torch.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 from collections import deque
 
+from zerolaunch.zero import layout
 
-def _layout_module():
-    """zerolaunch.zero.layout; loaded by file under a private name while the zero package is not imported.
-
-    A private name, not the real one: registering "zerolaunch.zero.layout" before the package exists would
-    leave `zerolaunch.zero.layout` missing as an attribute once the package is imported later. Only the
-    pure functions are used here; no object of this copy is handed to the engine.
-    """
-    if "zerolaunch.zero" in sys.modules:
-        return importlib.import_module("zerolaunch.zero.layout")
-    private = "zerolaunch.memory._zero_layout"
-    if private in sys.modules:
-        return sys.modules[private]
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(private, os.path.join(here, "zero", "layout.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[private] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module
-
-
-layout = _layout_module()
 ParamSpec = layout.ParamSpec
 plan_layout = layout.plan_layout
 
