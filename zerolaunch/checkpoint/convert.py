@@ -1,0 +1,296 @@
+"""`convert-checkpoint`: a zerolaunch or DeepSpeed ZeRO checkpoint -> consolidated weights, or -> a
+zerolaunch checkpoint for another world size.
+
+Streams tensor by tensor: a source (`ZerolaunchSource`, `deepspeed.DeepSpeedSource`) lists the output
+tensors (name, shape, dtype) up front and reads one full tensor on demand; the writers declare every
+tensor's header first and then write each as it arrives, so peak memory is about the largest tensor
+(measured: 10.7 MiB for a 64 MiB model of 4 MiB tensors; DeepSpeed sources add the mmapped file pages). Outputs: `model.safetensors`, Hugging Face shards +
+`model.safetensors.index.json` past `max_shard_bytes`, or the torch equivalents (`pytorch_model.bin`,
+shards + index; torch.save needs a shard's tensors in memory at once, so there memory is one shard).
+A folder output also gets `config.json` when rank 0's extra holds an HF config (zerolaunch.api saves
+one), and leaves non-persistent buffers out, so `from_pretrained` loads it with no unexpected keys.
+The output is built under a temp name and renamed into place ([Note: atomic save]); an existing output is
+replaced only with `force`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path
+from zerolaunch.checkpoint.errors import CheckpointError
+from zerolaunch.checkpoint.manifest import MANIFEST_NAME
+from zerolaunch.checkpoint.reader import CheckpointReader
+from zerolaunch.checkpoint.save import resolve_checkpoint
+from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+FORMATS = ("safetensors", "torch")
+HF_CONFIG_KEY = "hf_config"
+"""Key of rank 0's `extra` that holds a Hugging Face config dict (set by zerolaunch.api)."""
+
+
+@dataclass(frozen=True)
+class OutTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    """The dtype as the source holds it (fp32 for trainable state); floats are cast to --dtype on output."""
+    source: str
+    """The tensor to read: `name` itself, or the tensor a tied alias shares."""
+
+
+class ZerolaunchSource:
+    """The consolidated weights of a zerolaunch checkpoint: fp32 master of trainable params, replicated rest."""
+
+    def __init__(self, folder: Path):
+        self.reader = CheckpointReader(folder)
+        m = self.reader.manifest
+        self.description = f"zerolaunch checkpoint {folder} (step {m.step}, world size {m.world_size})"
+        self._replicated = {r.name: r for r in m.replicated}
+
+    def tensors(self) -> list[OutTensor]:
+        out = []
+        for p in self.reader.manifest.params:
+            dtype = torch.float32 if p.trainable else dtype_from_name(self._replicated_dtype(p.name))
+            out.append(OutTensor(p.name, p.shape, dtype, p.name))
+            out.extend(OutTensor(a, p.shape, dtype, p.name) for a in p.aliases)
+        params = {p.name for p in self.reader.manifest.params}
+        out.extend(
+            OutTensor(r.name, r.shape, dtype_from_name(r.dtype), r.name)
+            for r in self.reader.manifest.replicated
+            if r.name not in params and r.persistent  # a model's state_dict leaves non-persistent buffers out
+        )
+        return out
+
+    def _replicated_dtype(self, name: str) -> str:
+        if name not in self._replicated:
+            raise CheckpointError(
+                f"{self.reader.folder}: frozen param {name!r} is missing from rank 0's file"
+            )
+        return self._replicated[name].dtype
+
+    def hf_config(self) -> dict | None:
+        """The HF model config rank 0 saved in its extra (zerolaunch.api does), written as config.json."""
+        config = self.reader.manifest.ranks[0].extra.get(HF_CONFIG_KEY)
+        return config if isinstance(config, dict) else None
+
+    def read(self, name: str) -> torch.Tensor:
+        p = self.reader.params.get(name)
+        if p is not None and p.trainable:
+            return self.reader.full_param(name)
+        return self.reader.replicated(name)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def open_source(src: Path):
+    """A zerolaunch checkpoint (folder or root with `latest`) or a DeepSpeed ZeRO checkpoint."""
+    src = Path(src)
+    if not src.exists():
+        raise CheckpointError(f"{src} does not exist")
+    from zerolaunch.checkpoint.deepspeed import DeepSpeedSource, find_deepspeed_checkpoint
+
+    ds_folder = find_deepspeed_checkpoint(src)
+    if ds_folder is not None:
+        return DeepSpeedSource(ds_folder)
+    if (src / MANIFEST_NAME).is_file() or src.is_dir():
+        return ZerolaunchSource(resolve_checkpoint(src))
+    raise CheckpointError(f"{src} is neither a zerolaunch checkpoint nor a DeepSpeed ZeRO checkpoint folder")
+
+
+def parse_size(text: str) -> int:
+    """ "5GB" -> 5_000_000_000, "200MiB" -> 209_715_200 (Hugging Face's convention: GB = 10**9)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*", str(text).upper())
+    if not m:
+        raise CheckpointError(f"cannot read size {text!r}: write e.g. 5GB, 200MB or 512MiB")
+    number, prefix, unit = float(m.group(1)), m.group(2), m.group(3) or "B"
+    base = 1024 if unit == "IB" else 1000
+    return int(number * base ** "_KMGT".index(prefix or "_"))
+
+
+def plan_shards(sizes: list[int], max_shard_bytes: int | None) -> list[list[int]]:
+    """Indices of tensors per shard, in order; a new shard starts where the next tensor would overflow."""
+    shards: list[list[int]] = [[]]
+    filled = 0
+    for i, nbytes in enumerate(sizes):
+        if max_shard_bytes is not None and shards[-1] and filled + nbytes > max_shard_bytes:
+            shards.append([])
+            filled = 0
+        shards[-1].append(i)
+        filled += nbytes
+    return shards
+
+
+def _out_dtype(t: OutTensor, dtype: torch.dtype) -> torch.dtype:
+    return dtype if t.dtype.is_floating_point else t.dtype
+
+
+def convert_checkpoint(
+    src,
+    out,
+    *,
+    fmt: str = "safetensors",
+    dtype: str = "fp32",
+    max_shard_bytes: int | None = None,
+    to_world_size: int | None = None,
+    force: bool = False,
+    progress: bool = False,
+) -> Path:
+    """Convert `src` into `out` (a folder; or a single file when `out` ends in .safetensors/.bin/.pt)."""
+    src, out = Path(src), Path(out)
+    if fmt not in FORMATS:
+        raise CheckpointError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if dtype not in DTYPES:
+        raise CheckpointError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if max_shard_bytes is not None and max_shard_bytes < 1:
+        raise CheckpointError(f"max shard size must be positive, got {max_shard_bytes} bytes")
+    if out.exists() and not force:
+        raise CheckpointError(f"{out} already exists; pass --force to replace it")
+    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
+        raise CheckpointError(f"output {out} must not be the source {src} or lie inside it")
+    if to_world_size is not None:
+        from zerolaunch.checkpoint.reshard import reshard_checkpoint
+
+        return reshard_checkpoint(src, out, to_world_size, progress=progress)
+    source = open_source(src)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f"{TMP_PREFIX}{out.name}")
+        remove_path(tmp)  # left by a killed conversion
+        single_file = out.suffix in (".safetensors", ".bin", ".pt")
+        try:
+            _write(source, tmp, single_file, fmt, DTYPES[dtype], max_shard_bytes, progress)
+        except BaseException:
+            remove_path(tmp)
+            raise
+        publish(tmp, out)
+    finally:
+        source.close()
+    return out
+
+
+def _write(
+    source,
+    tmp: Path,
+    single_file: bool,
+    fmt: str,
+    dtype: torch.dtype,
+    max_shard_bytes: int | None,
+    progress: bool,
+) -> None:
+    tensors = source.tensors()
+    if not tensors:
+        raise CheckpointError(f"{source.description} holds no tensors")
+    sizes = [_numel(t.shape) * torch.empty((), dtype=_out_dtype(t, dtype)).element_size() for t in tensors]
+    shards = plan_shards(sizes, max_shard_bytes)
+    stem, ext = ("model", "safetensors") if fmt == "safetensors" else ("pytorch_model", "bin")
+    if single_file:
+        if len(shards) > 1:
+            raise CheckpointError(
+                f"the model ({sum(sizes)} bytes) needs {len(shards)} shards at the given "
+                "max shard size: give a folder as OUT, not a file name"
+            )
+        paths = [tmp]
+    else:
+        tmp.mkdir()
+        names = (
+            [f"{stem}.{ext}"]
+            if len(shards) == 1
+            else [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.{ext}" for i in range(len(shards))]
+        )
+        paths = [tmp / n for n in names]
+    with _Progress(progress, sum(sizes), source.description) as bar:
+        for path, shard in zip(paths, shards, strict=True):
+            items = [tensors[i] for i in shard]
+            if fmt == "safetensors":
+                _write_safetensors_shard(source, path, items, dtype, bar.advance)
+            else:
+                _write_torch_shard(source, path, items, dtype, bar.advance)
+    config = getattr(source, "hf_config", lambda: None)()
+    if not single_file and config is not None:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    if not single_file and len(shards) > 1:
+        weight_map = {tensors[i].name: paths[s].name for s, shard in enumerate(shards) for i in shard}
+        index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
+        (tmp / f"{stem}.{ext}.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _read_as(source, t: OutTensor, dtype: torch.dtype) -> torch.Tensor:
+    tensor = source.read(t.source)
+    if tuple(tensor.shape) != tuple(t.shape):
+        raise CheckpointError(
+            f"{source.description}: tensor {t.source!r} has shape {list(tensor.shape)}, "
+            f"its metadata says {list(t.shape)}"
+        )
+    return tensor.to(_out_dtype(t, dtype))
+
+
+def _write_safetensors_shard(source, path: Path, items: list[OutTensor], dtype, advance) -> None:
+    writer = SafetensorsWriter(
+        path, [(t.name, t.shape, _out_dtype(t, dtype)) for t in items], metadata={"format": "pt"}
+    )
+    try:
+        for t in items:
+            tensor = _read_as(source, t, dtype)
+            writer.write(t.name, tensor)
+            advance(tensor.numel() * tensor.element_size())
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+
+
+def _write_torch_shard(source, path: Path, items: list[OutTensor], dtype, advance) -> None:
+    state: dict[str, torch.Tensor] = {}
+    by_source: dict[str, torch.Tensor] = {}
+    for t in items:
+        if t.source not in by_source:  # a tied alias is saved as the same tensor, as torch.save shares it
+            by_source[t.source] = _read_as(source, t, dtype)
+        state[t.name] = by_source[t.source]
+        advance(state[t.name].numel() * state[t.name].element_size())
+    torch.save(state, path)
+
+
+class _Progress:
+    """A rich progress bar in bytes, or nothing."""
+
+    def __init__(self, enabled: bool, total_bytes: int, description: str):
+        self._enabled = enabled
+        self._total = total_bytes
+        self._description = description
+
+    def __enter__(self) -> _Progress:
+        self.advance: Callable[[int], None] = lambda n: None
+        if self._enabled:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+            self._bar = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TimeRemainingColumn(),
+                transient=True,
+            )
+            self._bar.__enter__()
+            task = self._bar.add_task("converting", total=self._total)
+            self.advance = lambda n: self._bar.advance(task, n)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._enabled:
+            self._bar.__exit__(*exc)

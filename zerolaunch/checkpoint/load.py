@@ -1,0 +1,78 @@
+"""Loading a zerolaunch checkpoint into a running engine, at the same or another world size / stage.
+
+The engine pulls what it owns through `read(kind, name, start, stop)` (checkpoint/reader.py), so the saved
+layout never has to match the live one. Before anything is loaded, the checkpoint's params are checked
+against the engine's (names, shapes, trainable): a mismatch is an error naming the param, not a silent
+partial load. Collective-free: every rank reads the files it needs on its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zerolaunch.checkpoint.errors import CheckpointError
+from zerolaunch.checkpoint.reader import CheckpointReader
+from zerolaunch.checkpoint.save import resolve_checkpoint
+from zerolaunch.zero import comm
+
+
+def check_compatible(reader: CheckpointReader, specs) -> None:
+    """The engine's params match the checkpoint's in names, shapes and trainability."""
+    saved = reader.params
+    live = {s.name: s for s in specs}
+    missing = [n for n in live if n not in saved]
+    unexpected = [n for n in saved if n not in live]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{reader.folder} does not match the model: params missing from the checkpoint "
+            f"{missing[:5]}, params the model lacks {unexpected[:5]}; is model.args the same "
+            "as in the run that saved it?"
+        )
+    for name, spec in live.items():
+        p = saved[name]
+        if tuple(p.shape) != tuple(spec.shape):
+            raise CheckpointError(
+                f"{reader.folder}: param {name!r} has shape {list(p.shape)} in the checkpoint, "
+                f"{list(spec.shape)} in the model"
+            )
+        if p.trainable != bool(spec.trainable):
+            raise CheckpointError(
+                f"{reader.folder}: param {name!r} is {'' if p.trainable else 'not '}trainable "
+                f"in the checkpoint but {'' if spec.trainable else 'not '}in the model"
+            )
+
+
+def load_checkpoint(engine, path_or_root, *, group=None) -> dict:
+    """Load weights, optimizer state, replicated state and engine meta; return this rank's `extra`.
+
+    `path_or_root` is a checkpoint folder or a root with `latest`. At another world size, ranks beyond
+    the saved world size get rank 0's `extra` (RNG streams cannot be re-sliced; the data position can).
+    """
+    from zerolaunch.checkpoint.deepspeed import find_deepspeed_checkpoint
+
+    if find_deepspeed_checkpoint(Path(path_or_root)) is not None:
+        raise CheckpointError(
+            f"{path_or_root} is a DeepSpeed checkpoint, which holds no zerolaunch optimizer layout: convert "
+            f"it with `zerolaunch convert-checkpoint {path_or_root} OUT` and start from OUT with model.init_from"
+        )
+    folder = resolve_checkpoint(Path(path_or_root))
+    with CheckpointReader(folder) as reader:
+        check_compatible(reader, engine.param_specs())
+        engine.load_fragment_state(reader.read)
+        replicated = reader.replicated_state()
+        live = engine.replicated_state()
+        if set(replicated) != set(live):
+            raise CheckpointError(
+                f"{folder}: buffers/frozen params differ: checkpoint has "
+                f"{sorted(set(replicated) - set(live))[:5]} extra, lacks "
+                f"{sorted(set(live) - set(replicated))[:5]}"
+            )
+        for name, tensor in replicated.items():
+            if tuple(tensor.shape) != tuple(live[name].shape):
+                raise CheckpointError(
+                    f"{folder}: buffer {name!r} has shape {list(tensor.shape)} in the "
+                    f"checkpoint, {list(live[name].shape)} in the model"
+                )
+        engine.load_replicated_state(replicated)
+        engine.load_state_meta(reader.manifest.state_meta)
+        return reader.extra(comm.rank(group))

@@ -1,0 +1,178 @@
+"""The manifest of a zerolaunch checkpoint: what `manifest.json` holds, and its validation.
+
+A checkpoint folder `step_000123/` holds `manifest.json` and one `rank_{r}.safetensors` per saving rank.
+Rank files hold tensors under three prefixes: `{kind}/{param}/{start}` (one fragment of fp32 state, see
+[Note: layout] in zero/layout.py; kind = master, exp_avg, exp_avg_sq, momentum_buffer, step), `replicated/
+{name}` (frozen params and buffers, rank 0 only) and `extra/{key}` (tensor leaves of that rank's `extra`).
+The manifest lists every parameter (name, shape, dtype, trainable, aliases), every rank's fragments and
+file size, the step, stage, engine state_meta and each rank's JSON `extra`, so a checkpoint describes itself
+and loads at any world size. This module owns that schema; it reads no tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from zerolaunch.checkpoint.errors import CheckpointError
+
+FORMAT = "zerolaunch.checkpoint"
+VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank_{rank}.safetensors"
+
+
+def fragment_key(kind: str, name: str, start: int) -> str:
+    return f"{kind}/{name}/{start}"
+
+
+@dataclass(frozen=True)
+class ParamEntry:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    """The model's dtype of the parameter ("bfloat16"); state is always stored in fp32."""
+    trainable: bool
+    aliases: tuple[str, ...] = ()
+    """Other names of the same tensor (tied weights), written out again on conversion."""
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class ReplicatedEntry:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    persistent: bool = True
+    """False for a buffer registered with persistent=False (a rotary cache): resumed, but not exported."""
+
+
+@dataclass(frozen=True)
+class RankEntry:
+    file: str
+    bytes: int
+    """Size of the rank file when written: a shorter file on load is reported as truncated."""
+    fragments: tuple[tuple[str, int, int], ...]
+    """(param name, start, stop) of every fragment the rank saved."""
+    extra: dict = field(default_factory=dict)
+    """JSON leaves of the rank's `extra` (RNG states, data position); tensor leaves are in the rank file."""
+    extra_tensors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    world_size: int
+    stage: int | None
+    kinds: tuple[str, ...]
+    params: tuple[ParamEntry, ...]
+    replicated: tuple[ReplicatedEntry, ...]
+    ranks: tuple[RankEntry, ...]
+    state_meta: dict = field(default_factory=dict)
+    bucket_numel: int | None = None
+    """The saving engine's reduce_bucket_size, reused when resharding offline to another world size."""
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        return {"format": FORMAT, "version": VERSION, **d}
+
+    @staticmethod
+    def from_json(d: dict, where: Path) -> Manifest:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise CheckpointError(f"{where} is not a zerolaunch checkpoint manifest (no format={FORMAT!r})")
+        if d.get("version") != VERSION:
+            raise CheckpointError(
+                f"{where}: manifest version {d.get('version')!r} is not supported "
+                f"(this zerolaunch reads version {VERSION}); convert it with the "
+                "zerolaunch version that wrote it"
+            )
+        try:
+            manifest = Manifest(
+                step=int(d["step"]),
+                world_size=int(d["world_size"]),
+                stage=None if d.get("stage") is None else int(d["stage"]),
+                kinds=tuple(d["kinds"]),
+                params=tuple(
+                    ParamEntry(
+                        p["name"],
+                        tuple(p["shape"]),
+                        p["dtype"],
+                        bool(p["trainable"]),
+                        tuple(p.get("aliases", ())),
+                    )
+                    for p in d["params"]
+                ),
+                replicated=tuple(
+                    ReplicatedEntry(r["name"], tuple(r["shape"]), r["dtype"], bool(r.get("persistent", True)))
+                    for r in d["replicated"]
+                ),
+                ranks=tuple(
+                    RankEntry(
+                        r["file"],
+                        int(r["bytes"]),
+                        tuple((str(n), int(a), int(b)) for n, a, b in r["fragments"]),
+                        dict(r.get("extra", {})),
+                        tuple(r.get("extra_tensors", ())),
+                    )
+                    for r in d["ranks"]
+                ),
+                state_meta=dict(d.get("state_meta", {})),
+                bucket_numel=d.get("bucket_numel"),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{where}: corrupt manifest ({type(e).__name__}: {e})") from None
+        if len(manifest.ranks) != manifest.world_size:
+            raise CheckpointError(
+                f"{where}: manifest lists {len(manifest.ranks)} rank files for world size "
+                f"{manifest.world_size}"
+            )
+        manifest.check_coverage(where)
+        return manifest
+
+    def check_coverage(self, where: Path) -> None:
+        """Every trainable param's elements are covered exactly once by the ranks' fragments."""
+        pieces: dict[str, list[tuple[int, int]]] = {p.name: [] for p in self.params if p.trainable}
+        for r in self.ranks:
+            for name, a, b in r.fragments:
+                if name not in pieces:
+                    raise CheckpointError(f"{where}: fragment of unknown or frozen param {name!r}")
+                pieces[name].append((a, b))
+        numel = {p.name: p.numel for p in self.params}
+        for name, ranges in pieces.items():
+            pos = 0
+            for a, b in sorted(ranges):
+                if a != pos or b <= a:
+                    break
+                pos = b
+            if pos != numel[name]:
+                raise CheckpointError(
+                    f"{where}: the rank files do not cover param {name!r} exactly "
+                    f"(fragments {sorted(ranges)[:4]}, numel {numel[name]})"
+                )
+
+
+def read_manifest(folder: Path) -> Manifest:
+    path = Path(folder) / MANIFEST_NAME
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        raise CheckpointError(
+            f"{folder} is not a zerolaunch checkpoint: {MANIFEST_NAME} is missing"
+        ) from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is corrupt: {e}") from None
+    return Manifest.from_json(d, path)
