@@ -1,2 +1,2 @@
-"""Built-in models. `gpt` is the GPT decoder used by the shipped recipes; models never import
-torch.distributed and know nothing of the engine that trains them."""
+"""Built-in models: `gpt` (the GPT decoder of the shipped recipes) and `hf` (any Hugging Face causal LM).
+Models never import torch.distributed and know nothing of the engine that trains them."""

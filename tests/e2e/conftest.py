@@ -1,0 +1,115 @@
+"""Helpers of the `zerolaunch train` end-to-end tests: a tiny recipe, the CLI run as a subprocess (always
+with a timeout), metrics.jsonl reading, and process lookups for the signal tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+TINY_RECIPE = """\
+model:
+  builder: zerolaunch.models.gpt:build
+  args: {size: tiny, vocab_size: 64, seq_len: 32}
+data:
+  builder: zerolaunch.data.synthetic:build
+  args: {vocab_size: 64, seq_len: 32}
+train:
+  steps: {steps}
+  micro_batch_size: 4
+  lr: 1.0e-2
+  lr_schedule: constant
+  seed: 1234
+  log_every: 1
+checkpoint:
+  every: {every}
+deepspeed:
+  zero_optimization: {stage: 2}
+"""
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path):
+    """Write the tiny recipe with `steps` / checkpoint `every`; returns its path."""
+
+    def write(steps: int = 10, every: int = 0) -> Path:
+        path = tmp_path / f"tiny-{steps}-{every}.yaml"
+        path.write_text(TINY_RECIPE.replace("{steps}", str(steps)).replace("{every}", str(every)))
+        return path
+
+    return write
+
+
+class TrainCLI:
+    """The CLI and process helpers the e2e tests share (a fixture: test modules do not import conftest)."""
+
+    @staticmethod
+    def env(**extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            OMP_NUM_THREADS="1", COLUMNS="220", PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        )
+        for key in [k for k in env if k.startswith("ZEROLAUNCH_TEST_")]:
+            del env[key]
+        env.update(extra)
+        return env
+
+    @staticmethod
+    def cmd(*args: str) -> list[str]:
+        return [sys.executable, "-m", "zerolaunch", "train", *map(str, args)]
+
+    @staticmethod
+    def run(
+        *args: str, timeout: float = 120, cwd: Path | None = None, **env: str
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            TrainCLI.cmd(*args),
+            cwd=cwd,
+            env=TrainCLI.env(**env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    @staticmethod
+    def metrics(run_dir: Path) -> list[dict]:
+        path = run_dir / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    @staticmethod
+    def descendants(pid: int) -> list[int]:
+        """Live descendant pids of `pid`, from /proc (Linux)."""
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+        out, todo = [], [pid]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                out.append(child)
+                todo.append(child)
+        return out
+
+    @staticmethod
+    def alive(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state != "Z"
+
+
+@pytest.fixture
+def cli() -> TrainCLI:
+    return TrainCLI()

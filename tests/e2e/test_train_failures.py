@@ -1,0 +1,146 @@
+"""How `zerolaunch train` fails: one worker raising or being killed ends the whole job within seconds (not
+at the collective timeout) with a root-cause panel and exit code 1; Ctrl-C stops every worker.
+
+Failures are injected through the ZEROLAUNCH_TEST_FAIL_* hook (zerolaunch/train/test_hooks.py). The
+collective timeout is left at 300 s, so a run that ends quickly proves the agent, not a timeout, ended it.
+Leaves out: restarts (test_train_restart.py).
+"""
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("mode", ["raise", "kill"])
+def test_a_failing_rank_ends_the_job_with_a_root_cause_panel(cli, tiny_recipe, tmp_path, mode):
+    run_dir = tmp_path / "run"
+    proc = cli.run(
+        tiny_recipe(steps=50),
+        "--cpu",
+        "2",
+        "--run-dir",
+        run_dir,
+        "--timeout",
+        "300",
+        timeout=150,
+        ZEROLAUNCH_TEST_FAIL_AT_STEP="3",
+        ZEROLAUNCH_TEST_FAIL_RANK="1",
+        ZEROLAUNCH_TEST_FAIL_MODE=mode,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "training failed" in out and "rank 1 failed" in out
+    if mode == "raise":
+        assert "exit code 1" in out
+        assert "InjectedFailure: test hook: rank 1 fails at step 3" in out
+        assert "maybe_fire" in out  # a traceback line, from the @record error file
+    else:
+        assert "signal SIGKILL" in out
+    assert "/attempt_0/1/stderr.log" in out  # the path of the failed rank's full log
+    steps = [m["step"] for m in cli.metrics(run_dir)]
+    assert steps == [1, 2]
+
+
+def test_ctrl_c_stops_every_worker(cli, tiny_recipe, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        cli.cmd(tiny_recipe(steps=100000), "--cpu", "2", "--run-dir", run_dir),
+        env=cli.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "metrics.jsonl").is_file() or not cli.metrics(run_dir):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.2)
+        workers = [p for p in cli.descendants(proc.pid) if cli.alive(p)]
+        assert len(workers) >= 2
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        stopped_at = time.monotonic()
+        assert proc.returncode == 130, out[-3000:]
+        assert "interrupted" in out
+        while any(cli.alive(p) for p in workers) and time.monotonic() < stopped_at + 5:
+            time.sleep(0.1)
+        assert not [p for p in workers if cli.alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _failure(tmp_path, local_rank, exitcode, timestamp, message=None):
+    """A real ProcessFailure, with an @record-style error file when `message` is given."""
+    import json
+
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    error_file = tmp_path / f"error_{local_rank}.json"
+    if message is not None:
+        error_file.write_text(
+            json.dumps(
+                {
+                    "message": {
+                        "message": message,
+                        "extraInfo": {
+                            "py_callstack": f"Traceback:\n  File x\n{message}",
+                            "timestamp": str(timestamp),
+                        },
+                    }
+                }
+            )
+        )
+    failure = ProcessFailure(
+        local_rank=local_rank, pid=100 + local_rank, exitcode=exitcode, error_file=str(error_file)
+    )
+    failure.timestamp = timestamp if message is None else failure.timestamp
+    return failure
+
+
+def test_root_cause_prefers_the_killed_rank_over_the_peer_that_lost_it(tmp_path):
+    from zerolaunch.launch import failures
+
+    peer = _failure(tmp_path, 0, -15, 1000, "RuntimeError: Read error: Connection reset by peer")
+    killed = _failure(tmp_path, 1, -9, 1001)
+    rank, found = failures.root_cause({0: peer, 1: killed})
+    assert rank == 1 and found is killed
+    report = failures.describe(rank, found, None)
+    assert report.exit_text == "signal SIGKILL" and "killed by SIGKILL" in report.exception
+
+
+def test_root_cause_is_the_first_raise_and_shows_its_traceback(tmp_path):
+    from zerolaunch.launch import failures
+
+    first = _failure(tmp_path, 1, 1, 1000, "ValueError: bad batch")
+    later = _failure(tmp_path, 0, 1, 1003, "RuntimeError: something else")
+    rank, found = failures.root_cause({0: later, 1: first})
+    report = failures.describe(rank, found, "/logs/1/stderr.log")
+    assert (rank, report.exit_text, report.exception) == (1, "exit code 1", "ValueError: bad batch")
+    assert report.traceback_tail == ["Traceback:", "  File x"]  # the exception line is not repeated
+
+
+def test_a_hung_rank_is_named_after_the_collective_timeout(cli, tiny_recipe, tmp_path):
+    proc = cli.run(
+        tiny_recipe(steps=50),
+        "--cpu",
+        "2",
+        "--run-dir",
+        tmp_path / "run",
+        "--timeout",
+        "4",
+        timeout=150,
+        ZEROLAUNCH_TEST_FAIL_AT_STEP="2",
+        ZEROLAUNCH_TEST_FAIL_RANK="1",
+        ZEROLAUNCH_TEST_FAIL_MODE="hang",
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "rank 0 failed" in out
+    assert "timed out after --timeout 4 s: rank(s) 1 did not fail on their own: probably hung" in out

@@ -1,0 +1,87 @@
+"""`zerolaunch train RECIPE [--gpus N | --cpu N] [--set k=v]... [--run-dir D] [--resume auto|PATH] ...`.
+
+typer + rich only: flags in, `zerolaunch.launch.launcher.launch(...)` out (imported inside the command, so
+`zerolaunch --help` never imports torch). A UserError (bad recipe, bad flag, no GPU) is printed as one
+paragraph with exit code 2; a failed run exits 1, an interrupted one 130.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def train(
+    recipe: Annotated[str, typer.Argument(help="Recipe file (YAML/JSON) or a DeepSpeed ds_config.json.")],
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", help="Workers per node, one per GPU (default: all).")
+    ] = None,
+    cpu: Annotated[int | None, typer.Option("--cpu", help="Run N gloo workers on the CPU instead.")] = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a recipe value: --set train.steps=50 (repeatable)."),
+    ] = None,
+    run_dir: Annotated[
+        str | None, typer.Option("--run-dir", help="Run folder (overrides train.run_dir).")
+    ] = None,
+    resume: Annotated[
+        str | None, typer.Option("--resume", help="auto (latest checkpoint, if any) or a checkpoint path.")
+    ] = None,
+    nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes in the job.")] = 1,
+    node_rank: Annotated[
+        int | None, typer.Option("--node-rank", help="This node's rank (static backend).")
+    ] = None,
+    rdzv_endpoint: Annotated[
+        str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0, the same on every node.")
+    ] = None,
+    rdzv_backend: Annotated[str, typer.Option("--rdzv-backend", help="c10d or static.")] = "c10d",
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", help="Restart a failed worker group K times.")
+    ] = 0,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Job id, the same on every node.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Collective timeout, seconds.")] = 600.0,
+    all_ranks: Annotated[
+        bool, typer.Option("--all-ranks", help="Show every rank's output, prefixed.")
+    ] = False,
+) -> None:
+    """Train a model from a recipe on N GPUs or CPU workers (torch elastic under the hood)."""
+    from rich.console import Console
+
+    from zerolaunch.config.errors import UserError
+    from zerolaunch.launch.launcher import LaunchRequest, launch
+
+    console = Console()
+    request = LaunchRequest(
+        recipe=recipe,
+        gpus=gpus,
+        cpu=cpu,
+        sets=list(sets or []),
+        run_dir=run_dir,
+        resume=resume,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_backend=rdzv_backend,
+        max_restarts=max_restarts,
+        run_id=run_id,
+        timeout_seconds=timeout,
+        all_ranks=all_ranks,
+    )
+    try:
+        code = launch(request, console)
+    except UserError as err:
+        Console(stderr=True).print(f"error: {err.message}", markup=False, highlight=False, style="red")
+        raise typer.Exit(err.exit_code) from None
+    if code:
+        raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)
+
+
+if __name__ == "__main__":
+    _app = typer.Typer(add_completion=False)
+    register(_app)
+    _app()

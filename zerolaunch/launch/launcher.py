@@ -1,0 +1,196 @@
+"""`launch(request, console) -> exit code`: what `zerolaunch train` does after parsing its flags.
+
+Resolve the recipe for world size nnodes x nproc, write run_dir/recipe.resolved.json, show the resolved
+table, then run `python -m zerolaunch.worker RUN_DIR/recipe.resolved.json` on every local rank through
+`torch.distributed.launcher.api.elastic_launch`. Single node: rendezvous on 127.0.0.1 at a port the OS
+picked. Multi-node: at --rdzv-endpoint, with c10d (ranks by arrival) or static (--node-rank). A failure is
+summarised as a panel (failures.py) and exit code 1; Ctrl-C stops every worker and exits 130.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zerolaunch.launch.devices import Workers, choose_workers
+from zerolaunch.launch.ports import LOOPBACK, LaunchError, free_port, parse_endpoint
+
+RDZV_BACKENDS = ("c10d", "static")
+MONITOR_INTERVAL_SECONDS = 0.1
+"""How often the agent polls its workers: a dead rank ends the job this fast, not at a collective timeout."""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    recipe: str
+    gpus: int | None = None
+    cpu: int | None = None
+    sets: list[str] = field(default_factory=list)
+    run_dir: str | None = None
+    resume: str | None = None
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str = "c10d"
+    max_restarts: int = 0
+    run_id: str | None = None
+    timeout_seconds: float = 600.0
+    all_ranks: bool = False
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    backend: str
+    endpoint: str
+    configs: dict
+    local_addr: str | None
+    run_id: str
+
+
+def plan_rendezvous(req: LaunchRequest) -> Rendezvous:
+    if req.rdzv_backend not in RDZV_BACKENDS:
+        raise LaunchError(
+            f"--rdzv-backend must be one of {', '.join(RDZV_BACKENDS)}, got {req.rdzv_backend!r}"
+        )
+    if req.nnodes < 1:
+        raise LaunchError(f"--nnodes must be >= 1, got {req.nnodes}")
+    if req.node_rank is not None and not 0 <= req.node_rank < req.nnodes:
+        raise LaunchError(
+            f"--node-rank {req.node_rank} is outside 0..{req.nnodes - 1} (--nnodes {req.nnodes})"
+        )
+    if req.nnodes == 1 and req.rdzv_endpoint is None:
+        # one node: everything on loopback, at a port nobody else holds
+        endpoint, local_addr = f"{LOOPBACK}:{free_port()}", LOOPBACK
+    else:
+        if req.rdzv_endpoint is None:
+            raise LaunchError(
+                f"--nnodes {req.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address, the same on every "
+                "node), e.g. --rdzv-endpoint 10.0.0.1:29500"
+            )
+        host, port = parse_endpoint(req.rdzv_endpoint)
+        endpoint, local_addr = f"{host}:{port}", None
+        if host in (LOOPBACK, "localhost"):
+            local_addr = LOOPBACK
+    configs: dict = {}
+    if req.rdzv_backend == "static":
+        if req.nnodes > 1 and req.node_rank is None:
+            raise LaunchError(
+                "--rdzv-backend static with --nnodes > 1 needs --node-rank (0 on the first node)"
+            )
+        configs["rank"] = req.node_rank or 0
+    run_id = req.run_id or (uuid.uuid4().hex[:12] if req.nnodes == 1 else "zerolaunch")
+    return Rendezvous(req.rdzv_backend, endpoint, configs, local_addr, run_id)
+
+
+def _worker_args(req: LaunchRequest, resolved: Path, workers: Workers) -> list[str]:
+    args = ["-m", "zerolaunch.worker", str(resolved), "--device", workers.device]
+    args += ["--timeout", str(req.timeout_seconds)]
+    if req.resume:
+        args += ["--resume", req.resume]
+    return args
+
+
+def _prepare_env(workers: Workers) -> None:
+    # pytorch issue 135712: a c10d restart reuses the rendezvous store and fails or hangs without this.
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # Worker stdout goes to log files; unbuffered, rank 0's progress reaches the terminal as it happens.
+    os.environ["PYTHONUNBUFFERED"] = "1"
+    if workers.device == "cpu" or workers.nproc_per_node > 1:
+        # as torchrun: N workers each spawning a thread per core would oversubscribe the machine
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The agent's own chatter (configs, closing signals, its per-failure ERROR lines) would bury the
+    # failure panel, which says the same once, with the root cause first.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+
+
+def launch(req: LaunchRequest, console) -> int:
+    """Run the job; returns the process exit code (0 ok, 1 training failed, 130 interrupted)."""
+    from zerolaunch.config import load_recipe, render_recipe_table, save_resolved
+
+    if req.max_restarts < 0:
+        raise LaunchError(f"--max-restarts must be >= 0, got {req.max_restarts}")
+    if not req.timeout_seconds > 0:
+        raise LaunchError(f"--timeout must be a positive number of seconds, got {req.timeout_seconds}")
+    workers = choose_workers(req.gpus, req.cpu)
+    rdzv = plan_rendezvous(req)
+    overrides = list(req.sets) + ([f"train.run_dir={req.run_dir}"] if req.run_dir else [])
+    recipe = load_recipe(
+        req.recipe, overrides=overrides, world_size=req.nnodes * workers.nproc_per_node, check_builders=True
+    )
+    run_dir = Path(recipe.train.run_dir)
+    resolved = save_resolved(recipe, run_dir)
+    console.print(render_recipe_table(recipe))
+    where = f"{req.nnodes} node(s) x " if req.nnodes > 1 else ""
+    console.print(
+        f"launching {where}{workers.nproc_per_node} {workers.device} worker(s); run dir {run_dir}; "
+        f"logs {run_dir / 'logs'}",
+        markup=False,
+        highlight=False,
+    )
+    _prepare_env(workers)
+    return _run_agent(req, rdzv, workers, _worker_args(req, resolved, workers), run_dir, console)
+
+
+def _run_agent(req, rdzv: Rendezvous, workers: Workers, args: list[str], run_dir: Path, console) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from zerolaunch.launch import failures
+    from zerolaunch.launch.logs import ALL_RANKS_PREFIX, RunLogsSpecs
+
+    logs = RunLogsSpecs(run_dir / "logs", all_ranks=req.all_ranks, max_restarts=req.max_restarts)
+    config = LaunchConfig(
+        min_nodes=req.nnodes,
+        max_nodes=req.nnodes,
+        nproc_per_node=workers.nproc_per_node,
+        run_id=rdzv.run_id,
+        role="default",
+        rdzv_endpoint=rdzv.endpoint,
+        rdzv_backend=rdzv.backend,
+        rdzv_configs=rdzv.configs,
+        max_restarts=req.max_restarts,
+        monitor_interval=MONITOR_INTERVAL_SECONDS,
+        logs_specs=logs,
+        log_line_prefix_template=ALL_RANKS_PREFIX if req.all_ranks else None,
+        local_addr=rdzv.local_addr,
+    )
+    try:
+        elastic_launch(config, sys.executable)(*args)
+    except ChildFailedError as err:
+        logs.close()
+        rank, failure = failures.root_cause(err.failures)
+        _, stderr_log = logs.log_files(failure.local_rank)
+        report = failures.describe(rank, failure, stderr_log)
+        # ranks the agent stopped (SIGTERM) did not fail on their own: candidates for the hung one
+        failed = {r for r, f in err.failures.items() if not failures.is_secondary(f)}
+        hint = failures.timeout_hint(report, failed, set(logs.global_ranks.values()), req.timeout_seconds)
+        report = dataclasses.replace(report, hint=hint)
+        console.print(failures.render(report, restarts_used=len(logs.attempts) - 1))
+        return 1
+    except SignalException as err:
+        logs.close()
+        console.print(
+            f"interrupted by {signal.Signals(err.sigval).name}: all workers stopped", highlight=False
+        )
+        return 128 + int(err.sigval)
+    except KeyboardInterrupt:
+        logs.close()
+        console.print("interrupted: all workers stopped", highlight=False)
+        return 130
+    except RendezvousError as err:
+        logs.close()
+        raise LaunchError(
+            f"rendezvous at {rdzv.endpoint} ({rdzv.backend}) failed: {err}. Check that every node uses the same "
+            "--rdzv-endpoint, --nnodes and --run-id, and that node 0 is reachable on that port"
+        ) from None
+    finally:
+        logs.close()
+    return 0

@@ -1,0 +1,254 @@
+"""The built-in GPT: a nanoGPT-style decoder (pre-LN, learned positions, SDPA causal attention, GELU MLP 4x,
+token embedding tied to the lm_head, optional biases).
+
+This module owns the model and its initialisation, nothing about how it is trained: it never imports
+torch.distributed, and knows nothing of the engine beyond two promises the ZeRO stage 3 engine relies on:
+- `model.transformer.h` is an `nn.ModuleList` of `Block`, the natural stage 3 units;
+- the model can be built under `torch.device("meta")` and materialised piece by piece with `to_empty()` +
+  `reset_parameters()`: `Block.reset_parameters()` initialises its whole block, `GPT.reset_parameters()`
+  everything outside the blocks (embeddings, final norm), so no rank needs the whole model at once.
+  `init_weights(module)` is the same initialisation for one module's own parameters, ours or torch's.
+
+Labels follow nanoGPT: `labels[b, t]` is the target of position t (the data already shifted it by one);
+-100 is ignored.
+
+Recipe: `model: {builder: zerolaunch.models.gpt:build, args: {size: tiny, vocab_size: 256, seq_len: 64}}`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+SIZES: dict[str, dict[str, int]] = {
+    # plain literals: config/auto.py reads this table with ast.literal_eval (no torch import there)
+    "tiny": {"n_layer": 2, "n_head": 2, "d_model": 64},
+    "small": {"n_layer": 4, "n_head": 4, "d_model": 256},
+    "125m": {"n_layer": 12, "n_head": 12, "d_model": 768},
+    "350m": {"n_layer": 24, "n_head": 16, "d_model": 1024},
+    "760m": {"n_layer": 24, "n_head": 16, "d_model": 1536},
+    "1.3b": {"n_layer": 24, "n_head": 32, "d_model": 2048},
+}
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int
+    seq_len: int
+    """Longest sequence the position table covers."""
+    n_layer: int
+    n_head: int
+    d_model: int
+    dropout: float = 0.0
+    bias: bool = True
+    """Biases in the Linear and LayerNorm layers (False: GPT-NeoX / LLaMA style, slightly faster)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them (memory for ~30% time)."""
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_head
+
+
+@dataclass
+class GPTOutput:
+    logits: torch.Tensor
+    """(B, T, vocab_size)."""
+    loss: torch.Tensor | None
+    """Mean cross-entropy over the labelled positions; None without labels."""
+
+
+def init_weights(module: nn.Module) -> None:
+    """nanoGPT's initialisation of one module's own parameters (children untouched).
+
+    Linear / Embedding ~ N(0, 0.02); residual projections (marked `residual_proj`) are scaled by
+    1/sqrt(2 * n_layer) as in GPT-2, so the residual stream's variance does not grow with depth.
+    """
+    with torch.no_grad():
+        if isinstance(module, nn.Linear):
+            std = (
+                INIT_STD / math.sqrt(2 * module.n_layer)
+                if getattr(module, "residual_proj", False)
+                else INIT_STD
+            )
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
+        elif isinstance(module, nn.LayerNorm):
+            if module.weight is not None:
+                nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+
+def _residual_linear(d_in: int, d_out: int, bias: bool, n_layer: int) -> nn.Linear:
+    layer = nn.Linear(d_in, d_out, bias=bias)
+    layer.residual_proj = True
+    layer.n_layer = n_layer
+    return layer
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.dropout = cfg.dropout
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.proj = _residual_linear(cfg.d_model, cfg.d_model, cfg.bias, cfg.n_layer)
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        q, k, v = (
+            t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)
+        )  # (B, H, T, D)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )  # (B, H, T, D)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias)
+        self.proj = _residual_linear(4 * cfg.d_model, cfg.d_model, cfg.bias, cfg.n_layer)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))  # (B, T, C)
+
+
+class Block(nn.Module):
+    """One pre-LN transformer layer: x + attn(ln(x)), then x + mlp(ln(x)). A stage 3 unit."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def reset_parameters(self) -> None:
+        """Initialise the whole block (a stage 3 unit is materialised and initialised as one)."""
+        for m in self.modules():
+            init_weights(m)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.activation_checkpointing = cfg.activation_checkpointing
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(cfg.vocab_size, cfg.d_model),
+                wpe=nn.Embedding(cfg.seq_len, cfg.d_model),
+                drop=nn.Dropout(cfg.dropout),
+                h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
+                ln_f=nn.LayerNorm(cfg.d_model, bias=cfg.bias),
+            )
+        )
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # Tied: one tensor serves as token embedding and output projection (GPT-2; saves V*d params).
+        self.lm_head.weight = self.transformer.wte.weight
+        # On the meta device these are no-ops costing nothing; on a real device they are the init.
+        for m in self.modules():
+            init_weights(m)
+
+    def reset_parameters(self) -> None:
+        """Initialise everything outside the blocks: embeddings (wte is also the lm_head) and ln_f."""
+        for name in ("wte", "wpe", "ln_f"):
+            init_weights(self.transformer[name])
+
+    def enable_activation_checkpointing(self) -> None:
+        """Recompute every block in backward (the loop calls this for train.activation_checkpointing)."""
+        self.activation_checkpointing = True
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameters, each shared tensor once; non_embedding drops the position table (no matmul)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token: 6N + 12*L*H*d_head*T (torchtitan; N without the position table)."""
+        cfg = self.config
+        t = cfg.seq_len if seq_len is None else seq_len
+        return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_head * cfg.d_head * t
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> GPTOutput:
+        B, T = input_ids.shape
+        if T > self.config.seq_len:
+            raise ValueError(
+                f"GPT: input of {T} tokens is longer than model seq_len {self.config.seq_len}; "
+                f"build the model with seq_len >= {T}"
+            )
+        pos = torch.arange(T, device=input_ids.device)  # (T,)
+        x = self.transformer.drop(self.transformer.wte(input_ids) + self.transformer.wpe(pos))  # (B, T, C)
+        for block in self.transformer.h:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100
+            )
+        return GPTOutput(logits=logits, loss=loss)
+
+
+def build(
+    size: str = "tiny",
+    vocab_size: int = 256,
+    seq_len: int = 128,
+    dropout: float = 0.0,
+    activation_checkpointing: bool = False,
+    bias: bool = True,
+    **overrides,
+) -> GPT:
+    """A GPT of a named size; `overrides` (n_layer, n_head, d_model) replace the size's values."""
+    if size not in SIZES:
+        raise ValueError(f"GPT size {size!r} is unknown; choose one of {', '.join(SIZES)}")
+    unknown = sorted(set(overrides) - {"n_layer", "n_head", "d_model"})
+    if unknown:
+        raise ValueError(
+            f"GPT build got unknown argument(s) {', '.join(unknown)}; known: size, vocab_size, seq_len, "
+            "dropout, activation_checkpointing, bias, n_layer, n_head, d_model"
+        )
+    cfg = GPTConfig(
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        dropout=dropout,
+        bias=bias,
+        activation_checkpointing=activation_checkpointing,
+        **SIZES[size],
+    )
+    cfg = replace(cfg, **overrides)
+    for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"GPT {name} must be a positive int, got {value!r}")
+    if cfg.d_model % cfg.n_head:
+        raise ValueError(f"GPT d_model {cfg.d_model} must be divisible by n_head {cfg.n_head}")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ValueError(f"GPT dropout must be in [0, 1), got {cfg.dropout!r}")
+    return GPT(cfg)
+
+
+build.meta_init = True  # every parameter is initialised by a reset_parameters(): stage 3 may build on meta

@@ -1,0 +1,90 @@
+"""The loop's checkpoint hook: where `zerolaunch.checkpoint` plugs in, and nothing else.
+
+`CheckpointHook.resume(...)` picks what to resume from (--resume auto|PATH, or `latest` after an elastic
+restart) and loads it; `maybe_save(step)` saves every `checkpoint.every` steps and `save(step)` at the end.
+Each rank saves its own shard and its `extra`: the loop step, RNG streams and data position.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from zerolaunch.train import seeding
+from zerolaunch.train.batches import TrainError
+
+
+def checkpoint_root(recipe) -> Path:
+    return (
+        Path(recipe.checkpoint.dir) if recipe.checkpoint.dir else Path(recipe.train.run_dir) / "checkpoints"
+    )
+
+
+class CheckpointHook:
+    def __init__(self, recipe, engine, ctx, source):
+        self.root = checkpoint_root(recipe)
+        self.every = recipe.checkpoint.every
+        self.keep = recipe.checkpoint.keep or None  # 0 = keep all
+        self.engine = engine
+        self.ctx = ctx
+        self.source = source
+        self.last_saved_step: int | None = None
+
+    def resume_path(self) -> Path | None:
+        """The checkpoint to start from, or None for a fresh start."""
+        from zerolaunch.checkpoint import latest_checkpoint
+
+        wanted = self.ctx.resume
+        if wanted is None and self.ctx.restart_count > 0:
+            wanted = "auto"  # an elastic restart continues from where the crashed attempt last saved
+        if wanted is None:
+            return None
+        if wanted == "auto":
+            return latest_checkpoint(self.root) if self.root.exists() else None
+        path = Path(wanted)
+        if not path.exists():
+            raise TrainError(
+                f"--resume {wanted}: no such checkpoint; pass a checkpoint folder, its root, or auto"
+            )
+        return path
+
+    def resume(self) -> int:
+        """Load the checkpoint to resume from, if any; returns the loop step it was saved at (0 = fresh)."""
+        path = self.resume_path()
+        if path is None:
+            return 0
+        from zerolaunch.checkpoint import load_checkpoint
+
+        extra = load_checkpoint(self.engine, path, group=self.ctx.group)
+        step = int(extra.get("train_step", self.engine.global_steps))
+        if "data" in extra:
+            self.source.restore(extra["data"])
+        else:
+            self.source.restore({"consumed": step * self.engine.options.gradient_accumulation_steps})
+        if "rng" in extra and extra.get("rank") == self.ctx.rank:
+            # another world size hands ranks beyond the saved ones rank 0's extra: keep the fresh RNG then
+            seeding.set_rng_state(extra["rng"], self.ctx.device)
+        if self.ctx.is_rank0:
+            print(f"resumed from {path} at step {step}", flush=True)
+        return step
+
+    def maybe_save(self, step: int) -> None:
+        if self.every and step % self.every == 0:
+            self.save(step)
+
+    def save(self, step: int) -> None:
+        if self.last_saved_step == step:
+            return
+        from zerolaunch.checkpoint import save_checkpoint
+
+        extra = {
+            "train_step": step,
+            "rank": self.ctx.rank,
+            "data": self.source.state(),
+            "rng": seeding.rng_state(self.ctx.device),
+        }
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+        save_checkpoint(self.engine, self.root, step=step, extra=extra, keep=self.keep, group=self.ctx.group)
+        self.last_saved_step = step

@@ -1,0 +1,170 @@
+"""The built-in training loop of one worker: build, wrap with the ZeRO engine, step, report, checkpoint.
+
+Per optimizer step: for each of `gradient_accumulation_steps` micro-batches, `out = engine(**batch)`,
+`engine.backward(loss)`, `engine.step()`; then the step's mean loss over micro-batches and ranks is reduced
+with one small all-reduce (the loop's only collectives are these metrics; the engine's go through
+zero/comm.py) and rank 0 reports it. Owns the order of things, not their details (batches.py,
+checkpointing.py, reporting.py, seeding.py).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zerolaunch.train import seeding
+from zerolaunch.train.batches import (
+    BatchSource,
+    TrainError,
+    build_data,
+    build_model,
+    forward,
+    loss_of,
+    to_device,
+    tokens_in,
+)
+from zerolaunch.train.checkpointing import CheckpointHook
+from zerolaunch.train.context import RunContext
+from zerolaunch.train.init_weights import load_initial_weights
+from zerolaunch.train.reporting import StepReporter
+
+
+def _reduce(values: list[float], device: torch.device, group, op) -> list[float]:
+    """One all-reduce of a few metrics (the loop's own collective; not engine traffic)."""
+    t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+    dist.all_reduce(t, op=op, group=group)
+    return t.tolist()
+
+
+def _memory_now(engine, device: torch.device) -> dict:
+    mem = dict(engine.memory_bytes())
+    if device.type == "cuda":
+        mem["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        mem["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+        mem["device_bytes"] = torch.cuda.get_device_properties(device).total_memory
+    return mem
+
+
+def _flops_per_token(model, seq_len: int | None) -> float | None:
+    fn = getattr(model, "flops_per_token", None)
+    if fn is None or seq_len is None:
+        return None
+    return float(fn(seq_len))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_training(recipe, ctx: RunContext) -> list[float]:
+    """Train `recipe.train.steps` optimizer steps; returns the per-step mean losses (every rank)."""
+    from zerolaunch.zero import Engine
+
+    seeding.seed_all(recipe.train.seed, ctx.device)
+    # weights to load need real tensors: meta construction only when the engine will initialise them
+    on_meta = recipe.engine.zero.stage == 3 and not recipe.model.init_from
+    model = build_model(recipe, meta_if_supported=on_meta)
+    if recipe.model.init_from:
+        load_initial_weights(model, recipe.model.init_from)
+    if recipe.train.activation_checkpointing:
+        enable = getattr(model, "enable_activation_checkpointing", None)
+        if enable is None:
+            raise TrainError(
+                f"train.activation_checkpointing is on but the model from {recipe.model.builder!r} has no "
+                "enable_activation_checkpointing(); add one, or apply torch.utils.checkpoint in the model"
+            )
+        enable()
+    params_numel = sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
+    engine = Engine(model, recipe.engine, group=ctx.group, device=ctx.device)
+    source = BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder)
+    hook = CheckpointHook(recipe, engine, ctx, source)
+    start_step = hook.resume()
+
+    total_steps = recipe.train.steps
+    gas = recipe.engine.gradient_accumulation_steps
+    first = to_device(source.next(), ctx.device)
+    seq_tokens = tokens_in(first)
+    seq_len = first["input_ids"].shape[-1] if seq_tokens is not None else None
+    tokens_per_step = (seq_tokens or recipe.train.micro_batch_size) * gas * ctx.world_size
+    reporter = None
+    if ctx.is_rank0:
+        reporter = StepReporter(
+            Path(recipe.train.run_dir),
+            total_steps=total_steps,
+            world_size=ctx.world_size,
+            tokens_per_step=tokens_per_step,
+            flops_per_token=_flops_per_token(model, seq_len),
+            device_name=torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu",
+            log_every=recipe.train.log_every,
+            dtype=recipe.engine.precision.dtype,
+            start_step=start_step,
+        )
+    losses: list[float] = []
+    pending = first
+    try:
+        for step in range(start_step + 1, total_steps + 1):
+            ctx.failure_hook.maybe_fire(step, ctx.rank, ctx.restart_count)
+            if ctx.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(ctx.device)
+            comm_before = (engine.comm_stats.total_seconds(), engine.comm_stats.total_bytes())
+            t0 = time.perf_counter()
+            loss_sum = torch.zeros((), device=ctx.device)
+            info = None
+            for _ in range(gas):
+                batch = pending if pending is not None else to_device(source.next(), ctx.device)
+                pending = None
+                loss = loss_of(forward(engine, batch))
+                engine.backward(loss)
+                info = engine.step()
+                loss_sum += loss.detach().float()
+            _sync(ctx.device)
+            step_seconds = time.perf_counter() - t0
+            (loss_total,) = _reduce([loss_sum.item()], ctx.device, ctx.group, dist.ReduceOp.SUM)
+            mean_loss = loss_total / (gas * ctx.world_size)
+            losses.append(mean_loss)
+            mem_peaks = None
+            if ctx.device.type == "cuda":
+                mem_peaks = _reduce(
+                    [torch.cuda.max_memory_allocated(ctx.device), torch.cuda.max_memory_reserved(ctx.device)],
+                    ctx.device,
+                    ctx.group,
+                    dist.ReduceOp.MAX,
+                )
+            if reporter is not None:
+                reporter.log(
+                    step=step,
+                    loss=mean_loss,
+                    grad_norm=info.grad_norm,
+                    lr=info.lr,
+                    loss_scale=info.loss_scale if recipe.engine.precision.dtype == "fp16" else None,
+                    skipped=bool(info.skipped),
+                    step_seconds=step_seconds,
+                    comm_seconds=engine.comm_stats.total_seconds() - comm_before[0],
+                    comm_bytes=engine.comm_stats.total_bytes() - comm_before[1],
+                    mem_allocated_bytes=int(mem_peaks[0]) if mem_peaks else None,
+                    mem_reserved_bytes=int(mem_peaks[1]) if mem_peaks else None,
+                )
+            hook.maybe_save(step)
+        if start_step < total_steps:
+            hook.save(total_steps)
+        memory_by_rank = [None] * ctx.world_size
+        dist.all_gather_object(memory_by_rank, _memory_now(engine, ctx.device), group=ctx.group)
+        if reporter is not None:
+            reporter.finish(
+                memory_by_rank,
+                recipe.engine.zero.stage,
+                params_numel=params_numel,
+                gradient_accumulation_steps=gas,
+                grad_element_bytes=2
+                if recipe.engine.precision.communication_dtype in ("bf16", "fp16")
+                else 4,
+            )
+            reporter = None
+    finally:
+        if reporter is not None:
+            reporter.close()
+    return losses

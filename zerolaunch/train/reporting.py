@@ -1,0 +1,88 @@
+"""The one call site of the run's reporting, on rank 0: `StepReporter` wraps `zerolaunch.report.Reporter`
+(progress, metrics.jsonl, end-of-run tables) and falls back to plain per-step lines when that package
+cannot be imported, so the loop never depends on how a step is shown.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+class StepReporter:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        total_steps: int,
+        world_size: int,
+        tokens_per_step: int,
+        flops_per_token: float | None,
+        device_name: str,
+        log_every: int,
+        dtype: str,
+        start_step: int,
+    ):
+        self.total_steps = total_steps
+        self.log_every = log_every
+        try:
+            from rich.console import Console
+
+            from zerolaunch.report import Reporter, StepMetrics
+        except ImportError:
+            self._reporter = None
+            self._metrics_cls = None
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._plain_file = (run_dir / "metrics.jsonl").open("a" if start_step else "w", encoding="utf-8")
+            return
+        self._metrics_cls = StepMetrics
+        # Workers write through torchelastic's pipes, never a terminal: plain lines, a fixed width.
+        console = Console(width=160, force_terminal=False, color_system=None)
+        self._reporter = Reporter(
+            run_dir,
+            console,
+            total_steps=total_steps,
+            world_size=world_size,
+            tokens_per_step=tokens_per_step,
+            flops_per_token=flops_per_token,
+            device_name=device_name,
+            interactive=False,
+            log_every=log_every,
+            dtype=dtype,
+            start_step=start_step,
+        )
+
+    def log(self, **fields) -> None:
+        """One optimizer step; `fields` are StepMetrics' (step, loss, grad_norm, lr, ...), Python numbers."""
+        if self._reporter is not None:
+            self._reporter.log(self._metrics_cls(**fields))
+            return
+        self._plain_file.write(json.dumps(fields) + "\n")
+        self._plain_file.flush()
+        step = fields["step"]
+        if step % self.log_every == 0 or step == self.total_steps:
+            lr = fields.get("lr")
+            norm = fields.get("grad_norm")
+            print(
+                f"step {step}/{self.total_steps} loss {fields['loss']:.4f}"
+                + (f" lr {lr:.3g}" if lr is not None else "")
+                + (f" grad_norm {norm:.3f}" if norm is not None and math.isfinite(norm) else "")
+                + (f" {fields['step_seconds'] * 1e3:.0f} ms" if fields.get("step_seconds") else ""),
+                flush=True,
+            )
+
+    def finish(self, memory_by_rank: list[dict], zero_stage: int, **kwargs) -> None:
+        if self._reporter is not None:
+            self._reporter.finish(memory_by_rank, zero_stage, **kwargs)
+            return
+        self._plain_file.close()
+        for rank, mem in enumerate(memory_by_rank):
+            total = sum(v for k, v in mem.items() if not k.startswith(("peak_", "device_")))
+            print(f"rank {rank} engine memory {total / 2**20:.1f} MiB {mem}", flush=True)
+
+    def close(self) -> None:
+        if self._reporter is not None:
+            self._reporter.close()
+        elif not self._plain_file.closed:
+            self._plain_file.close()

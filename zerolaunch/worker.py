@@ -1,0 +1,115 @@
+"""`python -m zerolaunch.worker RUN_DIR/recipe.resolved.json [--device cpu|cuda] [--timeout S] [--resume R]`:
+one training process, as the elastic agent starts it.
+
+Owns the process's edges: reading torchelastic's environment (RANK, LOCAL_RANK, WORLD_SIZE,
+TORCHELASTIC_RESTART_COUNT, and the test hook's ZEROLAUNCH_TEST_FAIL_*), the process group (nccl with
+device_id on CUDA, gloo on CPU, with the collective timeout), and `@record`, which writes the exception to
+TORCHELASTIC_ERROR_FILE so the launcher can show the root cause. The training itself is train/loop.py, or
+the recipe's `entrypoint:` script (zerolaunch.api.run_entrypoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m zerolaunch.worker")
+    p.add_argument("recipe", help="the run dir's recipe.resolved.json")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds")
+    p.add_argument("--resume", default=None, help="auto, or a checkpoint folder / root")
+    return p.parse_args(argv)
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        if default is None:
+            raise SystemExit(
+                f"zerolaunch.worker: {name} is not set; start workers with `zerolaunch train`, which sets it"
+            )
+        return default
+    return int(raw)
+
+
+def _attempt_store(restart_count: int, timeout: datetime.timedelta):
+    """The store the process group rendezvouses in, or None for torch's env:// default.
+
+    When the agent shares its own store with the workers (TORCHELASTIC_USE_AGENT_STORE=True: the static
+    backend always does), that store outlives a restart, and torch's env:// adds no per-attempt prefix: a
+    restarted gloo group can read the dead attempt's addresses and fail with "connection refused" (seen on
+    torch 2.13). A prefix per restart keeps every attempt's keys apart. c10d with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 gets a fresh store per attempt and needs nothing.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], _env_int("MASTER_PORT"), is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"zerolaunch/attempt_{restart_count}", client)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(_main)(sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: list[str]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from zerolaunch.config import load_resolved
+    from zerolaunch.train.context import RunContext
+    from zerolaunch.train.loop import run_training
+    from zerolaunch.train.test_hooks import FailureHook
+
+    args = _parse(argv)
+    rank, local_rank, world_size = _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE")
+    restart_count = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    failure_hook = FailureHook.from_env(dict(os.environ))
+    recipe = load_resolved(args.recipe)
+
+    timeout = datetime.timedelta(seconds=args.timeout)
+    store = _attempt_store(restart_count, timeout)
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        # device_id binds the communicator eagerly: a wrong GPU count fails here, not in the first collective
+        dist.init_process_group(
+            "nccl", timeout=timeout, device_id=device, store=store, rank=rank, world_size=world_size
+        )
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timeout, store=store, rank=rank, world_size=world_size)
+    ctx = RunContext(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        device=device,
+        group=None,
+        restart_count=restart_count,
+        resume=args.resume,
+        failure_hook=failure_hook,
+    )
+    try:
+        if recipe.entrypoint:
+            # a user script replaces the built-in loop; zerolaunch.initialize() in it reuses this group
+            from zerolaunch.api import run_entrypoint
+
+            run_entrypoint(recipe, args.recipe)
+        else:
+            run_training(recipe, ctx)
+    finally:
+        if dist.is_initialized():  # a user script may have destroyed it already
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
