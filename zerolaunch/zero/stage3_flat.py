@@ -1,0 +1,261 @@
+"""One stage 3 unit's tensors: the full compute-dtype buffer, this rank's shard, and their collectives.
+
+[Note: stage-3 buffers]
+A unit's trainable parameters are laid out with layout.plan_layout, one bucket per param group (decay /
+no decay), each padded to a multiple of world_size; the unit's flat buffer is the concatenation of its
+buckets, and every parameter's `.data` is a view into it while the unit is gathered. Between uses the
+buffer's *storage* is resized to 0 bytes ("freed") and resized back before an all-gather refills it
+(FSDP's trick): tensors autograd saved in forward (views such as `weight.t()`) keep pointing at the same
+storage, so they read the re-gathered values in backward without any patching of torch functions. While
+freed, each parameter's `.data` is a zero-stride placeholder of its shape (reads give zeros, never freed
+memory); gathering points it back at its view (set_data keeps the version counter autograd checks).
+This rank keeps only its slice of every bucket (the shard, compute dtype; on the host when the params are
+offloaded), plus its fp32 master and optimizer state, which live in the engine's per-group flat shards
+(`master_views` / `grad_views` point into them).
+
+Gradients: each parameter's full gradient is copied into a staging buffer (comm dtype, the unit's padded
+size, zeroed so padding and grads missing this micro-step count as zero) as soon as it is ready, and
+dropped; once the unit is issued, one reduce-scatter per bucket averages it into the fp32 grad shard.
+
+On CUDA the all-gathers run on a side stream that first waits for the compute stream; `wait_gathered()`
+makes the compute stream wait for it. Inputs stay alive by reference until then (no record_stream).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from . import comm, offload
+from .layout import Fragment, ParamSpec, plan_layout
+
+
+class UnitFlat:
+    def __init__(
+        self,
+        index: int,
+        specs: list[ParamSpec],
+        *,
+        world_size: int,
+        rank: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        shard_device: torch.device,
+        pin: bool,
+        resident: bool,
+    ):
+        self.index = index
+        self.rank = rank
+        self.world_size = world_size
+        self.dtype = dtype
+        self.device = device
+        self.resident = resident
+        """Resident units (the persistent params) are gathered once and never freed."""
+        total = sum(s.numel for s in specs)
+        # bucket_numel = the whole unit: plan_layout then gives exactly one bucket per param group.
+        self.layout = plan_layout(specs, world_size, max(1, total))
+        self.buckets = list(self.layout.buckets)
+        self.bucket_offsets: list[int] = []
+        self.shard_offsets: list[int] = []
+        full_off = shard_off = 0
+        for b in self.buckets:
+            self.bucket_offsets.append(full_off)
+            self.shard_offsets.append(shard_off)
+            full_off += b.padded_numel
+            shard_off += b.shard_numel
+        self.padded_numel = full_off
+        self.shard_numel = shard_off
+        self.numel = total
+        self.slots = {s.name: s for s in self.layout.params}
+        self.full = torch.empty(self.padded_numel, dtype=dtype, device=device)
+        self.full_nbytes = self.full.untyped_storage().nbytes()
+        self.gathered = True
+        if not resident:  # allocated only while the unit runs; views into it stay valid while freed
+            self.full.untyped_storage().resize_(0)
+            self.gathered = False
+        self.shard = torch.zeros(self.shard_numel, dtype=dtype, device=shard_device)
+        if pin and shard_device.type == "cpu" and torch.cuda.is_available():
+            self.shard = self.shard.pin_memory()
+        self._zero = torch.zeros((), dtype=dtype, device=device)
+        self._params: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        """(param, its view into the full buffer), set by adopt_params."""
+        self._pending: list = []
+        self._keep: list[torch.Tensor] = []
+        self._stream = None
+        """The side stream the last gather ran on (None: the compute stream)."""
+        self.staging: torch.Tensor | None = None
+        self.master_views: list[torch.Tensor] = []
+        self.grad_views: list[torch.Tensor] = []
+        self.master_offsets: list[int] = []
+        """Where each bucket's shard starts inside the engine's fp32 master of the bucket's group."""
+
+    # ---- views -------------------------------------------------------------------------------------------
+    def param_view(self, flat: torch.Tensor, name: str) -> torch.Tensor:
+        slot = self.slots[name]
+        start = self.bucket_offsets[slot.bucket] + slot.offset
+        return flat[start : start + slot.numel].view(slot.shape)
+
+    def bucket_full(self, flat: torch.Tensor, i: int) -> torch.Tensor:
+        return flat[self.bucket_offsets[i] : self.bucket_offsets[i] + self.buckets[i].padded_numel]
+
+    def bucket_owned(self, flat: torch.Tensor, i: int) -> torch.Tensor:
+        """The slice of bucket i that this rank owns, inside a full-size flat (params, fp32 init values)."""
+        lo, hi = self.buckets[i].shard_range(self.rank)
+        return self.bucket_full(flat, i)[lo:hi]
+
+    def bucket_shard(self, shard: torch.Tensor, i: int) -> torch.Tensor:
+        return shard[self.shard_offsets[i] : self.shard_offsets[i] + self.buckets[i].shard_numel]
+
+    def fragments(self) -> list[Fragment]:
+        """This rank's fragments, with shard offsets into the engine's per-group fp32 master."""
+        out = []
+        for i, bucket in enumerate(self.buckets):
+            lo, hi = bucket.shard_range(self.rank)
+            for slot in self.layout.slots_in(bucket):
+                a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
+                if a < b:
+                    out.append(
+                        Fragment(
+                            slot.name,
+                            a - slot.offset,
+                            b - slot.offset,
+                            bucket.group,
+                            self.master_offsets[i] + a - lo,
+                        )
+                    )
+        return out
+
+    @torch.no_grad()
+    def write_owned(self, name: str, value: torch.Tensor) -> None:
+        """shard + master <- this rank's elements of one full parameter value (fp32)."""
+        slot = self.slots[name]
+        lo, hi = self.buckets[slot.bucket].shard_range(self.rank)
+        a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
+        if a >= b:
+            return
+        src = value.reshape(-1)[a - slot.offset : b - slot.offset]
+        self.bucket_shard(self.shard, slot.bucket)[a - lo : b - lo].copy_(src)
+        self.master_views[slot.bucket][a - lo : b - lo].copy_(src)
+
+    # ---- gather / free -----------------------------------------------------------------------------------
+    @property
+    def full_bytes_alive(self) -> int:
+        return self.full.untyped_storage().nbytes()
+
+    def free(self) -> None:
+        """Release the full buffer's memory (waits for an all-gather still writing into it)."""
+        if self.resident or not self.gathered:
+            return
+        self.wait_gathered()
+        self.full.untyped_storage().resize_(0)
+        self._point_params_at_placeholders()
+        self.gathered = False
+
+    def adopt_params(self, params: dict[str, torch.nn.Parameter]) -> None:
+        """Make every parameter of the unit a view into the full buffer (which must be allocated now)."""
+        self._params = [(params[name], self.param_view(self.full, name)) for name in self.slots]
+        for p, view in self._params:
+            p.data = view
+        if not self.resident:
+            self.full.untyped_storage().resize_(0)
+            self._point_params_at_placeholders()
+            self.gathered = False
+
+    def _point_params_at_placeholders(self) -> None:
+        # a freed param must never read the released memory (a print or a user's .sum() would crash the
+        # process): it shows zeros of its true shape through a zero-stride view of one element, which also
+        # refuses in-place writes. Views autograd saved keep the full buffer's storage and stay valid.
+        for p, view in self._params:
+            p.data = self._zero.expand(view.shape)
+
+    def gather(self, group, *, stream, stats: comm.CommStats) -> None:
+        """Start refilling the full buffer from every rank's shard; `wait_gathered()` before reading it."""
+        if self.gathered:
+            return
+        self.full.untyped_storage().resize_(self.full_nbytes)
+        for p, view in self._params:
+            p.data = view
+        self.gathered = True
+        self._stream = stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self._issue_gather(group, stats)
+        else:
+            self._issue_gather(group, stats)
+
+    def _issue_gather(self, group, stats) -> None:
+        # offloaded shards are copied to the device first, ahead of use (non-blocking from pinned memory).
+        src = (
+            self.shard if self.shard.device == self.device else self.shard.to(self.device, non_blocking=True)
+        )
+        self._keep = [src]
+        for i in range(len(self.buckets)):
+            pending = comm.all_gather(
+                self.bucket_full(self.full, i), self.bucket_shard(src, i), group, stats=stats, async_op=True
+            )
+            self._pending.append(pending)
+
+    def wait_gathered(self) -> None:
+        """The compute stream may read the full buffer (or free it) from here on."""
+        for pending in self._pending:
+            pending.wait()
+        if self._pending and self._stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._stream)
+        self._pending = []
+        self._keep = []
+
+    # ---- gradients -----------------------------------------------------------------------------------------
+    def add_grad(self, name: str, grad: torch.Tensor, comm_dtype: torch.dtype) -> None:
+        if self.staging is None:
+            self.staging = torch.zeros(self.padded_numel, dtype=comm_dtype, device=self.device)
+        with torch.no_grad():
+            self.param_view(self.staging, name).copy_(grad)
+
+    def issue_reduce(self, group, *, comm_dtype: torch.dtype, stream, stats: comm.CommStats) -> list:
+        """Reduce-scatter (average) the staged grads; returns in-flight work for `complete_reduce`."""
+        if self.staging is None:  # no grad reached this unit this micro-step: it contributes zeros.
+            self.staging = torch.zeros(self.padded_numel, dtype=comm_dtype, device=self.device)
+        staging, self.staging = self.staging, None
+        out = torch.empty(self.shard_numel, dtype=comm_dtype, device=self.device)
+        pendings = []
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            for i in range(len(self.buckets)):
+                pendings.append(
+                    comm.reduce_scatter(
+                        self.bucket_shard(out, i),
+                        self.bucket_full(staging, i),
+                        group,
+                        stats=stats,
+                        async_op=True,
+                        average=True,
+                    )
+                )
+        return [staging, out, pendings]
+
+    def complete_reduce(self, work: list, stream) -> None:
+        _staging, out, pendings = work
+        for pending in pendings:
+            pending.wait()
+        if stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+        for i in range(len(self.buckets)):
+            offload.to_host(self.grad_views[i], self.bucket_shard(out, i), accumulate=True)
+
+    @property
+    def staging_bytes(self) -> int:
+        return 0 if self.staging is None else self.staging.numel() * self.staging.element_size()
+
+    # ---- after the optimizer step ------------------------------------------------------------------------
+    @torch.no_grad()
+    def publish(self, group, *, stats: comm.CommStats) -> None:
+        """shard <- the updated fp32 master (cast); a resident unit also re-gathers its full buffer."""
+        for i in range(len(self.buckets)):
+            self.bucket_shard(self.shard, i).copy_(self.master_views[i])
+        if self.resident:
+            self.gathered = False  # the storage stays allocated; gather() refills it in place
+            self.gather(group, stream=None, stats=stats)
+            self.wait_gathered()

@@ -1,0 +1,247 @@
+"""When stage 3 gathers, frees and reduces each unit: the forward/backward hooks and their bookkeeping.
+
+[Note: stage-3 schedule]
+- Forward: the engine gathers the root unit before the model runs. A unit's forward pre-hook gathers it
+  (waiting for a prefetch already in flight) and prefetches the units predicted to run next (the previous
+  forward's call sequence; module order on the first step), as many as fit in
+  `stage3_prefetch_bucket_size` elements while the gathered, non-resident elements stay within
+  `stage3_max_live_parameters` (the unit needed now is always gathered). The post-hook frees the unit and
+  registers a hook on each of its output tensors that need grad: autograd calls it before the unit's own
+  backward, which gathers the unit again (and prefetches the next ones in reverse call order). A unit whose
+  outputs hold no tensor we can see (a dataclass, say) is kept gathered until its backward is done.
+  The root stays gathered after a forward with grad enabled: backward needs it first.
+- Activation checkpointing (use_reentrant=False) re-runs a unit's forward inside backward: the hooks see
+  `in_backward` and only make sure the unit is gathered.
+- Backward: each param's post-accumulate-grad hook moves its grad into the unit's staging buffer. Autograd
+  accumulates a leaf once per backward, also for a unit called twice, so when every trainable param of a
+  unit has reported, nothing in this backward reads the unit's params any more: it is freed, and its
+  reduce-scatter becomes ready.
+- Reduce-scatters are issued in one fixed order on every rank (units in reverse module order, root, then
+  the resident params), a ready unit waiting for the ones before it, so all ranks issue the same
+  collectives even when autograd orders grads differently. At the end of backward every unit not yet
+  issued (skipped this step, or with an unused param) is issued with the grads it has (zeros otherwise).
+All gathers depend only on the call sequence, which is the same on every rank for the same model code.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from functools import partial
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from . import comm
+from .stage3_flat import UnitFlat
+from .units import ROOT
+
+
+class Stage3Schedule:
+    def __init__(
+        self,
+        flats: list[UnitFlat | None],
+        modules: list,
+        params: list[list[tuple[str, torch.nn.Parameter]]],
+        group,
+        *,
+        device: torch.device,
+        comm_dtype: torch.dtype,
+        prefetch_numel: int,
+        max_live_numel: int,
+        overlap: bool,
+        stats: comm.CommStats,
+        max_reduces_in_flight: int = 2,
+    ):
+        """flats[k] / params[k]: unit k's buffers and sharded params (None / [] when it has none); the last
+        entry is the resident unit of persistent params (modules[-1] is None)."""
+        self.flats = flats
+        self.group = group
+        self.device = device
+        self.comm_dtype = comm_dtype
+        self.prefetch_numel = max(0, prefetch_numel)
+        self.max_live_numel = max_live_numel
+        self.overlap = overlap
+        self.stats = stats
+        self.max_in_flight = max(1, max_reduces_in_flight) if overlap else 1
+        cuda_overlap = overlap and device.type == "cuda"
+        self.gather_stream = torch.cuda.Stream(device) if cuda_overlap else None
+        self.reduce_stream = torch.cuda.Stream(device) if cuda_overlap else None
+        n = len(flats)
+        self.n_trainable = [len(p) for p in params]
+        self.reduce_order = [k for k in range(n - 2, -1, -1) if flats[k] is not None]
+        if flats[-1] is not None:
+            self.reduce_order.append(n - 1)
+        self.in_backward = False
+        self.predicted: list[int] = [k for k in range(n - 1) if flats[k] is not None]
+        self.calls: list[int] = []
+        self._bwd_seq: list[int] = []
+        self._bwd_pos = 0
+        self._held: set[int] = set()
+        self._reset_backward_state()
+        self.peak_live_numel = 0
+        """Largest sum of gathered non-resident elements seen at once (tests read it)."""
+        self._prefetched: set[int] = set()
+        self.prefetch_hits = 0
+        """Units found already gathered (by a prefetch) when they were needed (tests read it)."""
+        self._handles = []
+        for k, module in enumerate(modules):
+            if module is None or flats[k] is None or k == ROOT:
+                continue
+            self._handles.append(module.register_forward_pre_hook(partial(self._pre_forward, k)))
+            self._handles.append(module.register_forward_hook(partial(self._post_forward, k)))
+        for k, unit_params in enumerate(params):
+            for name, p in unit_params:
+                self._handles.append(p.register_post_accumulate_grad_hook(partial(self._on_grad, k, name)))
+
+    def _reset_backward_state(self) -> None:
+        n = len(self.flats)
+        self.grad_count = [0] * n
+        self.ready = [False] * n
+        self.next_issue = 0
+        self.inflight: deque = deque()
+        self.issued_count = 0
+
+    # ---- gather / free -----------------------------------------------------------------------------------
+    def live_numel(self) -> int:
+        return sum(f.padded_numel for f in self.flats if f is not None and f.gathered and not f.resident)
+
+    def _gather(self, k: int) -> None:
+        flat = self.flats[k]
+        if flat is not None and not flat.gathered:
+            flat.gather(self.group, stream=self.gather_stream, stats=self.stats)
+            self.peak_live_numel = max(self.peak_live_numel, self.live_numel())
+
+    def ensure(self, k: int) -> None:
+        """Unit k is gathered and readable on the compute stream."""
+        flat = self.flats[k]
+        if flat is None:
+            return
+        if k in self._prefetched:
+            self._prefetched.discard(k)
+            self.prefetch_hits += 1
+        self._gather(k)
+        flat.wait_gathered()
+
+    def free(self, k: int) -> None:
+        flat = self.flats[k]
+        if flat is not None:
+            flat.free()
+
+    def _prefetch(self, upcoming: list[int]) -> None:
+        budget = self.prefetch_numel
+        for k in upcoming:
+            flat = self.flats[k]
+            if flat is None or flat.gathered:
+                continue
+            if flat.padded_numel > budget or self.live_numel() + flat.padded_numel > self.max_live_numel:
+                return
+            self._gather(k)
+            self._prefetched.add(k)
+            budget -= flat.padded_numel
+
+    # ---- forward -------------------------------------------------------------------------------------------
+    def begin_forward(self) -> None:
+        if not self.in_backward:
+            self.calls = [ROOT]
+            self.ensure(ROOT)
+            self._prefetch(self.predicted[1:])
+
+    def end_forward(self) -> None:
+        """After the model's forward: keep what backward needs first, free mispredicted prefetches."""
+        if self.in_backward:
+            return
+        keep = {ROOT} | self._held if torch.is_grad_enabled() else set()
+        for k, flat in enumerate(self.flats):
+            if flat is not None and k not in keep:
+                flat.free()
+        self.predicted = list(self.calls)
+
+    def _pre_forward(self, k: int, module, args) -> None:
+        if self.in_backward:  # activation-checkpoint recompute: pre_backward gathered the unit already
+            self.ensure(k)
+            return
+        self.calls.append(k)
+        self.ensure(k)
+        self._prefetch(self.predicted[len(self.calls) :])
+
+    def _post_forward(self, k: int, module, args, output):
+        if self.in_backward:
+            return output
+        if torch.is_grad_enabled() and self.n_trainable[k] > 0:
+            tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not tensors:
+                self._held.add(k)
+                return output
+            for t in tensors:
+                t.register_hook(partial(self._pre_backward, k))
+        self.free(k)
+        return output
+
+    # ---- backward ------------------------------------------------------------------------------------------
+    def begin_backward(self) -> None:
+        self.in_backward = True
+        self._bwd_seq = list(reversed(self.calls))
+        self._bwd_pos = 0
+        self.ensure(ROOT)
+
+    def _pre_backward(self, k: int, grad):
+        self.ensure(k)
+        while self._bwd_pos < len(self._bwd_seq) and self._bwd_seq[self._bwd_pos] != k:
+            self._bwd_pos += 1
+        self._prefetch(self._bwd_seq[self._bwd_pos + 1 :])
+        return None
+
+    def _on_grad(self, k: int, name: str, param: torch.Tensor) -> None:
+        if param.grad is None:
+            return
+        flat = self.flats[k]
+        flat.add_grad(name, param.grad, self.comm_dtype)
+        param.grad = None  # the full gradient is released: this rank keeps only its shard
+        self.grad_count[k] += 1
+        if self.grad_count[k] == self.n_trainable[k]:
+            self.ready[k] = True
+            self._held.discard(k)
+            flat.free()
+            self._issue_ready()
+
+    def _issue_ready(self) -> None:
+        while self.next_issue < len(self.reduce_order) and self.ready[self.reduce_order[self.next_issue]]:
+            self._issue(self.reduce_order[self.next_issue])
+
+    def _issue(self, k: int) -> None:
+        flat = self.flats[k]
+        work = flat.issue_reduce(
+            self.group, comm_dtype=self.comm_dtype, stream=self.reduce_stream, stats=self.stats
+        )
+        self.inflight.append((flat, work))
+        self.next_issue += 1
+        self.issued_count += 1
+        # without overlap each reduce-scatter is awaited at once; with it, up to max_in_flight stay queued.
+        while len(self.inflight) > (self.max_in_flight if self.overlap else 0):
+            self._complete_oldest()
+
+    def _complete_oldest(self) -> None:
+        flat, work = self.inflight.popleft()
+        flat.complete_reduce(work, self.reduce_stream)
+
+    def finish_backward(self) -> None:
+        """Issue what is left in the fixed order (zeros where no grad came), await all, free every unit."""
+        while self.next_issue < len(self.reduce_order):
+            self._issue(self.reduce_order[self.next_issue])
+        while self.inflight:
+            self._complete_oldest()
+        for flat in self.flats:
+            if flat is not None:
+                flat.free()
+        self._held.clear()
+        self._reset_backward_state()
+        self.in_backward = False
+
+    @property
+    def staging_bytes(self) -> int:
+        return sum(f.staging_bytes for f in self.flats if f is not None)
+
+    def remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []

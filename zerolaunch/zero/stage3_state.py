@@ -1,0 +1,162 @@
+"""The checkpoint contract of the stage 3 engine (docs/ARCHITECTURE.md "The engine"), as a mixin.
+
+This module owns what a checkpoint reads from and writes into a `Stage3Engine`: param specs, the fragments
+this rank owns (every unit's buckets, with offsets into the per-group fp32 master, [Note: layout]), their
+master + optimizer state, the replicated tensors, the engine meta, and the streamed `full_state_dict` (one
+unit gathered at a time: `stage3_gather_16bit_weights_on_model_save`). Everything but `full_state_dict` is
+collective-free. The tensors themselves are built by stage3.py; this module only reads and fills them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import comm
+from .layout import Fragment, TensorSpec
+from .optim import state_kinds
+from .stage3_flat import UnitFlat
+
+
+class Stage3StateMixin:
+    def param_specs(self) -> list[TensorSpec]:
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        return [
+            TensorSpec(
+                name,
+                tuple(p.shape),
+                str(p.dtype).removeprefix("torch.") if not p.requires_grad else dtype_name,
+                p.requires_grad,
+                self._aliases.get(name, ()),
+            )
+            for name, p in self._named.items()
+        ]
+
+    def owned_fragments(self) -> list[Fragment]:
+        return [frag for f in self.flats if f is not None for frag in f.fragments()]
+
+    def _optimizer_step_count(self) -> int:
+        for master in self.master:
+            step = self.optimizer.state.get(master, {}).get("step")
+            if step is not None:
+                return int(step)
+        return 0
+
+    def _state_tensor(self, kind: str, group: int) -> torch.Tensor:
+        master = self.master[group]
+        state = self.optimizer.state[master]
+        if kind not in state:
+            state[kind] = torch.zeros_like(master)
+        return state[kind]
+
+    def fragment_state(self) -> dict[str, torch.Tensor]:
+        """{f"{kind}/{name}/{start}": flat fp32 tensor} for every owned fragment; "step/..." is 1 element."""
+        kinds = state_kinds(self.options.optimizer)
+        step = torch.tensor([float(self._optimizer_step_count())])
+        out: dict[str, torch.Tensor] = {}
+        for f in self.owned_fragments():
+            sl = slice(f.shard_offset, f.shard_offset + f.numel)
+            out[f"master/{f.name}/{f.start}"] = self.master[f.group][sl]
+            for kind in kinds:
+                state = self.optimizer.state.get(self.master[f.group], {}).get(kind)
+                if state is not None:
+                    out[f"{kind}/{f.name}/{f.start}"] = state[sl]
+            out[f"step/{f.name}/{f.start}"] = step
+        return out
+
+    @torch.no_grad()
+    def load_fragment_state(self, read) -> None:
+        """read(kind, name, start, stop) -> flat fp32 tensor: the owned master + optimizer state, then every
+        unit's shard from the master; resident params read whole (no collective)."""
+        kinds = state_kinds(self.options.optimizer)
+        for f in self.owned_fragments():
+            sl = slice(f.shard_offset, f.shard_offset + f.numel)
+            self.master[f.group][sl].copy_(read("master", f.name, f.start, f.stop))
+            for kind in kinds:
+                self._state_tensor(kind, f.group)[sl].copy_(read(kind, f.name, f.start, f.stop))
+        for flat in self.flats:
+            if flat is None:
+                continue
+            for i in range(len(flat.buckets)):
+                flat.bucket_shard(flat.shard, i).copy_(flat.master_views[i])
+            if flat.resident:
+                for name, slot in flat.slots.items():
+                    full = read("master", name, 0, slot.numel)
+                    flat.param_view(flat.full, name).copy_(full.reshape(slot.shape))
+
+    def replicated_state(self) -> dict[str, torch.Tensor]:
+        return {name: t.detach() for name, t in self._frozen + self._buffers}
+
+    @torch.no_grad()
+    def load_replicated_state(self, state: dict[str, torch.Tensor]) -> None:
+        expected = dict(self._frozen + self._buffers)
+        missing, unknown = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        if missing or unknown:
+            raise ValueError(
+                f"replicated state does not match the model: missing {missing}, unknown {unknown}; "
+                "was the checkpoint written for another model?"
+            )
+        for name, t in expected.items():
+            t.copy_(state[name])
+
+    def state_meta(self) -> dict:
+        return {
+            "stage": self.stage,
+            "global_steps": self.global_steps,
+            "micro_steps": self.micro_steps,
+            "optimizer_step": self._optimizer_step_count(),
+            "scheduler": self.scheduler.state_dict(),
+            "loss_scaler": self.scaler.state_dict(),
+        }
+
+    def load_state_meta(self, meta: dict) -> None:
+        self.global_steps = int(meta["global_steps"])
+        self.micro_steps = int(meta.get("micro_steps", 0))
+        self.scheduler.load_state_dict(meta["scheduler"])
+        self.scaler.load_state_dict(meta["loss_scaler"])
+        step = int(meta.get("optimizer_step", self.global_steps))
+        if step > 0 or self.optimizer.state:
+            fused = self.optimizer.defaults.get("fused")
+            for g, master in enumerate(self.master):
+                for kind in state_kinds(self.options.optimizer):
+                    self._state_tensor(kind, g)
+                state = self.optimizer.state[master]
+                old = state.get("step")
+                state["step"] = torch.tensor(
+                    float(step),
+                    dtype=old.dtype if old is not None else torch.float32,
+                    device=old.device if old is not None else (self.master_device if fused else "cpu"),
+                )
+        self._lr = self.scheduler.lr_at(self.global_steps)
+
+    @torch.no_grad()
+    def full_state_dict(self, dtype: torch.dtype | None = None):
+        """COLLECTIVE (call on every rank, iterate to the end): (name, full tensor) for every param + buffer.
+
+        Streamed: one unit is gathered at a time (stage3_gather_16bit_weights_on_model_save). dtype=fp32 from
+        a 16-bit model gathers the fp32 master instead, so the values are the exact optimizer weights.
+        """
+        from_master = dtype == torch.float32 and self.dtype != torch.float32
+        current: tuple[int, torch.Tensor] | None = None
+        for name, p in self._named.items():
+            k = self._flat_of.get(name)
+            if k is None:
+                t = p.detach()
+                yield name, t if dtype is None or not t.is_floating_point() else t.to(dtype)
+                continue
+            flat = self.flats[k]
+            if current is None or current[0] != k:
+                current = (k, self._gather_for_save(flat, from_master))
+            t = flat.param_view(current[1], name).clone()
+            yield name, t if dtype is None else t.to(dtype)
+        for name, b in self._buffers:
+            yield name, b.detach() if dtype is None or not b.is_floating_point() else b.detach().to(dtype)
+
+    def _gather_for_save(self, flat: UnitFlat, from_master: bool) -> torch.Tensor:
+        """A standalone full copy of the unit (compute dtype, or the fp32 master)."""
+        src = torch.cat(flat.master_views).to(self.device) if from_master else flat.shard.to(self.device)
+        out = torch.empty(flat.padded_numel, dtype=src.dtype, device=self.device)
+        for i in range(len(flat.buckets)):
+            comm.all_gather(
+                flat.bucket_full(out, i), flat.bucket_shard(src, i), self.group, stats=self.comm_stats
+            )
+        return out
