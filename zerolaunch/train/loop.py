@@ -105,6 +105,10 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
         )
     losses: list[float] = []
     pending = first
+    # the card's size, for "% of device" in the per-step line
+    device_bytes = (
+        torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
+    )
     try:
         for step in range(start_step + 1, total_steps + 1):
             ctx.failure_hook.maybe_fire(step, ctx.rank, ctx.restart_count)
@@ -147,6 +151,7 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
                     comm_bytes=engine.comm_stats.total_bytes() - comm_before[1],
                     mem_allocated_bytes=int(mem_peaks[0]) if mem_peaks else None,
                     mem_reserved_bytes=int(mem_peaks[1]) if mem_peaks else None,
+                    mem_device_bytes=device_bytes,
                 )
             hook.maybe_save(step)
         if start_step < total_steps:
