@@ -1,0 +1,290 @@
+"""Side-by-side GPU benchmark: plain torch, FSDP2, DeepSpeed and zerolaunch on the same GPT, one process each.
+
+    python bench/run.py --sizes 350m,1.3b --engines all          # the table of issue 10
+    python bench/run.py --one zl-z2 --size 350m                  # one configuration (what the driver spawns)
+
+Every configuration trains the built-in GPT (`zerolaunch.models.gpt`) at seq 2048, micro batch 8, bf16, AdamW,
+the same seed and the same synthetic batches, in its own process (so one engine's allocator state and compiled
+kernels never leak into another's numbers). Each reports the median step time over the timed steps after
+warm-up, peak allocated memory, and the final loss. The driver measures the bf16 matmul rate once and prints
+MFU against it (and against the 989 TFLOP/s datasheet peak), plus each row's ratio to the best peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ENGINES = {
+    "torch": "plain torch, fused AdamW",
+    "fsdp2": "FSDP2 fully_shard per block, bf16 params / fp32 reduce",
+    "ds-z1": "DeepSpeed ZeRO-1",
+    "ds-z2": "DeepSpeed ZeRO-2",
+    "ds-z3": "DeepSpeed ZeRO-3",
+    "ds-z2-off": "DeepSpeed ZeRO-2 + CPU optimizer offload",
+    "fsdp2-off": "FSDP2 + CPUOffloadPolicy",
+    "zl-z1": "zerolaunch ZeRO-1",
+    "zl-z2": "zerolaunch ZeRO-2",
+    "zl-z3": "zerolaunch ZeRO-3",
+    "zl-z2-off": "zerolaunch ZeRO-2 + CPU optimizer offload",
+}
+PEERS = ("torch", "fsdp2", "ds-z1", "ds-z2", "ds-z3")
+OFFLOAD_PEERS = ("ds-z2-off", "fsdp2-off")
+
+
+def _batches(vocab_size: int, seq_len: int, micro_batch: int, n: int, device):
+    import torch
+
+    from zerolaunch.data.synthetic import build as build_data
+
+    it = iter(build_data(rank=0, world_size=1, micro_batch_size=micro_batch, seed=1234,
+                         vocab_size=vocab_size, seq_len=seq_len))
+    out = []
+    for _ in range(n):
+        b = next(it)
+        out.append({k: v.to(device, non_blocking=True) for k, v in b.items()})
+    torch.cuda.synchronize()
+    return out
+
+
+def _init_single_rank_group():
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    torch.cuda.set_device(0)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+
+
+def _ds_config(stage: int, offload: bool, lr: float) -> dict:
+    zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+            "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8}
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    return {
+        "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "train_batch_size": 8,
+        "bf16": {"enabled": True}, "gradient_clipping": 1.0, "zero_optimization": zero,
+        # torch_adam avoids a multi-minute JIT build of DeepSpeed's FusedAdam on a machine without
+        # prebuilt ops; over one flat fp32 partition torch's AdamW is a handful of kernels anyway.
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": 0.1, "torch_adam": not offload}},
+        "steps_per_print": 10**9, "wall_clock_breakdown": False,
+    }
+
+
+def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro_batch: int) -> dict:
+    import torch
+
+    from zerolaunch.models.gpt import build as build_gpt
+
+    torch.manual_seed(0)
+    lr = 3e-4
+    vocab = 50304
+    device = torch.device("cuda", 0)
+    _init_single_rank_group()
+    batches = _batches(vocab, seq_len, micro_batch, steps + warmup, device)
+    make = lambda: build_gpt(size=size, vocab_size=vocab, seq_len=seq_len)  # noqa: E731
+
+    if engine == "torch":
+        model = make().to(device=device, dtype=torch.bfloat16)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+
+        def step(b):
+            loss = model(**b).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+    elif engine.startswith("fsdp2"):
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        model = make().to(device)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        kw = {"mp_policy": mp}
+        if engine.endswith("off"):
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+        for block in model.transformer.h:
+            fully_shard(block, **kw)
+        fully_shard(model, **kw)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1,
+                                fused=not engine.endswith("off"))
+
+        def step(b):
+            loss = model(**b).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+    elif engine.startswith("ds-"):
+        import deepspeed
+
+        stage = int(engine[4])
+        model = make()
+        eng, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                            config=_ds_config(stage, engine.endswith("off"), lr))
+
+        def step(b):
+            loss = eng(**b).loss
+            eng.backward(loss)
+            eng.step()
+            return loss
+    elif engine.startswith("zl-"):
+        from zerolaunch.zero import Engine
+        from zerolaunch.zero.options import (EngineOptions, OffloadOptions, OptimizerOptions,
+                                             PrecisionOptions, ZeroOptions)
+
+        stage = int(engine[4])
+        off = OffloadOptions(device="cpu", pin_memory=True) if engine.endswith("off") else OffloadOptions()
+        opts = EngineOptions(
+            zero=ZeroOptions(stage=stage, reduce_bucket_size=500_000_000, allgather_bucket_size=500_000_000,
+                             overlap_comm=True, offload_optimizer=off),
+            precision=PrecisionOptions(dtype="bf16"),
+            optimizer=OptimizerOptions(name="adamw", lr=lr, betas=(0.9, 0.95), weight_decay=0.1),
+            gradient_clipping=1.0,
+        )
+        if stage == 3:
+            with torch.device("meta"):
+                model = make()
+        else:
+            model = make()
+        eng = Engine(model, opts, device=device)
+
+        def step(b):
+            loss = eng(**b).loss
+            eng.backward(loss)
+            eng.step()
+            return loss
+    else:
+        raise SystemExit(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+
+    times_ms = []
+    loss = None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i, b in enumerate(batches):
+        if i == warmup:
+            torch.cuda.reset_peak_memory_stats()
+        start.record()
+        loss = step(b)
+        end.record()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times_ms.append(start.elapsed_time(end))
+    n_params = sum(p.numel() for p in build_gpt(size=size, vocab_size=vocab, seq_len=seq_len,
+                                                 device="meta").parameters()) if False else None
+    with torch.device("meta"):
+        ref = make()
+    return {
+        "engine": engine, "size": size, "step_ms": statistics.median(times_ms),
+        "step_ms_all": times_ms, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "final_loss": float(loss.detach().float().item()), "tokens_per_step": micro_batch * seq_len,
+        "flops_per_token": float(ref.flops_per_token(seq_len)), "n_params": n_params or ref.num_params(),
+    }
+
+
+def measure_matmul_tflops() -> float:
+    import torch
+
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(20):
+        a @ b
+    e.record()
+    torch.cuda.synchronize()
+    return 2 * n**3 * 20 / (s.elapsed_time(e) / 1e3) / 1e12
+
+
+def drive(args) -> None:
+    engines = list(ENGINES) if args.engines == "all" else args.engines.split(",")
+    sizes = args.sizes.split(",")
+    peak_measured = measure_matmul_tflops()
+    rows = []
+    for size in sizes:
+        for engine in engines:
+            if engine == "fsdp2-off" and size != "1.3b" and not args.all_offload:
+                continue
+            if engine == "ds-z2-off" and size != "1.3b" and not args.all_offload:
+                continue
+            cmd = [sys.executable, __file__, "--one", engine, "--size", size, "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--seq-len", str(args.seq_len),
+                   "--micro-batch", str(args.micro_batch)]
+            t0 = time.time()
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+            if p.returncode != 0 or not line:
+                tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
+                rows.append({"engine": engine, "size": size, "error": " | ".join(tail)[-400:]})
+                print(f"[{engine} {size}] FAILED in {time.time() - t0:.0f}s:\n  " + "\n  ".join(tail), flush=True)
+                continue
+            r = json.loads(line[-1][len("RESULT "):])
+            rows.append(r)
+            print(f"[{engine} {size}] {r['step_ms']:.1f} ms  peak {r['peak_gib']:.1f} GiB  "
+                  f"loss {r['final_loss']:.4f}  ({time.time() - t0:.0f}s)", flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"matmul_tflops": peak_measured, "rows": rows}, f, indent=1)
+    print_table(rows, peak_measured)
+
+
+def print_table(rows: list[dict], peak_measured: float) -> None:
+    print(f"\nbf16 matmul 8192^3 measured: {peak_measured:.0f} TFLOP/s (datasheet 989)")
+    hdr = f"{'size':>5} {'engine':<10} {'step ms':>8} {'tok/s':>8} {'TFLOP/s':>8} {'MFU%':>6} {'MFU989%':>7} " \
+          f"{'peak GiB':>8} {'loss':>8} {'vs best peer':>12}"
+    print(hdr)
+    for size in dict.fromkeys(r["size"] for r in rows):
+        ok = [r for r in rows if r["size"] == size and "error" not in r]
+        best = min((r["step_ms"] for r in ok if r["engine"] in PEERS), default=None)
+        best_off = min((r["step_ms"] for r in ok if r["engine"] in OFFLOAD_PEERS), default=None)
+        for r in (r for r in rows if r["size"] == size):
+            if "error" in r:
+                print(f"{size:>5} {r['engine']:<10} FAILED: {r['error'][:80]}")
+                continue
+            tok_s = r["tokens_per_step"] / (r["step_ms"] / 1e3)
+            tflops = tok_s * r["flops_per_token"] / 1e12
+            ref = best_off if r["engine"].endswith("off") else best
+            ratio = f"{r['step_ms'] / ref:.2f}x" if ref else "-"
+            print(f"{size:>5} {r['engine']:<10} {r['step_ms']:8.1f} {tok_s:8.0f} {tflops:8.1f} "
+                  f"{100 * tflops / peak_measured:6.1f} {100 * tflops / 989:7.1f} {r['peak_gib']:8.2f} "
+                  f"{r['final_loss']:8.4f} {ratio:>12}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--one", help="run one configuration and print its RESULT line")
+    p.add_argument("--engines", default="all", help=f"comma list of: {', '.join(ENGINES)}")
+    p.add_argument("--size", default="350m")
+    p.add_argument("--sizes", default="350m,1.3b")
+    p.add_argument("--steps", type=int, default=10, help="timed steps (median reported)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--timeout", type=int, default=300, help="seconds per configuration")
+    p.add_argument("--all-offload", action="store_true", help="also run peers' offload at every size")
+    p.add_argument("--json-out")
+    args = p.parse_args()
+    if args.one:
+        r = run_one(args.one, args.size, args.steps, args.warmup, args.seq_len, args.micro_batch)
+        print("RESULT " + json.dumps(r), flush=True)
+    else:
+        drive(args)
+
+
+if __name__ == "__main__":
+    main()
