@@ -42,8 +42,16 @@ def _batches(vocab_size: int, seq_len: int, micro_batch: int, n: int, device):
 
     from zerolaunch.data.synthetic import build as build_data
 
-    it = iter(build_data(rank=0, world_size=1, micro_batch_size=micro_batch, seed=1234,
-                         vocab_size=vocab_size, seq_len=seq_len))
+    it = iter(
+        build_data(
+            rank=0,
+            world_size=1,
+            micro_batch_size=micro_batch,
+            seed=1234,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+        )
+    )
     out = []
     for _ in range(n):
         b = next(it)
@@ -67,18 +75,36 @@ def _init_single_rank_group():
 
 
 def _ds_config(stage: int, offload: bool, lr: float) -> dict:
-    zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
-            "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8}
+    zero = {
+        "stage": stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 5e8,
+        "allgather_bucket_size": 5e8,
+    }
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     return {
-        "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "train_batch_size": 8,
-        "bf16": {"enabled": True}, "gradient_clipping": 1.0, "zero_optimization": zero,
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": 8,
+        "bf16": {"enabled": True},
+        "gradient_clipping": 1.0,
+        "zero_optimization": zero,
         # torch_adam avoids a multi-minute JIT build of DeepSpeed's FusedAdam on a machine without
         # prebuilt ops; over one flat fp32 partition torch's AdamW is a handful of kernels anyway.
-        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "eps": 1e-8,
-                                                  "weight_decay": 0.1, "torch_adam": not offload}},
-        "steps_per_print": 10**9, "wall_clock_breakdown": False,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": lr,
+                "betas": [0.9, 0.95],
+                "eps": 1e-8,
+                "weight_decay": 0.1,
+                "torch_adam": not offload,
+            },
+        },
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
     }
 
 
@@ -117,8 +143,9 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
         for block in model.transformer.h:
             fully_shard(block, **kw)
         fully_shard(model, **kw)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1,
-                                fused=not engine.endswith("off"))
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=not engine.endswith("off")
+        )
 
         def step(b):
             loss = model(**b).loss
@@ -132,8 +159,11 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
 
         stage = int(engine[4])
         model = make()
-        eng, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                            config=_ds_config(stage, engine.endswith("off"), lr))
+        eng, _, _, _ = deepspeed.initialize(
+            model=model,
+            model_parameters=model.parameters(),
+            config=_ds_config(stage, engine.endswith("off"), lr),
+        )
 
         def step(b):
             loss = eng(**b).loss
@@ -142,14 +172,24 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
             return loss
     elif engine.startswith("zl-"):
         from zerolaunch.zero import Engine
-        from zerolaunch.zero.options import (EngineOptions, OffloadOptions, OptimizerOptions,
-                                             PrecisionOptions, ZeroOptions)
+        from zerolaunch.zero.options import (
+            EngineOptions,
+            OffloadOptions,
+            OptimizerOptions,
+            PrecisionOptions,
+            ZeroOptions,
+        )
 
         stage = int(engine[4])
         off = OffloadOptions(device="cpu", pin_memory=True) if engine.endswith("off") else OffloadOptions()
         opts = EngineOptions(
-            zero=ZeroOptions(stage=stage, reduce_bucket_size=500_000_000, allgather_bucket_size=500_000_000,
-                             overlap_comm=True, offload_optimizer=off),
+            zero=ZeroOptions(
+                stage=stage,
+                reduce_bucket_size=500_000_000,
+                allgather_bucket_size=500_000_000,
+                overlap_comm=True,
+                offload_optimizer=off,
+            ),
             precision=PrecisionOptions(dtype="bf16"),
             optimizer=OptimizerOptions(name="adamw", lr=lr, betas=(0.9, 0.95), weight_decay=0.1),
             gradient_clipping=1.0,
@@ -181,15 +221,26 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
         torch.cuda.synchronize()
         if i >= warmup:
             times_ms.append(start.elapsed_time(end))
-    n_params = sum(p.numel() for p in build_gpt(size=size, vocab_size=vocab, seq_len=seq_len,
-                                                 device="meta").parameters()) if False else None
+    n_params = (
+        sum(
+            p.numel()
+            for p in build_gpt(size=size, vocab_size=vocab, seq_len=seq_len, device="meta").parameters()
+        )
+        if False
+        else None
+    )
     with torch.device("meta"):
         ref = make()
     return {
-        "engine": engine, "size": size, "step_ms": statistics.median(times_ms),
-        "step_ms_all": times_ms, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "final_loss": float(loss.detach().float().item()), "tokens_per_step": micro_batch * seq_len,
-        "flops_per_token": float(ref.flops_per_token(seq_len)), "n_params": n_params or ref.num_params(),
+        "engine": engine,
+        "size": size,
+        "step_ms": statistics.median(times_ms),
+        "step_ms_all": times_ms,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "final_loss": float(loss.detach().float().item()),
+        "tokens_per_step": micro_batch * seq_len,
+        "flops_per_token": float(ref.flops_per_token(seq_len)),
+        "n_params": n_params or ref.num_params(),
     }
 
 
@@ -222,21 +273,40 @@ def drive(args) -> None:
                 continue
             if engine == "ds-z2-off" and size != "1.3b" and not args.all_offload:
                 continue
-            cmd = [sys.executable, __file__, "--one", engine, "--size", size, "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--seq-len", str(args.seq_len),
-                   "--micro-batch", str(args.micro_batch)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                engine,
+                "--size",
+                size,
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--seq-len",
+                str(args.seq_len),
+                "--micro-batch",
+                str(args.micro_batch),
+            ]
             t0 = time.time()
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
             if p.returncode != 0 or not line:
                 tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
                 rows.append({"engine": engine, "size": size, "error": " | ".join(tail)[-400:]})
-                print(f"[{engine} {size}] FAILED in {time.time() - t0:.0f}s:\n  " + "\n  ".join(tail), flush=True)
+                print(
+                    f"[{engine} {size}] FAILED in {time.time() - t0:.0f}s:\n  " + "\n  ".join(tail),
+                    flush=True,
+                )
                 continue
-            r = json.loads(line[-1][len("RESULT "):])
+            r = json.loads(line[-1][len("RESULT ") :])
             rows.append(r)
-            print(f"[{engine} {size}] {r['step_ms']:.1f} ms  peak {r['peak_gib']:.1f} GiB  "
-                  f"loss {r['final_loss']:.4f}  ({time.time() - t0:.0f}s)", flush=True)
+            print(
+                f"[{engine} {size}] {r['step_ms']:.1f} ms  peak {r['peak_gib']:.1f} GiB  "
+                f"loss {r['final_loss']:.4f}  ({time.time() - t0:.0f}s)",
+                flush=True,
+            )
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"matmul_tflops": peak_measured, "rows": rows}, f, indent=1)
@@ -245,8 +315,10 @@ def drive(args) -> None:
 
 def print_table(rows: list[dict], peak_measured: float) -> None:
     print(f"\nbf16 matmul 8192^3 measured: {peak_measured:.0f} TFLOP/s (datasheet 989)")
-    hdr = f"{'size':>5} {'engine':<10} {'step ms':>8} {'tok/s':>8} {'TFLOP/s':>8} {'MFU%':>6} {'MFU989%':>7} " \
-          f"{'peak GiB':>8} {'loss':>8} {'vs best peer':>12}"
+    hdr = (
+        f"{'size':>5} {'engine':<10} {'step ms':>8} {'tok/s':>8} {'TFLOP/s':>8} {'MFU%':>6} {'MFU989%':>7} "
+        f"{'peak GiB':>8} {'loss':>8} {'vs best peer':>12}"
+    )
     print(hdr)
     for size in dict.fromkeys(r["size"] for r in rows):
         ok = [r for r in rows if r["size"] == size and "error" not in r]
@@ -260,9 +332,11 @@ def print_table(rows: list[dict], peak_measured: float) -> None:
             tflops = tok_s * r["flops_per_token"] / 1e12
             ref = best_off if r["engine"].endswith("off") else best
             ratio = f"{r['step_ms'] / ref:.2f}x" if ref else "-"
-            print(f"{size:>5} {r['engine']:<10} {r['step_ms']:8.1f} {tok_s:8.0f} {tflops:8.1f} "
-                  f"{100 * tflops / peak_measured:6.1f} {100 * tflops / 989:7.1f} {r['peak_gib']:8.2f} "
-                  f"{r['final_loss']:8.4f} {ratio:>12}")
+            print(
+                f"{size:>5} {r['engine']:<10} {r['step_ms']:8.1f} {tok_s:8.0f} {tflops:8.1f} "
+                f"{100 * tflops / peak_measured:6.1f} {100 * tflops / 989:7.1f} {r['peak_gib']:8.2f} "
+                f"{r['final_loss']:8.4f} {ratio:>12}"
+            )
 
 
 def main() -> None:
