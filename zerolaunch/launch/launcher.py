@@ -134,19 +134,33 @@ def launch(req: LaunchRequest, console) -> int:
         highlight=False,
     )
     _prepare_env(workers)
-    return _run_agent(req, rdzv, workers, _worker_args(req, resolved, workers), run_dir, console)
+    return _run_agent(
+        req, rdzv, workers, _worker_args(req, resolved, workers), run_dir, console, recipe.train.steps
+    )
 
 
-def _run_agent(req, rdzv: Rendezvous, workers: Workers, args: list[str], run_dir: Path, console) -> int:
+def _run_agent(
+    req, rdzv: Rendezvous, workers: Workers, args: list[str], run_dir: Path, console, total_steps: int
+) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from zerolaunch.launch import failures
-    from zerolaunch.launch.logs import ALL_RANKS_PREFIX, RunLogsSpecs
+    from zerolaunch.launch.logs import ALL_RANKS_PREFIX, ConsoleLines, RunLogsSpecs
+    from zerolaunch.report import LiveProgress
 
-    logs = RunLogsSpecs(run_dir / "logs", all_ranks=req.all_ranks, max_restarts=req.max_restarts)
+    # A bar only when this terminal shows rank 0 alone; with --all-ranks torch's tee prints straight to it.
+    progress = LiveProgress(
+        run_dir, console, total_steps=total_steps, interactive=console.is_terminal and not req.all_ranks
+    )
+    logs = RunLogsSpecs(
+        run_dir / "logs",
+        all_ranks=req.all_ranks,
+        max_restarts=req.max_restarts,
+        rank0_stdout=ConsoleLines(console) if progress.active else None,
+    )
     config = LaunchConfig(
         min_nodes=req.nnodes,
         max_nodes=req.nnodes,
@@ -163,7 +177,10 @@ def _run_agent(req, rdzv: Rendezvous, workers: Workers, args: list[str], run_dir
         local_addr=rdzv.local_addr,
     )
     try:
-        elastic_launch(config, sys.executable)(*args)
+        # Workers write through pipes, never a terminal: the launcher owns it and draws the bar from
+        # metrics.jsonl (a no-op when this console is not a terminal; rank 0's plain lines still arrive).
+        with progress:
+            elastic_launch(config, sys.executable)(*args)
     except ChildFailedError as err:
         logs.close()
         rank, failure = failures.root_cause(err.failures)

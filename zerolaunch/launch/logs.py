@@ -20,7 +20,7 @@ ALL_RANKS_PREFIX = "[rank${rank}] "
 
 
 class RunLogsSpecs(DefaultLogsSpecs):
-    def __init__(self, log_dir: Path, *, all_ranks: bool, max_restarts: int = 0):
+    def __init__(self, log_dir: Path, *, all_ranks: bool, max_restarts: int = 0, rank0_stdout=None):
         log_dir.mkdir(parents=True, exist_ok=True)
         # With --all-ranks torch's own tee prints every rank (prefixed through the agent's template);
         # otherwise nothing is tee'd and rank 0 is echoed by our TailLog, which can print without a prefix.
@@ -31,6 +31,8 @@ class RunLogsSpecs(DefaultLogsSpecs):
         self.global_ranks: dict[int, int] = {}
         """local rank -> global rank of the latest attempt's workers on this node."""
         self._tails: list[TailLog] = []
+        self._rank0_stdout = rank0_stdout
+        """Where rank 0's stdout is echoed: sys.stdout, or ConsoleLines while a progress bar owns the terminal."""
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         dest = super().reify(envs)
@@ -50,7 +52,10 @@ class RunLogsSpecs(DefaultLogsSpecs):
                 if env.get("RANK") == "0":
                     self._tails = [
                         TailLog(
-                            "rank0", {local_rank: dest.stdouts[local_rank]}, sys.stdout, {local_rank: ""}
+                            "rank0",
+                            {local_rank: dest.stdouts[local_rank]},
+                            self._rank0_stdout or sys.stdout,
+                            {local_rank: ""},
                         ),
                         TailLog(
                             "rank0", {local_rank: dest.stderrs[local_rank]}, sys.stderr, {local_rank: ""}
@@ -78,3 +83,24 @@ class RunLogsSpecs(DefaultLogsSpecs):
     @property
     def run_log_dir(self) -> str | None:
         return getattr(self, "_run_log_dir", None) if self.attempts else None
+
+
+class ConsoleLines:
+    """A write-only text stream that hands whole lines to a rich Console.
+
+    While a live progress bar is drawn, text written straight to the terminal lands in the middle of the bar;
+    `Console.print` puts each line above it instead.
+    """
+
+    def __init__(self, console):
+        self._console = console
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            self._console.print(line, markup=False, highlight=False, soft_wrap=True)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
