@@ -11,6 +11,8 @@ implements the same API. The buffers and gradient buckets are flat.py's; see [No
 - Stage 2: reduce-scatter per bucket during backward (flat.BackwardReducer); only the fp32 shard is kept.
 - Stages 1/2: updated params return with one all-gather per gradient bucket (allgather_bucket_size is not
   used separately: the reduce buckets already bound the message size).
+- offload_optimizer nvme (stages 1/2): master + optimizer state live in nvme.py's swap file, one chunk per
+  bucket shard; the step streams the chunks and all-gathers each bucket as soon as its chunk has stepped.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import comm, flat, offload
+from . import comm, flat, nvme, offload
 from .layout import Fragment, ParamSpec, TensorSpec, plan_layout
 from .loss_scale import LossScaler
 from .optim import build_optimizer, state_kinds, unscale_check_clip
@@ -136,12 +138,18 @@ class Engine:
         self._broadcast_initial_state()
 
         shard_numels = [self.layout.shard_numel(g) for g in range(self.num_groups)]
-        self.master = [offload.zeros(n, self.master_device, pin=pin) for n in shard_numels]
         self.grad_shards = [offload.zeros(n, self.master_device, pin=pin) for n in shard_numels]
-        with torch.no_grad():
-            for bucket in self.layout.buckets:
-                owned = flat.owned_view(self.flat_params.buffers, bucket, self._layout_rank)
-                flat.shard_view(self.layout, self.master, bucket).copy_(owned)
+        self.nvme: nvme.NvmeOptimizer | None = None
+        """The swap-file master + optimizer state (offload_optimizer nvme); then `master` is empty."""
+        self.master: list[torch.Tensor] = []
+        if options.zero.offload_optimizer.device == "nvme":
+            self._init_nvme()
+        else:
+            self.master = [offload.zeros(n, self.master_device, pin=pin) for n in shard_numels]
+            with torch.no_grad():
+                for bucket in self.layout.buckets:
+                    owned = flat.owned_view(self.flat_params.buffers, bucket, self._layout_rank)
+                    flat.shard_view(self.layout, self.master, bucket).copy_(owned)
 
         self.full_grads: list[torch.Tensor] = []
         self.reducer: flat.BackwardReducer | None = None
@@ -165,13 +173,17 @@ class Engine:
                 for slot in self.layout.params
             ]
 
-        self.optimizer = build_optimizer(
-            options.optimizer,
-            [
-                {"params": [m], "weight_decay": grp["weight_decay"]}
-                for m, grp in zip(self.master, self._groups, strict=True)
-            ],
-            self.master_device,
+        self.optimizer = (
+            build_optimizer(
+                options.optimizer,
+                [
+                    {"params": [m], "weight_decay": grp["weight_decay"]}
+                    for m, grp in zip(self.master, self._groups, strict=True)
+                ],
+                self.master_device,
+            )
+            if self.nvme is None
+            else None
         )
         self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
         self.scaler = LossScaler(options.precision)
@@ -180,6 +192,32 @@ class Engine:
         self._lr = self.scheduler.lr_at(0)
 
     # ---- init -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _init_nvme(self) -> None:
+        """One swap chunk per bucket shard (chunk index = bucket index), filled from the owned params."""
+        chunks = [
+            nvme.Chunk(b.group, self.layout.bucket_shard_offset(b), b.shard_numel)
+            for b in self.layout.buckets
+        ]
+        self.nvme = nvme.NvmeOptimizer(
+            self.options.optimizer,
+            self.options.zero.offload_optimizer,
+            chunks,
+            [grp["weight_decay"] for grp in self._groups],
+            rank=self.rank,
+        )
+        buffers = self.flat_params.buffers
+        self.nvme.initialize(
+            lambda c, master: master.copy_(
+                flat.owned_view(buffers, self.layout.buckets[c], self._layout_rank)
+            )
+        )
+
+    def close(self) -> None:
+        """Release the nvme swap file now (it is also removed at garbage collection and at exit)."""
+        if self.nvme is not None:
+            self.nvme.close()
+
     def _broadcast_initial_state(self) -> None:
         """Every rank starts from rank 0's weights and buffers (builders may seed differently per rank)."""
         with torch.no_grad():
@@ -271,6 +309,20 @@ class Engine:
         if skipped:
             return StepInfo(False, True, float("inf"), loss_scale, self._lr)
         self._lr = self.scheduler.lr_at(self.global_steps)
+        if self.nvme is not None:
+            issued = []
+            self.nvme.step(
+                self.grad_shards,
+                self._lr,
+                lambda c, master: issued.append(
+                    self._publish_bucket(self.layout.buckets[c], master, copy=True)
+                ),
+            )
+            for pending in issued:
+                if pending is not None:
+                    pending.wait()
+            self.global_steps += 1
+            return StepInfo(True, False, float(norm), loss_scale, self._lr)
         for pg, master, grad in zip(self.optimizer.param_groups, self.master, self.grad_shards, strict=True):
             pg["lr"] = self._lr
             master.grad = grad
@@ -284,23 +336,32 @@ class Engine:
     @torch.no_grad()
     def _publish_params(self) -> None:
         """Owned master slices -> compute dtype -> every rank's full flat params (all-gather per bucket)."""
-        issued = []
-        for bucket in self.layout.buckets:
-            master = flat.shard_view(self.layout, self.master, bucket)
-            out = flat.bucket_view(self.flat_params.buffers, bucket)
-            if self.stage == 0:
-                out.copy_(master)
-                continue
-            if master.device == self.device and master.dtype == self.dtype:
-                src = master
-            else:
-                # copy_ across device and dtype at once: from pinned memory this is one async H2D copy and
-                # a cast on the device (6x faster than .to(device, dtype=...), which casts on the host).
-                src = torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
-                src.copy_(master, non_blocking=master.is_pinned())
-            issued.append((src, comm.all_gather(out, src, self.group, stats=self.comm_stats, async_op=True)))
-        for _, pending in issued:
-            pending.wait()
+        issued = [
+            self._publish_bucket(bucket, flat.shard_view(self.layout, self.master, bucket), copy=False)
+            for bucket in self.layout.buckets
+        ]
+        for pending in issued:
+            if pending is not None:
+                pending.wait()
+
+    def _publish_bucket(self, bucket, master: torch.Tensor, *, copy: bool):
+        """Start the all-gather of one bucket from this rank's master slice; returns the work (None: done).
+
+        copy=True: `master` is reused right after (an nvme staging buffer), so the gather sends a copy.
+        """
+        out = flat.bucket_view(self.flat_params.buffers, bucket)
+        if self.stage == 0:
+            out.copy_(master)
+            return None
+        if master.device == self.device and master.dtype == self.dtype and not copy:
+            src = master
+        else:
+            # copy_ across device and dtype at once: from pinned memory this is one async H2D copy and
+            # a cast on the device (6x faster than .to(device, dtype=...), which casts on the host).
+            src = torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
+            src.copy_(master, non_blocking=master.is_pinned())
+        # the work keeps `src` alive until wait() (gloo and nccl hold their input tensors).
+        return comm.all_gather(out, src, self.group, stats=self.comm_stats, async_op=True)
 
     # ---- accounting -----------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
@@ -309,14 +370,16 @@ class Engine:
         def nbytes(ts):
             return sum(t.numel() * t.element_size() for t in ts)
 
-        opt_state = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
-        return {
+        out = {
             "params": nbytes(self.flat_params.buffers) + nbytes([p for _, p in self._frozen]),
             "grads": nbytes(self.full_grads) + nbytes(self.grad_shards),
-            "optimizer": nbytes(opt_state),
-            "master": nbytes(self.master),
             "buckets": self.reducer.staging_bytes if self.reducer is not None else 0,
         }
+        if self.nvme is not None:
+            # host: only the staging buffers (master + state of buffer_count chunks); the rest is on disk.
+            return {**out, "optimizer": self.nvme.host_bytes, "master": 0, "nvme": self.nvme.nvme_bytes}
+        opt_state = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        return {**out, "optimizer": nbytes(opt_state), "master": nbytes(self.master)}
 
     # ---- checkpoint contract: collective-free unless noted ---------------------------------------------
     def param_specs(self) -> list[TensorSpec]:
@@ -348,6 +411,8 @@ class Engine:
         return state[kind]
 
     def _optimizer_step_count(self) -> int:
+        if self.nvme is not None:
+            return self.nvme.step_count if self.nvme.counts_steps else 0
         for master in self.master:
             step = self.optimizer.state.get(master, {}).get("step")
             if step is not None:
@@ -359,6 +424,13 @@ class Engine:
         kinds = state_kinds(self.options.optimizer)
         step = torch.tensor([float(self._optimizer_step_count())])
         out: dict[str, torch.Tensor] = {}
+        if self.nvme is not None:
+            # read back from the swap file: the returned tensors are copies, resident until dropped.
+            for f in self.owned_fragments():
+                for kind in ("master", *kinds):
+                    out[f"{kind}/{f.name}/{f.start}"] = self.nvme.read(kind, f.group, f.shard_offset, f.numel)
+                out[f"step/{f.name}/{f.start}"] = step
+            return out
         for f in self.owned_fragments():
             sl = slice(f.shard_offset, f.shard_offset + f.numel)
             out[f"master/{f.name}/{f.start}"] = self.master[f.group][sl]
@@ -379,6 +451,10 @@ class Engine:
             self.flat_params.param_view(self.flat_params.buffers, slot).copy_(full.reshape(slot.shape))
         kinds = state_kinds(self.options.optimizer)
         for f in self.layout.owned_fragments(self._layout_rank):
+            if self.nvme is not None:
+                for kind in ("master", *kinds):
+                    self.nvme.write(kind, f.group, f.shard_offset, read(kind, f.name, f.start, f.stop))
+                continue
             sl = slice(f.shard_offset, f.shard_offset + f.numel)
             self.master[f.group][sl].copy_(read("master", f.name, f.start, f.stop))
             for kind in kinds:
@@ -416,7 +492,9 @@ class Engine:
         self.scheduler.load_state_dict(meta["scheduler"])
         self.scaler.load_state_dict(meta["loss_scaler"])
         step = int(meta.get("optimizer_step", self.global_steps))
-        if step > 0 or self.optimizer.state:
+        if self.nvme is not None:
+            self.nvme.step_count = step
+        elif step > 0 or self.optimizer.state:
             for g, master in enumerate(self.master):
                 for kind in state_kinds(self.options.optimizer):
                     self._state_tensor(kind, g)
@@ -455,7 +533,11 @@ class Engine:
             yield name, b.detach() if dtype is None or not b.is_floating_point() else b.detach().to(dtype)
 
     def _gather_master_bucket(self, bucket) -> torch.Tensor:
-        src = flat.shard_view(self.layout, self.master, bucket).to(self.device)
+        if self.nvme is not None:
+            shard_offset = self.layout.bucket_shard_offset(bucket)
+            src = self.nvme.read("master", bucket.group, shard_offset, bucket.shard_numel).to(self.device)
+        else:
+            src = flat.shard_view(self.layout, self.master, bucket).to(self.device)
         if self.stage == 0:
             return src
         out = torch.empty(bucket.padded_numel, dtype=torch.float32, device=self.device)

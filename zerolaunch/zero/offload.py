@@ -1,10 +1,11 @@
 """Where the fp32 master, its gradients and the optimizer state live when the optimizer is offloaded.
 
-This module owns the host side of optimizer offload for stages 1/2 (offload_optimizer.device == "cpu"):
+This module owns the host side of optimizer offload (offload_optimizer.device "cpu", and the host grad
+shards of "nvme", whose swap files are nvme.py's):
 allocating host buffers (pinned when asked and when there is an accelerator to pin for), and the ordering
 rule that the host may only read device->host copies once the device stream that issued them is done.
 On a CPU-only machine the "host" is the compute device and the copies are plain same-device copies: the
-code path is the same, which is what the tests exercise. nvme offload is not implemented for stages 0-2.
+code path is the same, which is what the tests exercise.
 """
 
 from __future__ import annotations
@@ -16,12 +17,9 @@ from .options import OffloadOptions
 
 def master_device(offload: OffloadOptions, device: torch.device) -> torch.device:
     """Device of the fp32 master, fp32 grad shards and optimizer state."""
-    if offload.device == "cpu":
+    if offload.device in ("cpu", "nvme"):
+        # nvme: the grad shards stay on the host; master + state stream through host buffers (nvme.py).
         return torch.device("cpu")
-    if offload.device == "nvme":
-        raise ValueError(
-            "zero.offload_optimizer.device 'nvme' is not supported for stages 0-2; use 'cpu' (or stage 3)"
-        )
     return device
 
 

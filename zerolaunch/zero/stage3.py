@@ -11,7 +11,9 @@ Per rank it holds: the compute-dtype shard of every unit (on the host with `offl
 the fp32 master + grad shards + optimizer state per param group (on the host with offload_optimizer cpu),
 the resident tensors (params under `stage3_param_persistence_threshold` -- replicated, their grads averaged
 by reduce-scatter then re-gathered after the step, the bytes of an all-reduce --, frozen params, buffers),
-and, only while a unit runs, that unit's full buffer.
+and, only while a unit runs, that unit's full buffer. With offload_optimizer nvme the master + optimizer state
+move to nvme.py's swap file after construction (one chunk per unit bucket; during construction the fp32
+master is still built in host memory once), and each chunk's shard is refreshed as soon as it has stepped.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import comm, offload
+from . import comm, nvme, offload
 from .engine import DTYPES, StepInfo, validate_options
 from .layout import ParamSpec
 from .loss_scale import LossScaler
@@ -46,9 +48,10 @@ class Stage3Engine(Stage3StateMixin):
     ):
         validate_options(options)
         z = options.zero
-        for key, off in (("offload_param", z.offload_param), ("offload_optimizer", z.offload_optimizer)):
-            if off.device == "nvme":
-                raise ValueError(f"zero.{key}.device 'nvme' is not supported by stage 3 yet; use 'cpu'")
+        if z.offload_param.device == "nvme":
+            raise ValueError(
+                "zero.offload_param.device 'nvme' is not supported; use 'cpu' (offload_optimizer may be nvme)"
+            )
         if z.stage3_max_live_parameters < 1:
             raise ValueError(
                 f"zero.stage3_max_live_parameters must be >= 1, got {z.stage3_max_live_parameters}"
@@ -115,14 +118,20 @@ class Stage3Engine(Stage3StateMixin):
             overlap=z.overlap,
             stats=self.comm_stats,
         )
-        self.optimizer = build_optimizer(
-            options.optimizer,
-            [
-                {"params": [m], "weight_decay": grp["weight_decay"]}
-                for m, grp in zip(self.master, groups, strict=True)
-            ],
-            self.master_device,
-        )
+        self.nvme: nvme.NvmeOptimizer | None = None
+        """The swap-file master + optimizer state (offload_optimizer nvme); then `master` is empty."""
+        self.optimizer = None
+        if z.offload_optimizer.device == "nvme":
+            self._spill_to_nvme([grp["weight_decay"] for grp in groups])
+        else:
+            self.optimizer = build_optimizer(
+                options.optimizer,
+                [
+                    {"params": [m], "weight_decay": grp["weight_decay"]}
+                    for m, grp in zip(self.master, groups, strict=True)
+                ],
+                self.master_device,
+            )
         self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
         self.scaler = LossScaler(options.precision)
         self.global_steps = 0
@@ -148,6 +157,32 @@ class Stage3Engine(Stage3StateMixin):
                 sl = slice(flat.master_offsets[i], flat.master_offsets[i] + b.shard_numel)
                 flat.master_views.append(self.master[b.group][sl])
                 flat.grad_views.append(self.grad_shards[b.group][sl])
+
+    @torch.no_grad()
+    def _spill_to_nvme(self, weight_decays: list[float]) -> None:
+        """Move the fp32 master into a swap file, one chunk per unit bucket, and free the host copy."""
+        self._chunk_of = [
+            (flat, i) for flat in self.flats if flat is not None for i in range(len(flat.buckets))
+        ]
+        chunks = [
+            nvme.Chunk(f.buckets[i].group, f.master_offsets[i], f.buckets[i].shard_numel)
+            for f, i in self._chunk_of
+        ]
+        self.nvme = nvme.NvmeOptimizer(
+            self.options.optimizer, self.options.zero.offload_optimizer, chunks, weight_decays, rank=self.rank
+        )
+        self.nvme.initialize(
+            lambda c, master: master.copy_(self._chunk_of[c][0].master_views[self._chunk_of[c][1]])
+        )
+        self.master = []
+        for flat in self.flats:
+            if flat is not None:
+                flat.master_views = []
+
+    def close(self) -> None:
+        """Release the nvme swap file now (it is also removed at garbage collection and at exit)."""
+        if self.nvme is not None:
+            self.nvme.close()
 
     @torch.no_grad()
     def _materialize(self, part, named: dict[str, nn.Parameter], init_fn) -> None:
@@ -269,6 +304,9 @@ class Stage3Engine(Stage3StateMixin):
                 g.zero_()
             return StepInfo(False, True, float("inf"), loss_scale, self._lr)
         self._lr = self.scheduler.lr_at(self.global_steps)
+        if self.nvme is not None:
+            self._step_nvme()
+            return StepInfo(True, False, float(norm), loss_scale, self._lr)
         for pg, master, grad in zip(self.optimizer.param_groups, self.master, self.grad_shards, strict=True):
             pg["lr"] = self._lr
             master.grad = grad
@@ -282,6 +320,20 @@ class Stage3Engine(Stage3StateMixin):
         self.global_steps += 1
         return StepInfo(True, False, float(norm), loss_scale, self._lr)
 
+    @torch.no_grad()
+    def _step_nvme(self) -> None:
+        def refresh_shard(c: int, master: torch.Tensor) -> None:
+            flat, i = self._chunk_of[c]
+            flat.bucket_shard(flat.shard, i).copy_(master)  # cast to the compute dtype
+
+        self.nvme.step(self.grad_shards, self._lr, refresh_shard)
+        for grad in self.grad_shards:
+            grad.zero_()
+        for flat in self.flats:
+            if flat is not None:
+                flat.regather_resident(self.group, stats=self.comm_stats)
+        self.global_steps += 1
+
     # ---- accounting ----------------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds per kind (model states and engine buffers; activations not included)."""
@@ -290,13 +342,15 @@ class Stage3Engine(Stage3StateMixin):
             return sum(t.numel() * t.element_size() for t in ts)
 
         flats = [f for f in self.flats if f is not None]
-        opt_state = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
-        return {
+        out = {
             "params": nbytes([f.shard for f in flats])
             + sum(f.full_bytes_alive for f in flats)
             + nbytes([p for _, p in self._frozen]),
             "grads": nbytes(self.grad_shards),
-            "optimizer": nbytes(opt_state),
-            "master": nbytes(self.master),
             "buckets": self.schedule.staging_bytes,
         }
+        if self.nvme is not None:
+            # host: only the staging buffers (master + state of buffer_count chunks); the rest is on disk.
+            return {**out, "optimizer": self.nvme.host_bytes, "master": 0, "nvme": self.nvme.nvme_bytes}
+        opt_state = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        return {**out, "optimizer": nbytes(opt_state), "master": nbytes(self.master)}

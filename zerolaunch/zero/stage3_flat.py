@@ -255,6 +255,10 @@ class UnitFlat:
         """shard <- the updated fp32 master (cast); a resident unit also re-gathers its full buffer."""
         for i in range(len(self.buckets)):
             self.bucket_shard(self.shard, i).copy_(self.master_views[i])
+        self.regather_resident(group, stats=stats)
+
+    def regather_resident(self, group, *, stats: comm.CommStats) -> None:
+        """A resident unit's full buffer <- its updated shards (after every bucket's shard was written)."""
         if self.resident:
             self.gathered = False  # the storage stays allocated; gather() refills it in place
             self.gather(group, stream=None, stats=stats)

@@ -35,6 +35,8 @@ class Stage3StateMixin:
         return [frag for f in self.flats if f is not None for frag in f.fragments()]
 
     def _optimizer_step_count(self) -> int:
+        if self.nvme is not None:
+            return self.nvme.step_count if self.nvme.counts_steps else 0
         for master in self.master:
             step = self.optimizer.state.get(master, {}).get("step")
             if step is not None:
@@ -53,6 +55,13 @@ class Stage3StateMixin:
         kinds = state_kinds(self.options.optimizer)
         step = torch.tensor([float(self._optimizer_step_count())])
         out: dict[str, torch.Tensor] = {}
+        if self.nvme is not None:
+            # read back from the swap file: the returned tensors are copies, resident until dropped.
+            for f in self.owned_fragments():
+                for kind in ("master", *kinds):
+                    out[f"{kind}/{f.name}/{f.start}"] = self.nvme.read(kind, f.group, f.shard_offset, f.numel)
+                out[f"step/{f.name}/{f.start}"] = step
+            return out
         for f in self.owned_fragments():
             sl = slice(f.shard_offset, f.shard_offset + f.numel)
             out[f"master/{f.name}/{f.start}"] = self.master[f.group][sl]
@@ -69,6 +78,10 @@ class Stage3StateMixin:
         unit's shard from the master; resident params read whole (no collective)."""
         kinds = state_kinds(self.options.optimizer)
         for f in self.owned_fragments():
+            if self.nvme is not None:
+                for kind in ("master", *kinds):
+                    self.nvme.write(kind, f.group, f.shard_offset, read(kind, f.name, f.start, f.stop))
+                continue
             sl = slice(f.shard_offset, f.shard_offset + f.numel)
             self.master[f.group][sl].copy_(read("master", f.name, f.start, f.stop))
             for kind in kinds:
@@ -77,7 +90,7 @@ class Stage3StateMixin:
             if flat is None:
                 continue
             for i in range(len(flat.buckets)):
-                flat.bucket_shard(flat.shard, i).copy_(flat.master_views[i])
+                flat.bucket_shard(flat.shard, i).copy_(self._bucket_master(flat, i))
             if flat.resident:
                 for name, slot in flat.slots.items():
                     full = read("master", name, 0, slot.numel)
@@ -114,7 +127,9 @@ class Stage3StateMixin:
         self.scheduler.load_state_dict(meta["scheduler"])
         self.scaler.load_state_dict(meta["loss_scaler"])
         step = int(meta.get("optimizer_step", self.global_steps))
-        if step > 0 or self.optimizer.state:
+        if self.nvme is not None:
+            self.nvme.step_count = step
+        elif step > 0 or self.optimizer.state:
             fused = self.optimizer.defaults.get("fused")
             for g, master in enumerate(self.master):
                 for kind in state_kinds(self.options.optimizer):
@@ -151,9 +166,19 @@ class Stage3StateMixin:
         for name, b in self._buffers:
             yield name, b.detach() if dtype is None or not b.is_floating_point() else b.detach().to(dtype)
 
+    def _bucket_master(self, flat: UnitFlat, i: int) -> torch.Tensor:
+        """The fp32 master of bucket i of `flat` (a copy read from the swap file under nvme)."""
+        if self.nvme is None:
+            return flat.master_views[i]
+        bucket = flat.buckets[i]
+        return self.nvme.read("master", bucket.group, flat.master_offsets[i], bucket.shard_numel)
+
     def _gather_for_save(self, flat: UnitFlat, from_master: bool) -> torch.Tensor:
         """A standalone full copy of the unit (compute dtype, or the fp32 master)."""
-        src = torch.cat(flat.master_views).to(self.device) if from_master else flat.shard.to(self.device)
+        if from_master:
+            src = torch.cat([self._bucket_master(flat, i) for i in range(len(flat.buckets))]).to(self.device)
+        else:
+            src = flat.shard.to(self.device)
         out = torch.empty(flat.padded_numel, dtype=src.dtype, device=self.device)
         for i in range(len(flat.buckets)):
             comm.all_gather(
