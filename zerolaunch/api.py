@@ -194,7 +194,7 @@ def initialize(
     recipe, options = _resolve_config(config, overrides, world_size)
     options = _hf_stage3_units(model, options)
     device = torch.device(device) if device else _default_device()
-    init_fn = _meta_init_fn(model, options)
+    init_fn = meta_init_fn(model, options)
     if init_fn is not None:
         from zerolaunch.zero.stage3 import Stage3Engine
 
@@ -202,12 +202,16 @@ def initialize(
     return ZeroLaunchEngine(Engine(model, options, group=group, device=device), recipe)
 
 
-def _meta_init_fn(model, options: EngineOptions):
+def meta_init_fn(model, options: EngineOptions):
     """An HF model built on the meta device (model.args.meta) under ZeRO-3 is initialized unit by unit with
     HF's own per-module init (`_init_weights`: normal(0, initializer_range), norms at 1, rotary tables),
     not torch's reset_parameters defaults."""
     if options.zero.stage != 3 or not any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
         return None
+    # a meta model built from a local directory (models/hf_load.py) is filled from its weights files.
+    from_files = getattr(model, "zerolaunch_init_fn", None)
+    if from_files is not None:
+        return from_files
     from zerolaunch.models.hf import is_hf_model
 
     return model._init_weights if is_hf_model(model) and hasattr(model, "_init_weights") else None

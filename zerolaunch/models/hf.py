@@ -113,7 +113,8 @@ def build(
     path: a local HF model directory (weights loaded). config: an inline config with model_type (random init).
     dtype: fp32 | bf16 | fp16 for the weights as built (the engine casts to precision.dtype anyway).
     attn_implementation: eager | sdpa | flash_attention_2 ..., None = transformers' default.
-    meta: build on the meta device (no memory; for ZeRO-3 to materialize unit by unit; needs `config`).
+    meta: build on the meta device (no memory; for ZeRO-3 to materialize unit by unit). With `path`, the
+      weights are read unit by unit from the directory's safetensors files (models/hf_load.py).
     """
     if (path is None) == (config is None):
         raise ValueError(
@@ -124,9 +125,12 @@ def build(
         raise ValueError(f"model.args.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     transformers = _transformers()
     extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    if path is not None:
-        if meta:
-            raise ValueError("model.args.meta works with config only; a path loads real weights")
+    if path is not None and meta:
+        from zerolaunch.models.hf_load import build_meta
+
+        # ZeRO-3: the engine fills each unit from the files through model.zerolaunch_init_fn.
+        model = build_meta(check_local_dir(path), transformers, DTYPES[dtype], extra)
+    elif path is not None:
         local = check_local_dir(path)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             str(local), local_files_only=True, **_dtype_kwarg(transformers, DTYPES[dtype]), **extra
@@ -149,3 +153,8 @@ def build(
         model.gradient_checkpointing_enable, gradient_checkpointing_kwargs={"use_reentrant": False}
     )
     return model
+
+
+# train/loop.py passes meta=True under ZeRO-3 to a builder that names its meta argument here (the builder
+# builds on the meta device itself: from_pretrained must not run under torch.device("meta")).
+build.meta_arg = "meta"

@@ -10,11 +10,14 @@ checkpointing.py, reporting.py, seeding.py).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from zerolaunch.api import meta_init_fn
+from zerolaunch.config import import_builder
 from zerolaunch.train import seeding
 from zerolaunch.train.batches import (
     BatchSource,
@@ -60,6 +63,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _with_meta_arg(recipe):
+    """The recipe with `meta=True` in model.args when the builder names a meta argument (`fn.meta_arg`, the
+    HF builder: it builds on the meta device itself and attaches the init that loads its weights)."""
+    fn = import_builder(recipe.model.builder, recipe.base_dir)
+    arg = getattr(fn, "meta_arg", None)
+    if arg is None or arg in recipe.model.args:
+        return recipe
+    return replace(recipe, model=replace(recipe.model, args={**recipe.model.args, arg: True}))
+
+
 def run_training(recipe, ctx: RunContext) -> list[float]:
     """Train `recipe.train.steps` optimizer steps; returns the per-step mean losses (every rank)."""
     from zerolaunch.zero import Engine
@@ -67,7 +80,7 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
     seeding.seed_all(recipe.train.seed, ctx.device)
     # weights to load need real tensors: meta construction only when the engine will initialise them
     on_meta = recipe.engine.zero.stage == 3 and not recipe.model.init_from
-    model = build_model(recipe, meta_if_supported=on_meta)
+    model = build_model(_with_meta_arg(recipe) if on_meta else recipe, meta_if_supported=on_meta)
     if recipe.model.init_from:
         load_initial_weights(model, recipe.model.init_from)
     if recipe.train.activation_checkpointing:
@@ -79,7 +92,9 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
             )
         enable()
     params_numel = sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
-    engine = Engine(model, recipe.engine, group=ctx.group, device=ctx.device)
+    engine = Engine(
+        model, recipe.engine, group=ctx.group, device=ctx.device, init_fn=meta_init_fn(model, recipe.engine)
+    )
     source = BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder)
     hook = CheckpointHook(recipe, engine, ctx, source)
     start_step = hook.resume()

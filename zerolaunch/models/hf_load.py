@@ -1,0 +1,131 @@
+"""Loading a local Hugging Face model directory under ZeRO-3 without ever materializing the whole model.
+
+This module owns: finding the weights files of a directory save_pretrained wrote (model.safetensors, or shards
+named by model.safetensors.index.json), building the model on the meta device from its config.json, checking
+up front that every persistent tensor is in the files (tied weights count once), and the `CheckpointInit`
+that stage 3 calls as `init_fn(module)` for each module of one unit at a time: it reads just that module's
+tensors from the files (safetensors `get_tensor`, one tensor at a time, converted to the param's dtype) and
+recomputes non-persistent buffers (rotary tables) with the model's own `_init_weights`, never from the file.
+It does not know the engine; hf.py calls it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+def weight_files(local: Path) -> dict[str, Path]:
+    """{tensor name: file holding it} for a save_pretrained directory, or a clear error."""
+    index = local / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"model.args.path: {index} is not a safetensors index ({e})") from None
+        files = {name: local / f for name, f in weight_map.items()}
+        absent = sorted({str(f) for f in files.values() if not f.is_file()})
+        if absent:
+            raise FileNotFoundError(
+                f"model.args.path: {index} names weights files that are missing: {absent}"
+            )
+        return files
+    single = local / SINGLE_FILE
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="pt") as f:
+            return dict.fromkeys(f.keys(), single)
+    raise FileNotFoundError(
+        f"model.args.path: {local} has no {SINGLE_FILE} nor {INDEX_FILE}; ZeRO-3 loads safetensors weights "
+        "(save the model with save_pretrained(..., safe_serialization=True))"
+    )
+
+
+def tied_names(model: nn.Module) -> dict[str, list[str]]:
+    """name -> every name of the same tensor (a tied lm_head / embed_tokens weight has two)."""
+    by_id: dict[int, list[str]] = {}
+    for name, t in [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]:
+        by_id.setdefault(id(t), []).append(name)
+    return {n: names for names in by_id.values() for n in names}
+
+
+class CheckpointInit:
+    """`init_fn(module)` for the stage 3 engine: fill the module's own tensors from the checkpoint files."""
+
+    def __init__(self, model: nn.Module, files: dict[str, Path]):
+        self.files = files
+        self.aliases = tied_names(model)
+        self.prefix = {id(m): f"{p}." if p else "" for p, m in model.named_modules(remove_duplicate=False)}
+        # a bound method keeps the model alive; that is fine, the init lives as long as the model.
+        self.init_weights = getattr(model, "_init_weights", None)
+        self.loaded_names: list[str] = []
+        """Every tensor name read so far, in order (tests check which unit's tensors were read when)."""
+        missing = self.missing(model)
+        if missing:
+            raise ValueError(
+                f"model.args.path: the weights files lack {len(missing)} tensor(s) the model needs: "
+                f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}; is the directory from "
+                "another model or an older transformers version?"
+            )
+
+    def source(self, name: str) -> str | None:
+        """The name under which the file holds `name` (itself or a tied alias), None when absent."""
+        return next((n for n in self.aliases.get(name, [name]) if n in self.files), None)
+
+    def missing(self, model: nn.Module) -> list[str]:
+        return [n for n in model.state_dict() if self.source(n) is None]
+
+    @torch.no_grad()
+    def __call__(self, module: nn.Module) -> None:
+        prefix = self.prefix.get(id(module))
+        if prefix is None:
+            raise ValueError(f"{type(module).__name__} is not a module of the model this init was built for")
+        if module._non_persistent_buffers_set and self.init_weights is not None:
+            # rotary inv_freq and the like: computed by the model's own init, not stored in the file.
+            self.init_weights(module)
+        wanted: dict[Path, list[tuple[str, str, torch.Tensor]]] = {}
+        tensors = [*module._parameters.items()]
+        tensors += [(k, b) for k, b in module._buffers.items() if k not in module._non_persistent_buffers_set]
+        for key, t in tensors:
+            if t is None:
+                continue
+            name = prefix + key
+            src = self.source(name)
+            if src is None:
+                raise ValueError(f"model.args.path: the weights files lack tensor {name!r}")
+            wanted.setdefault(self.files[src], []).append((name, src, t))
+        from safetensors import safe_open
+
+        for path, items in wanted.items():
+            with safe_open(str(path), framework="pt") as f:
+                for name, src, t in items:
+                    value = f.get_tensor(src)
+                    if tuple(value.shape) != tuple(t.shape):
+                        raise ValueError(
+                            f"model.args.path: {path.name} holds {src!r} with shape {tuple(value.shape)}, "
+                            f"the model built from config.json wants {tuple(t.shape)}"
+                        )
+                    t.copy_(value.to(t.dtype))
+                    self.loaded_names.append(name)
+
+
+def build_meta(local: Path, transformers, dtype: torch.dtype, extra: dict) -> nn.Module:
+    """The model of `local` on the meta device, with a CheckpointInit as `model.zerolaunch_init_fn`."""
+    files = weight_files(local)
+    config = transformers.AutoConfig.from_pretrained(str(local), local_files_only=True)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, **extra)
+    model = model.to(dtype)
+    # an instance attribute, not a submodule: nn.Module keeps plain callables in __dict__.
+    model.zerolaunch_init_fn = CheckpointInit(model, files)
+    return model
