@@ -138,7 +138,7 @@ def print_estimate(est: Estimate, console) -> None:
     )
     skipped = [f"{r.label} ({r.note})" for r in est.rows if not r.supported]
     if skipped:
-        console.print(f"[dim]not offered (the engine refuses them): {'; '.join(skipped)}[/]")
+        console.print(f"[dim]not estimated: {'; '.join(skipped)}[/]")
     style = "bold green" if est.recommended else "bold red"
     console.print(f"[{style}]{est.recommendation}[/]")
 
