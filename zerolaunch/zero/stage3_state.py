@@ -12,12 +12,13 @@ from __future__ import annotations
 import torch
 
 from . import comm
+from .engine_state import EngineStateMixin
 from .layout import Fragment, TensorSpec
 from .optim import state_kinds
 from .stage3_flat import UnitFlat
 
 
-class Stage3StateMixin:
+class Stage3StateMixin(EngineStateMixin):
     def param_specs(self) -> list[TensorSpec]:
         dtype_name = str(self.dtype).removeprefix("torch.")
         return [
@@ -95,53 +96,6 @@ class Stage3StateMixin:
                 for name, slot in flat.slots.items():
                     full = read("master", name, 0, slot.numel)
                     flat.param_view(flat.full, name).copy_(full.reshape(slot.shape))
-
-    def replicated_state(self) -> dict[str, torch.Tensor]:
-        return {name: t.detach() for name, t in self._frozen + self._buffers}
-
-    @torch.no_grad()
-    def load_replicated_state(self, state: dict[str, torch.Tensor]) -> None:
-        expected = dict(self._frozen + self._buffers)
-        missing, unknown = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-        if missing or unknown:
-            raise ValueError(
-                f"replicated state does not match the model: missing {missing}, unknown {unknown}; "
-                "was the checkpoint written for another model?"
-            )
-        for name, t in expected.items():
-            t.copy_(state[name])
-
-    def state_meta(self) -> dict:
-        return {
-            "stage": self.stage,
-            "global_steps": self.global_steps,
-            "micro_steps": self.micro_steps,
-            "optimizer_step": self._optimizer_step_count(),
-            "scheduler": self.scheduler.state_dict(),
-            "loss_scaler": self.scaler.state_dict(),
-        }
-
-    def load_state_meta(self, meta: dict) -> None:
-        self.global_steps = int(meta["global_steps"])
-        self.micro_steps = int(meta.get("micro_steps", 0))
-        self.scheduler.load_state_dict(meta["scheduler"])
-        self.scaler.load_state_dict(meta["loss_scaler"])
-        step = int(meta.get("optimizer_step", self.global_steps))
-        if self.nvme is not None:
-            self.nvme.step_count = step
-        elif step > 0 or self.optimizer.state:
-            fused = self.optimizer.defaults.get("fused")
-            for g, master in enumerate(self.master):
-                for kind in state_kinds(self.options.optimizer):
-                    self._state_tensor(kind, g)
-                state = self.optimizer.state[master]
-                old = state.get("step")
-                state["step"] = torch.tensor(
-                    float(step),
-                    dtype=old.dtype if old is not None else torch.float32,
-                    device=old.device if old is not None else (self.master_device if fused else "cpu"),
-                )
-        self._lr = self.scheduler.lr_at(self.global_steps)
 
     @torch.no_grad()
     def full_state_dict(self, dtype: torch.dtype | None = None):
