@@ -66,7 +66,7 @@ def _cuda_cases(rank, world_size):
                 infos.append(engine.step())
         out[name] = {n: p.detach().cpu() for n, p in engine.module.named_parameters()}
         if engine.master_device.type == "cpu":
-            assert engine.master[0].is_pinned()
+            assert engine.shards.master[0].is_pinned()
     o = _options(2, overlap=True)
     bf16 = type(o)(zero=o.zero, precision=PrecisionOptions(dtype="bf16"), optimizer=o.optimizer)
     engine = Engine(Net(0), bf16, device=device)

@@ -64,7 +64,7 @@ def _precision_case(rank, world_size):
     out["bf16_init"] = init
     out["bf16_final"] = dict(engine.full_state_dict(torch.float32))
     out["bf16_compute"] = dict(engine.full_state_dict())
-    out["bf16_master"] = [m.clone() for m in engine.master]
+    out["bf16_master"] = [m.clone() for m in engine.shards.master]
     out["bf16_param_bytes"] = engine.memory_bytes()["params"]
     out["fp32_param_bytes"] = Engine(Net3(rank), options(persist=20)).memory_bytes()["params"]
     overflow = PrecisionOptions(dtype="fp16", initial_scale_power=40, hysteresis=1)

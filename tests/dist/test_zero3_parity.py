@@ -19,6 +19,8 @@ groups, torch's clip_grad_norm_, from the same initial weights.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,7 +28,7 @@ from _spawn import run_ranks
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from zerolaunch.zero import Engine
+from zerolaunch.zero import Engine, shard_optim
 from zerolaunch.zero.options import EngineOptions, OffloadOptions, OptimizerOptions, ZeroOptions
 from zerolaunch.zero.param_groups import collect_params, split_decay_groups
 
@@ -174,6 +176,12 @@ CASES = {
     "activation_checkpointing": (options(persist=20), {"ckpt": True}),
     "checkpointing_and_twice": (options(), {"ckpt": True, "twice": True}),
     "offload_param_and_optimizer": (options(offload=True, persist=20), {}),
+    # one micro-step per window: the norm's sum of squares is taken from the reduced grads on the device.
+    # (SGD: see test_zero12_parity.py's stage2_offload_gas1.)
+    "offload_one_micro_step": (
+        replace(options(optimizer="sgd", offload=True), gradient_accumulation_steps=1),
+        {"twice": True},
+    ),
     "no_overlap_no_prefetch": (options(overlap=False, prefetch=0), {"skip": True}),
     "max_live_tiny": (options(max_live=1), {}),
     # SGD without clipping is not invariant to the gradient's scale: catches a wrong average.
@@ -186,6 +194,8 @@ CASES = {
 
 
 def _train_cases(rank, world_size, names):
+    # offloaded steps walk the shards in chunks of this many elements (odd: chunks end mid-parameter).
+    shard_optim.HOST_CHUNK_NUMEL = 7
     out = {}
     for name in names:
         opts, mode = CASES[name]
@@ -233,8 +243,9 @@ def _check(results, world_size, names):
         ref64, _ = reference(opts, mode, init, world_size, STEPS, dtype=torch.float64)
         exact = opts.optimizer.name == "sgd"
         torch.testing.assert_close(init["inp.weight"], Net3(0).inp.weight, rtol=0, atol=0)
+        gas = opts.gradient_accumulation_steps
         for rank, got in enumerate(r[name] for r in results):
-            assert got["stepped"] == [False, True] * STEPS, name
+            assert got["stepped"] == ([False] * (gas - 1) + [True]) * STEPS, name
             for pname, w in ref.items():
                 _assert_matches(got["final"][pname], w, ref64[pname], f"{name} rank {rank} {pname}", exact)
             torch.testing.assert_close(got["final"]["shift"], Net3(0).shift, rtol=0, atol=0)

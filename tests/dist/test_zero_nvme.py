@@ -10,6 +10,7 @@ identically. Leaves out: 16-bit dtypes, CUDA pinned buffers, real NVMe speed.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 from _spawn import run_ranks
@@ -59,13 +60,34 @@ def _cases(rank: int, world_size: int, root: str) -> dict:
                 "nvme": _weights(swapped),
                 "mem": mem,
                 "plain_mem": plain.memory_bytes(),
-                "buffer_bytes": swapped.nvme.host_bytes,
-                "chunks": len(swapped.nvme.chunks),
-                "buffer_count": len(swapped.nvme.store.buffers),
+                "buffer_bytes": swapped.shards.store.buffer_bytes,
+                "chunks": len(swapped.shards.chunks),
+                "buffer_count": len(swapped.shards.store.buffers),
                 "files_open": len(os.listdir(folder)),
             }
             swapped.close()
             out[(stage, optimizer)]["files_closed"] = len(os.listdir(folder))
+    # offload_param nvme (stage 3): the units' shards in a second swap file, alone and with the optimizer's.
+    for optimizer_device in ("cpu", "nvme"):
+        plain = Engine(Net(rank), _options(3, "adamw", None))
+        train_engine(plain, rank, world_size, STEPS)
+        opts = _options(3, "adamw", folder if optimizer_device == "nvme" else None)
+        params_nvme = OffloadOptions(device="nvme", nvme_path=folder, pin_memory=True)
+        optimizer_off = opts.zero.offload_optimizer if optimizer_device == "nvme" else OffloadOptions("cpu")
+        opts = replace(opts, zero=replace(opts.zero, offload_param=params_nvme, offload_optimizer=optimizer_off))
+        swapped = Engine(Net(rank), opts)
+        train_engine(swapped, rank, world_size, STEPS)
+        out[("params", optimizer_device)] = {
+            "plain": _weights(plain),
+            "nvme": _weights(swapped),
+            "mem": swapped.memory_bytes(),
+            "plain_mem": plain.memory_bytes(),
+            "swap_bytes": swapped.param_swap.file_bytes,
+            "shards_in_memory": [f.shard is not None for f in swapped.flats if f is not None],
+            "files_open": len(os.listdir(folder)),
+        }
+        swapped.close()
+        out[("params", optimizer_device)]["files_closed"] = len(os.listdir(folder))
     for stage in (1, 3):  # checkpoint contract round trip
         first = Engine(Net(rank), _options(stage, "adamw", folder))
         train_engine(first, rank, world_size, 2)
@@ -101,6 +123,16 @@ def test_nvme_offload_matches_no_offload_and_resumes(tmp_path):
                 assert mem["nvme"] == case["plain_mem"]["master"] * (3 if optimizer == "adamw" else 2)
                 assert case["chunks"] > case["buffer_count"], (stage, case["chunks"], case["buffer_count"])
                 assert case["files_open"] == 1 and case["files_closed"] == 0, (rank, stage, optimizer)
+        for optimizer_device in ("cpu", "nvme"):
+            case = res[("params", optimizer_device)]
+            for name, ref in case["plain"].items():
+                torch.testing.assert_close(case["nvme"][name], ref, rtol=1e-6, atol=1e-7, msg=name)
+            # only the resident unit (persistent params) keeps its shard in memory; the units' are on disk
+            assert case["shards_in_memory"] == [False] * (len(case["shards_in_memory"]) - 1) + [True]
+            assert case["mem"]["params"] < case["plain_mem"]["params"]
+            on_disk = case["swap_bytes"] + (case["plain_mem"]["master"] * 3 if optimizer_device == "nvme" else 0)
+            assert case["mem"]["nvme"] == on_disk and case["swap_bytes"] > 0
+            assert case["files_open"] == (2 if optimizer_device == "nvme" else 1) and case["files_closed"] == 0
         for stage in (1, 3):
             resume = res[("resume", stage)]
             assert resume["same_state"]

@@ -1,5 +1,5 @@
 """zero/nvme.py without process groups: the swap store's round trips, bounded memory, errors and cleanup, and
-the per-chunk optimizer against torch's optimizers over the whole flat tensor.
+shard_optim.py's per-chunk step over a swap file against torch's optimizers over the whole flat tensor.
 
 Not covered here: the engines (tests/dist/test_zero_nvme.py) and real NVMe throughput.
 """
@@ -15,6 +15,7 @@ import torch
 
 from zerolaunch.zero import nvme
 from zerolaunch.zero.options import OffloadOptions, OptimizerOptions
+from zerolaunch.zero.shard_optim import Chunk, ShardOptimizer
 
 
 def _rss_bytes() -> int:
@@ -121,7 +122,7 @@ def test_full_disk_names_the_path_and_the_bytes(tmp_path, monkeypatch):
 def test_chunked_step_equals_torch_over_the_whole_tensor(tmp_path, options):
     torch.manual_seed(0)
     numels = [7, 13, 5]  # chunks of group 0, then 1 of group 1
-    chunks = [nvme.Chunk(0, 0, 7), nvme.Chunk(0, 7, 13), nvme.Chunk(1, 0, 5)]
+    chunks = [Chunk(0, 0, 7), Chunk(0, 7, 13), Chunk(1, 0, 5)]
     init = [torch.randn(20), torch.randn(5)]
     decays = [options.weight_decay, 0.0]
     ref = [t.clone() for t in init]
@@ -141,7 +142,7 @@ def test_chunked_step_equals_torch_over_the_whole_tensor(tmp_path, options):
             **kwargs,
         )
     off = OffloadOptions(device="nvme", nvme_path=str(tmp_path), buffer_count=2)
-    opt = nvme.NvmeOptimizer(options, off, chunks, decays)
+    opt = ShardOptimizer(options, off, [20, 5], decays, chunks, device=torch.device("cpu"))
     opt.initialize(lambda c, view: view.copy_(init[chunks[c].group][chunks[c].offset :][: chunks[c].numel]))
     for _ in range(3):
         grads = [torch.randn(20), torch.randn(5)]
@@ -154,6 +155,6 @@ def test_chunked_step_equals_torch_over_the_whole_tensor(tmp_path, options):
     for g, r in enumerate(ref):
         got = torch.cat([opt.read("master", g, c.offset, c.numel) for c in chunks if c.group == g])
         torch.testing.assert_close(got, r, rtol=1e-6, atol=1e-7)
-    assert sum(numels) == 25 and opt.nvme_bytes == 25 * 4 * (1 + len(opt.state_kinds))
+    assert sum(numels) == 25 and opt.memory_bytes()["nvme"] == 25 * 4 * (1 + len(opt.kinds))
     opt.close()
     assert os.listdir(tmp_path) == []

@@ -181,9 +181,8 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     states = gpu if offload == "none" else host
     states["master"] = 4 * shard
     states["grads"] = 4 * shard
-    # torch's Adam keeps a 1-element fp32 `step` tensor per param group beside the two moments.
-    step_tensor = 4 * lay.num_groups if setup.optimizer in ("adam", "adamw") else 0
-    states["optimizer"] = 4 * shard * setup.optimizer_state_tensors + step_tensor
+    # the step count shared by every element is a Python int (shard_optim.py), not a tensor.
+    states["optimizer"] = 4 * shard * setup.optimizer_state_tensors
     if stage in (0, 1):
         gpu["grads"] += b * lay.padded_numel  # full_grads: param.grad are views into it
         # reduce_full_grads issues every bucket before awaiting: all fp32 copies alive at once (none when the

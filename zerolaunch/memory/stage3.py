@@ -75,8 +75,7 @@ def stage3_states(shape, setup, offload: str):
     blocks = [u for u in units[1:] if u]
     staging = c * (units[0] + resident + in_flight * max(blocks, default=0))
     live = (b * gathered, staging)
-    step_tensor = 4 * 2 if setup.optimizer in ("adam", "adamw") else 0
-    opt = 4 * shard * setup.optimizer_state_tensors + step_tensor
+    opt = 4 * shard * setup.optimizer_state_tensors
     if offload == "optimizer-nvme":
         # master + optimizer state in swap files; the host streams them through buffer_count pinned buffers.
         host["grads"] = 4 * shard

@@ -11,8 +11,9 @@ implements the same API. The buffers and gradient buckets are flat.py's; see [No
 - Stage 2: reduce-scatter per bucket during backward (flat.BackwardReducer); only the fp32 shard is kept.
 - Stages 1/2: updated params return with one all-gather per gradient bucket (allgather_bucket_size is not
   used separately: the reduce buckets already bound the message size).
-- offload_optimizer nvme (stages 1/2): master + optimizer state live in nvme.py's swap file, one chunk per
-  bucket shard; the step streams the chunks and all-gathers each bucket as soon as its chunk has stepped.
+- The fp32 master + optimizer state are shard_optim.py's (on the device, the host or in an nvme swap file);
+  the step walks its chunks and all-gathers each bucket as soon as its last chunk has stepped and been sent
+  to the device, so with offload the copies overlap the CPU step ([Note: offload pipeline]).
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import comm, flat, nvme, offload
+from . import comm, flat, offload, shard_optim
 from .engine_state import EngineStateMixin
 from .layout import Fragment, ParamSpec, TensorSpec, plan_layout
 from .loss_scale import LossScaler
-from .optim import build_optimizer, state_kinds, unscale_check_clip
+from .optim import STATE_KINDS, check_and_scale, sum_of_squares
 from .options import EngineOptions
 from .param_groups import collect_aliases, collect_params, split_decay_groups
 from .sched import LRSchedule
+from .shard_optim import Chunk, ShardOptimizer, split_chunks
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -65,6 +67,10 @@ def validate_options(options: EngineOptions) -> None:
     ):
         if value is not None and value not in DTYPES:
             raise ValueError(f"{key} must be one of fp32, bf16, fp16, got {value!r}")
+    if options.optimizer.name not in STATE_KINDS:
+        raise ValueError(
+            f"optimizer.name {options.optimizer.name!r} is not supported; use one of: {', '.join(STATE_KINDS)}"
+        )
     if z.stage == 0 and z.offload_optimizer.device != "none":
         raise ValueError("zero.offload_optimizer needs zero.stage >= 1 (stage 0 keeps everything replicated)")
     if z.stage < 3 and z.offload_param.device != "none":
@@ -140,17 +146,30 @@ class Engine(EngineStateMixin):
 
         shard_numels = [self.layout.shard_numel(g) for g in range(self.num_groups)]
         self.grad_shards = [offload.zeros(n, self.master_device, pin=pin) for n in shard_numels]
-        self.nvme: nvme.NvmeOptimizer | None = None
-        """The swap-file master + optimizer state (offload_optimizer nvme); then `master` is empty."""
-        self.master: list[torch.Tensor] = []
-        if options.zero.offload_optimizer.device == "nvme":
-            self._init_nvme()
-        else:
-            self.master = [offload.zeros(n, self.master_device, pin=pin) for n in shard_numels]
-            with torch.no_grad():
-                for bucket in self.layout.buckets:
-                    owned = flat.owned_view(self.flat_params.buffers, bucket, self._layout_rank)
-                    flat.shard_view(self.layout, self.master, bucket).copy_(owned)
+        offload_device = options.zero.offload_optimizer.device
+        # the sum of squares for the norm is taken from the reduced grads on the device while they are
+        # still there, when those are the window's final values: saves a pass over the host shards.
+        self._device_grad_sq = offload_device != "none" and (
+            self.stage < 2 or options.gradient_accumulation_steps == 1
+        )
+        self.shards = ShardOptimizer(
+            options.optimizer,
+            options.zero.offload_optimizer,
+            shard_numels,
+            [grp["weight_decay"] for grp in self._groups],
+            split_chunks(
+                [
+                    Chunk(b.group, self.layout.bucket_shard_offset(b), b.shard_numel, owner=b.index)
+                    for b in self.layout.buckets
+                ],
+                shard_optim.HOST_CHUNK_NUMEL if offload_device == "cpu" else None,
+            ),
+            device=self.master_device,
+            rank=self.rank,
+        )
+        """fp32 master + optimizer state of this rank's shards (on the device, the host or nvme)."""
+        buffers = self.flat_params.buffers
+        self.shards.initialize(lambda c, master: master.copy_(self._chunk_of_params(buffers, c)))
 
         self.full_grads: list[torch.Tensor] = []
         self.reducer: flat.BackwardReducer | None = None
@@ -168,24 +187,13 @@ class Engine(EngineStateMixin):
                 device=self.device,
                 overlap=options.zero.overlap,
                 stats=self.comm_stats,
+                track_grad_sq=self._device_grad_sq,
             )
             self._hook_handles = [
                 self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
                 for slot in self.layout.params
             ]
 
-        self.optimizer = (
-            build_optimizer(
-                options.optimizer,
-                [
-                    {"params": [m], "weight_decay": grp["weight_decay"]}
-                    for m, grp in zip(self.master, self._groups, strict=True)
-                ],
-                self.master_device,
-            )
-            if self.nvme is None
-            else None
-        )
         self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
         self.scaler = LossScaler(options.precision)
         self.global_steps = 0
@@ -193,31 +201,15 @@ class Engine(EngineStateMixin):
         self._lr = self.scheduler.lr_at(0)
 
     # ---- init -----------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def _init_nvme(self) -> None:
-        """One swap chunk per bucket shard (chunk index = bucket index), filled from the owned params."""
-        chunks = [
-            nvme.Chunk(b.group, self.layout.bucket_shard_offset(b), b.shard_numel)
-            for b in self.layout.buckets
-        ]
-        self.nvme = nvme.NvmeOptimizer(
-            self.options.optimizer,
-            self.options.zero.offload_optimizer,
-            chunks,
-            [grp["weight_decay"] for grp in self._groups],
-            rank=self.rank,
-        )
-        buffers = self.flat_params.buffers
-        self.nvme.initialize(
-            lambda c, master: master.copy_(
-                flat.owned_view(buffers, self.layout.buckets[c], self._layout_rank)
-            )
-        )
+    def _chunk_of_params(self, flats: list[torch.Tensor], c: int) -> torch.Tensor:
+        """Chunk c of this rank's shard, inside full-size flat buffers (params or full grads)."""
+        chunk = self.shards.chunks[c]
+        owned = flat.owned_view(flats, self.layout.buckets[chunk.owner], self._layout_rank)
+        return owned[chunk.owner_offset : chunk.owner_offset + chunk.numel]
 
     def close(self) -> None:
         """Release the nvme swap file now (it is also removed at garbage collection and at exit)."""
-        if self.nvme is not None:
-            self.nvme.close()
+        self.shards.close()
 
     def _broadcast_initial_state(self) -> None:
         """Every rank starts from rank 0's weights and buffers (builders may seed differently per rank)."""
@@ -272,12 +264,14 @@ class Engine(EngineStateMixin):
         self.micro_steps += 1
         if self.micro_steps % self.options.gradient_accumulation_steps != 0:
             return StepInfo(False, False, None, self.scaler.scale, self._lr)
+        device_sq = None
         if self.reducer is not None:
             if self.reducer.busy:
                 self.reducer.finish_backward()
+            device_sq = self.reducer.take_grad_sq()
         else:
             self._reattach_grad_views()
-            flat.reduce_full_grads(
+            device_sq = flat.reduce_full_grads(
                 self.layout,
                 self.full_grads,
                 self.grad_shards,
@@ -287,13 +281,14 @@ class Engine(EngineStateMixin):
                 comm_dtype=self.comm_dtype,
                 comm_device=self.device,
                 stats=self.comm_stats,
+                track_grad_sq=self._device_grad_sq,
             )
             for g in self.full_grads:
                 g.zero_()
         offload.sync(self.device)
         loss_scale = self.scaler.scale
-        overflow, norm = unscale_check_clip(
-            self.grad_shards,
+        scaling = check_and_scale(
+            device_sq if device_sq is not None else sum_of_squares(self.grad_shards),
             self.group,
             sharded=self.stage > 0,
             loss_scale=loss_scale,
@@ -302,7 +297,7 @@ class Engine(EngineStateMixin):
             comm_device=self.device,
             stats=self.comm_stats,
         )
-        skipped = self.scaler.update(overflow)
+        skipped = self.scaler.update(scaling.overflow)
         # every grad shard element is overwritten by the next window's first reduction (stages 0/1 at the
         # boundary, stage 2 on its first micro-step): no zeroing pass over the shards.
         if self.reducer is not None:
@@ -310,59 +305,52 @@ class Engine(EngineStateMixin):
         if skipped:
             return StepInfo(False, True, float("inf"), loss_scale, self._lr)
         self._lr = self.scheduler.lr_at(self.global_steps)
-        if self.nvme is not None:
-            issued = []
-            self.nvme.step(
-                self.grad_shards,
-                self._lr,
-                lambda c, master: issued.append(
-                    self._publish_bucket(self.layout.buckets[c], master, copy=True)
-                ),
-            )
-            for pending in issued:
-                if pending is not None:
-                    pending.wait()
-            self.global_steps += 1
-            return StepInfo(True, False, float(norm), loss_scale, self._lr)
-        for pg, master, grad in zip(self.optimizer.param_groups, self.master, self.grad_shards, strict=True):
-            pg["lr"] = self._lr
-            master.grad = grad
-        self.optimizer.step()
-        for master in self.master:
-            master.grad = None
-        self._publish_params()
+        self._step_and_publish(scaling.multiplier)
         self.global_steps += 1
-        return StepInfo(True, False, float(norm), loss_scale, self._lr)
+        return StepInfo(True, False, float(scaling.grad_norm), loss_scale, self._lr)
 
     @torch.no_grad()
-    def _publish_params(self) -> None:
-        """Owned master slices -> compute dtype -> every rank's full flat params (all-gather per bucket)."""
-        issued = [
-            self._publish_bucket(bucket, flat.shard_view(self.layout, self.master, bucket), copy=False)
-            for bucket in self.layout.buckets
-        ]
+    def _step_and_publish(self, grad_multiplier: torch.Tensor | None) -> None:
+        """Step the shards chunk by chunk; send each stepped chunk to the device at once and all-gather a
+        bucket as soon as its last chunk was sent ([Note: offload pipeline] in shard_optim.py)."""
+        buckets = self.layout.buckets
+        # stage 0 and world size 1: this rank's shard is the whole bucket, written straight into the params.
+        direct = self.stage == 0 or self.world_size == 1
+        outgoing: dict[int, torch.Tensor] = {}
+        issued = []
+
+        def on_stepped(c: int, master: torch.Tensor) -> None:
+            chunk = self.shards.chunks[c]
+            bucket = buckets[chunk.owner]
+            last = chunk.owner_offset + chunk.numel == bucket.shard_numel
+            # copy_ across device and dtype at once: from pinned memory one async host->device copy and a
+            # cast on the device (6x faster than .to(device, dtype=...), which casts on the host). An nvme
+            # buffer is refilled as soon as this returns, so a copy from it must complete first.
+            async_ok = master.is_pinned() and self.shards.store is None
+            if direct:
+                self._chunk_of_params(self.flat_params.buffers, c).copy_(master, non_blocking=async_ok)
+                return
+            # fp32 training without offload: the resident master is what the others receive. (An nvme
+            # buffer is refilled while the all-gather may still read it: that one is always copied.)
+            resident = self.shards.store is None and master.device == self.device
+            if resident and chunk.numel == bucket.shard_numel and master.dtype == self.dtype:
+                src = master
+            else:
+                src = outgoing.setdefault(
+                    bucket.index, torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
+                )
+                src[chunk.owner_offset : chunk.owner_offset + chunk.numel].copy_(
+                    master, non_blocking=async_ok
+                )
+            if last:
+                out = flat.bucket_view(self.flat_params.buffers, bucket)
+                # the work keeps `src` alive until wait() (gloo and nccl hold their input tensors).
+                issued.append(comm.all_gather(out, src, self.group, stats=self.comm_stats, async_op=True))
+                outgoing.pop(bucket.index, None)
+
+        self.shards.step(self.grad_shards, self._lr, on_stepped, grad_multiplier=grad_multiplier)
         for pending in issued:
-            if pending is not None:
-                pending.wait()
-
-    def _publish_bucket(self, bucket, master: torch.Tensor, *, copy: bool):
-        """Start the all-gather of one bucket from this rank's master slice; returns the work (None: done).
-
-        copy=True: `master` is reused right after (an nvme staging buffer), so the gather sends a copy.
-        """
-        out = flat.bucket_view(self.flat_params.buffers, bucket)
-        if self.stage == 0:
-            out.copy_(master)
-            return None
-        if master.device == self.device and master.dtype == self.dtype and not copy:
-            src = master
-        else:
-            # copy_ across device and dtype at once: from pinned memory this is one async H2D copy and
-            # a cast on the device (6x faster than .to(device, dtype=...), which casts on the host).
-            src = torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
-            src.copy_(master, non_blocking=master.is_pinned())
-        # the work keeps `src` alive until wait() (gloo and nccl hold their input tensors).
-        return comm.all_gather(out, src, self.group, stats=self.comm_stats, async_op=True)
+            pending.wait()
 
     # ---- accounting -----------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
@@ -376,11 +364,8 @@ class Engine(EngineStateMixin):
             "grads": nbytes(self.full_grads) + nbytes(self.grad_shards),
             "buckets": self.reducer.staging_bytes if self.reducer is not None else 0,
         }
-        if self.nvme is not None:
-            # host: only the staging buffers (master + state of buffer_count chunks); the rest is on disk.
-            return {**out, "optimizer": self.nvme.host_bytes, "master": 0, "nvme": self.nvme.nvme_bytes}
-        opt_state = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
-        return {**out, "optimizer": nbytes(opt_state), "master": nbytes(self.master)}
+        # under nvme "optimizer" is the host staging buffers and "nvme" the bytes on disk.
+        return {**out, **self.shards.memory_bytes()}
 
     # ---- checkpoint contract: collective-free unless noted ---------------------------------------------
     def param_specs(self) -> list[TensorSpec]:
@@ -403,45 +388,6 @@ class Engine(EngineStateMixin):
             return []
         return self.layout.owned_fragments(self._layout_rank)
 
-    def _state_tensor(self, kind: str, group: int) -> torch.Tensor:
-        """The optimizer's flat state `kind` of group `group`, created (zeros) if the optimizer has none yet."""
-        master = self.master[group]
-        state = self.optimizer.state[master]
-        if kind not in state:
-            state[kind] = torch.zeros_like(master)
-        return state[kind]
-
-    def _optimizer_step_count(self) -> int:
-        if self.nvme is not None:
-            return self.nvme.step_count if self.nvme.counts_steps else 0
-        for master in self.master:
-            step = self.optimizer.state.get(master, {}).get("step")
-            if step is not None:
-                return int(step)
-        return 0
-
-    def fragment_state(self) -> dict[str, torch.Tensor]:
-        """{f"{kind}/{name}/{start}": flat fp32 tensor} for every owned fragment; "step/..." is 1 element."""
-        kinds = state_kinds(self.options.optimizer)
-        step = torch.tensor([float(self._optimizer_step_count())])
-        out: dict[str, torch.Tensor] = {}
-        if self.nvme is not None:
-            # read back from the swap file: the returned tensors are copies, resident until dropped.
-            for f in self.owned_fragments():
-                for kind in ("master", *kinds):
-                    out[f"{kind}/{f.name}/{f.start}"] = self.nvme.read(kind, f.group, f.shard_offset, f.numel)
-                out[f"step/{f.name}/{f.start}"] = step
-            return out
-        for f in self.owned_fragments():
-            sl = slice(f.shard_offset, f.shard_offset + f.numel)
-            out[f"master/{f.name}/{f.start}"] = self.master[f.group][sl]
-            for kind in kinds:
-                state = self.optimizer.state.get(self.master[f.group], {}).get(kind)
-                if state is not None:
-                    out[f"{kind}/{f.name}/{f.start}"] = state[sl]
-            out[f"step/{f.name}/{f.start}"] = step
-        return out
-
     @torch.no_grad()
     def load_fragment_state(self, read) -> None:
         """read(kind, name, start, stop) -> flat fp32 tensor. Loads master + optimizer state of the owned
@@ -450,16 +396,8 @@ class Engine(EngineStateMixin):
         for slot in self.layout.params:
             full = read("master", slot.name, 0, slot.numel)
             self.flat_params.param_view(self.flat_params.buffers, slot).copy_(full.reshape(slot.shape))
-        kinds = state_kinds(self.options.optimizer)
-        for f in self.layout.owned_fragments(self._layout_rank):
-            if self.nvme is not None:
-                for kind in ("master", *kinds):
-                    self.nvme.write(kind, f.group, f.shard_offset, read(kind, f.name, f.start, f.stop))
-                continue
-            sl = slice(f.shard_offset, f.shard_offset + f.numel)
-            self.master[f.group][sl].copy_(read("master", f.name, f.start, f.stop))
-            for kind in kinds:
-                self._state_tensor(kind, f.group)[sl].copy_(read(kind, f.name, f.start, f.stop))
+        # stage 0: every rank loads everything (owned_fragments() is what rank 0 alone saves).
+        self._load_fragments(read, self.layout.owned_fragments(self._layout_rank))
 
     def full_state_dict(self, dtype: torch.dtype | None = None):
         """COLLECTIVE (call on every rank, iterate to the end): (name, full tensor) for every param + buffer.
@@ -483,11 +421,8 @@ class Engine(EngineStateMixin):
             yield name, b.detach() if dtype is None or not b.is_floating_point() else b.detach().to(dtype)
 
     def _gather_master_bucket(self, bucket) -> torch.Tensor:
-        if self.nvme is not None:
-            shard_offset = self.layout.bucket_shard_offset(bucket)
-            src = self.nvme.read("master", bucket.group, shard_offset, bucket.shard_numel).to(self.device)
-        else:
-            src = flat.shard_view(self.layout, self.master, bucket).to(self.device)
+        shard_offset = self.layout.bucket_shard_offset(bucket)
+        src = self.shards.read("master", bucket.group, shard_offset, bucket.shard_numel).to(self.device)
         if self.stage == 0:
             return src
         out = torch.empty(bucket.padded_numel, dtype=torch.float32, device=self.device)

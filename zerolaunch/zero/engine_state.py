@@ -1,16 +1,16 @@
 """The engine meta and replicated tensors of a checkpoint, shared by the stage 0-2 and stage 3 engines.
 
-Owns: frozen params + buffers (identical on every rank), and the JSON-able meta (steps, schedule, loss scale,
-the optimizer's step count). It relies on attributes both engines set up the same way (`_frozen`, `_buffers`,
-`scheduler`, `scaler`, `optimizer`, `master`, `nvme`, `master_device`, `_state_tensor`,
-`_optimizer_step_count`); the sharded fragments stay with each engine, whose layouts differ.
+Owns: frozen params + buffers (identical on every rank), the JSON-able meta (steps, schedule, loss scale,
+the optimizer's step count), and the master + optimizer state of the fragments a rank owns, read from and
+written to the engine's `shards` (shard_optim.ShardOptimizer) wherever they live. It relies on attributes
+both engines set up the same way (`_frozen`, `_buffers`, `scheduler`, `scaler`, `shards`, and
+`owned_fragments()`); which fragments a rank owns, and the params they fill, stay with each engine, whose
+layouts differ.
 """
 
 from __future__ import annotations
 
 import torch
-
-from .optim import state_kinds
 
 
 class EngineStateMixin:
@@ -30,6 +30,26 @@ class EngineStateMixin:
         for name, t in expected.items():
             t.copy_(state[name])
 
+    def fragment_state(self) -> dict[str, torch.Tensor]:
+        """{f"{kind}/{name}/{start}": flat fp32 tensor} for every owned fragment; "step/..." is 1 element.
+        Resident shards give views (no copy); an nvme swap file gives copies, resident until dropped."""
+        step = torch.tensor([float(self._optimizer_step_count())])
+        out: dict[str, torch.Tensor] = {}
+        for f in self.owned_fragments():
+            for kind in ("master", *self.shards.kinds):
+                out[f"{kind}/{f.name}/{f.start}"] = self.shards.read(kind, f.group, f.shard_offset, f.numel)
+            out[f"step/{f.name}/{f.start}"] = step
+        return out
+
+    def _load_fragments(self, read, fragments) -> None:
+        """Master + optimizer state of `fragments` <- read(kind, name, start, stop)."""
+        for f in fragments:
+            for kind in ("master", *self.shards.kinds):
+                self.shards.write(kind, f.group, f.shard_offset, read(kind, f.name, f.start, f.stop))
+
+    def _optimizer_step_count(self) -> int:
+        return self.shards.step_count if self.shards.counts_steps else 0
+
     def state_meta(self) -> dict:
         return {
             "stage": self.stage,
@@ -45,22 +65,5 @@ class EngineStateMixin:
         self.micro_steps = int(meta.get("micro_steps", 0))
         self.scheduler.load_state_dict(meta["scheduler"])
         self.scaler.load_state_dict(meta["loss_scaler"])
-        step = int(meta.get("optimizer_step", self.global_steps))
-        if self.nvme is not None:
-            self.nvme.step_count = step
-        elif step > 0 or self.optimizer.state:
-            for g, master in enumerate(self.master):
-                for kind in state_kinds(self.options.optimizer):
-                    self._state_tensor(kind, g)
-                state = self.optimizer.state[master]
-                old = state.get("step")
-                state["step"] = torch.tensor(
-                    float(step),
-                    dtype=old.dtype if old is not None else torch.float32,
-                    device=old.device if old is not None else self._step_device(),
-                )
+        self.shards.step_count = int(meta.get("optimizer_step", self.global_steps))
         self._lr = self.scheduler.lr_at(self.global_steps)
-
-    def _step_device(self) -> torch.device:
-        # fused optimizers keep "step" on the params' device; the others on the CPU.
-        return self.master_device if self.optimizer.defaults.get("fused") else torch.device("cpu")

@@ -24,6 +24,7 @@ import torch
 
 from . import comm, offload
 from .layout import BucketPlan, Layout, ParamSlot
+from .optim import sum_of_squares
 
 
 def bucket_view(flats: list[torch.Tensor], bucket: BucketPlan) -> torch.Tensor:
@@ -87,21 +88,27 @@ def reduce_full_grads(
     comm_device: torch.device,
     stats: comm.CommStats,
     max_in_flight: int = 2,
-) -> None:
+    track_grad_sq: bool = False,
+) -> torch.Tensor | None:
     """Stages 0/1, at the boundary: shards (fp32) <- the rank's averaged slice of every bucket (overwritten).
 
     sharded=True reduce-scatters (stage 1); sharded=False all-reduces the whole bucket (stage 0, where the
     layout was planned for one rank, so the "slice" is the bucket). At most `max_in_flight` buckets are
     outstanding, which bounds the comm-dtype copies (e.g. fp32 copies of bf16 grads) to that many buckets.
+    track_grad_sq: also return the sum of squares of what this rank received, taken on comm_device before
+    the copy to the shards (saves the norm a pass over offloaded shards).
     """
     world = comm.world_size(group)
     issued: deque = deque()
+    grad_sq = torch.zeros((), dtype=torch.float32, device=comm_device) if track_grad_sq else None
 
     def complete_oldest() -> None:
         bucket, out, pending = issued.popleft()
         pending.wait()
         if not sharded and world > 1:
             out.div_(world)
+        if grad_sq is not None:
+            grad_sq.add_(sum_of_squares([out]))
         offload.to_host(shard_view(layout, shards, bucket), out, accumulate=False)
 
     for bucket in layout.buckets:
@@ -119,6 +126,7 @@ def reduce_full_grads(
             complete_oldest()
     while issued:
         complete_oldest()
+    return grad_sq
 
 
 class BackwardReducer:
@@ -145,6 +153,7 @@ class BackwardReducer:
         overlap: bool,
         stats: comm.CommStats,
         max_in_flight: int = 2,
+        track_grad_sq: bool = False,
     ):
         self.layout = layout
         self.shards = shards
@@ -165,6 +174,8 @@ class BackwardReducer:
         self._inflight: deque = deque()
         self._fresh = [True] * len(layout.buckets)
         self._host_staging: torch.Tensor | None = None
+        self._track_grad_sq = track_grad_sq
+        self._grad_sq: torch.Tensor | None = None
         self.issued_count = 0
         """Reduce-scatters issued since construction (tests read it from inside backward)."""
 
@@ -245,11 +256,22 @@ class BackwardReducer:
         """The bucket's fp32 shard <- (first micro-step of the window) or += the reduced slice."""
         dst = shard_view(self.layout, self.shards, bucket)
         fresh = self._fresh[bucket.index]
+        if self._track_grad_sq:
+            # only meaningful when a window is one micro-step (the engine asks for it only then).
+            sq = sum_of_squares([out])
+            self._grad_sq = sq if self._grad_sq is None else self._grad_sq + sq
         if not fresh and dst.device != out.device and self._host_staging is None:
             numel = max(b.shard_numel for b in self.layout.buckets)
             self._host_staging = offload.zeros(numel, dst.device, pin=True)
         offload.to_host(dst, out, accumulate=not fresh, staging=self._host_staging)
         self._fresh[bucket.index] = False
+
+    def take_grad_sq(self) -> torch.Tensor | None:
+        """The sum of squares of the reduced grads since the last call (track_grad_sq), on the device."""
+        if not self._track_grad_sq:
+            return None
+        sq, self._grad_sq = self._grad_sq, None
+        return sq if sq is not None else torch.zeros((), dtype=torch.float32, device=self.device)
 
     def reset_accumulation(self) -> None:
         """After a step: the next micro-step's reduced grads overwrite the shards (no zeroing pass needed)."""

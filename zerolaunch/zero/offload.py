@@ -23,12 +23,18 @@ def master_device(offload: OffloadOptions, device: torch.device) -> torch.device
     return device
 
 
-def zeros(numel: int, device: torch.device, *, pin: bool) -> torch.Tensor:
-    """An fp32 flat buffer; page-locked when on the host, asked for, and an accelerator exists."""
-    t = torch.zeros(numel, dtype=torch.float32, device=device)
-    if pin and device.type == "cpu" and torch.cuda.is_available():
-        t = t.pin_memory()
-    return t
+def _pinnable(device: torch.device, pin: bool) -> bool:
+    return pin and device.type == "cpu" and torch.cuda.is_available()
+
+
+def zeros(numel: int, device: torch.device, *, pin: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A zeroed flat buffer; page-locked when on the host, asked for, and an accelerator exists."""
+    return torch.zeros(numel, dtype=dtype, device=device, pin_memory=_pinnable(device, pin))
+
+
+def empty(numel: int, device: torch.device, *, pin: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialized flat buffer, pinned as `zeros` is (pinned blocks come from torch's host cache)."""
+    return torch.empty(numel, dtype=dtype, device=device, pin_memory=_pinnable(device, pin))
 
 
 def to_host(

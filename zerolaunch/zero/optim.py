@@ -7,6 +7,8 @@ the shards themselves (engine / flat buffers) nor the lr schedule (sched.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from . import comm
@@ -77,37 +79,31 @@ def _sum_of_squares(g: torch.Tensor) -> torch.Tensor:
     return total.float()
 
 
-def global_grad_norm(
-    local_grads: list[torch.Tensor],
-    group,
-    *,
-    sharded: bool,
-    comm_device: torch.device | None = None,
-    stats: comm.CommStats | None = None,
-) -> torch.Tensor:
-    """L2 norm of the whole gradient, as an fp32 scalar tensor on the grads' device.
-
-    sharded=True: each rank holds a disjoint piece (its owned shards; padding is zero), so the norm is
-    sqrt(all_reduce(sum of local squares)). sharded=False: every rank holds the full gradient (stage 0).
-    An inf/nan anywhere gives inf/nan on every rank. `comm_device`: where the group can reduce (the
-    accelerator when the grads were offloaded to the CPU under nccl); None = the grads' device.
-    """
-    if not local_grads:
-        return torch.zeros((), dtype=torch.float32)
-    sq = torch.zeros((), dtype=torch.float32, device=local_grads[0].device)
-    for g in local_grads:
+def sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor:
+    """sum(g**2) over every tensor, an fp32 scalar on the first one's device (zero for an empty list)."""
+    device = grads[0].device if grads else torch.device("cpu")
+    sq = torch.zeros((), dtype=torch.float32, device=device)
+    for g in grads:
         if g.numel():
             sq += _sum_of_squares(g)
-    if sharded:
-        home = sq.device
-        sq = sq.to(comm_device or home)
-        comm.all_reduce(sq, group, op="sum", stats=stats)
-        sq = sq.to(home)
-    return sq.sqrt()
+    return sq
 
 
-def unscale_check_clip(
-    grads: list[torch.Tensor],
+@dataclass(frozen=True)
+class GradScaling:
+    """What the step needs to know about this window's gradients (see `check_and_scale`)."""
+
+    overflow: bool
+    """fp16 only: an inf/nan on some rank; every rank skips the step."""
+    grad_norm: torch.Tensor
+    """Global L2 norm of the true (unscaled) gradient, before clipping; inf on overflow."""
+    multiplier: torch.Tensor | None
+    """Scalar every gradient element is multiplied by before the optimizer reads it (1/loss scale times the
+    clip factor); None when that is exactly 1."""
+
+
+def check_and_scale(
+    local_sq: torch.Tensor,
     group,
     *,
     sharded: bool,
@@ -116,27 +112,30 @@ def unscale_check_clip(
     clip_norm: float,
     comm_device: torch.device,
     stats: comm.CommStats | None = None,
-) -> tuple[bool, torch.Tensor]:
-    """The common part of every step, on fp32 grads (shards or full): returns (overflow, grad_norm).
+) -> GradScaling:
+    """The common part of every step, from the sum of squares of this rank's (still loss-scaled) grads.
 
-    fp16: an inf/nan flag is all-reduced (max) so every rank agrees to skip; otherwise grads are divided by
-    the loss scale. Then the exact global norm (before clipping, as DeepSpeed reports it) and, when
-    clip_norm > 0, torch's clip rule: multiply by min(1, clip_norm / (norm + 1e-6)).
+    sharded=True: each rank holds a disjoint piece (its owned shards; padding is zero), so the global sum is
+    all_reduce(local sums); sharded=False: every rank holds the full gradient (stage 0). fp16: a non-finite
+    sum means an inf/nan somewhere (the squares of finite fp16-range values cannot overflow fp32 at any real
+    model size), the same on every rank after the all-reduce, so every rank skips together. The norm is
+    reported before clipping, as DeepSpeed does; clipping is torch's rule, min(1, clip / (norm + 1e-6)).
+    Nothing is written to the grads: the multiplier is applied by the step (shard_optim.py).
+    `comm_device`: where the group can reduce (the accelerator when the grads were offloaded under nccl).
     """
-    if fp16:
-        flag = torch.zeros((), dtype=torch.float32, device=comm_device)
-        for g in grads:
-            if g.numel() and not bool(torch.isfinite(g).all()):
-                flag.fill_(1.0)
-        comm.all_reduce(flag, group, op="max", stats=stats)
-        if bool(flag.item()):
-            return True, torch.tensor(float("inf"))
-        if loss_scale != 1.0:
-            for g in grads:
-                g.div_(loss_scale)
-    norm = global_grad_norm(grads, group, sharded=sharded, comm_device=comm_device, stats=stats)
+    home = local_sq.device
+    sq = local_sq.to(comm_device, torch.float32)
+    if sharded:
+        comm.all_reduce(sq, group, op="sum", stats=stats)
+    sq = sq.to(home)
+    if fp16 and not bool(torch.isfinite(sq)):
+        return GradScaling(True, torch.tensor(float("inf")), None)
+    norm = sq.sqrt()
+    multiplier = None
+    if loss_scale != 1.0:
+        norm = norm / loss_scale
+        multiplier = torch.full((), 1.0 / loss_scale, dtype=torch.float32, device=home)
     if clip_norm > 0:
         coef = torch.clamp(clip_norm / (norm + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(coef.to(g.device))
-    return False, norm
+        multiplier = coef if multiplier is None else multiplier * coef
+    return GradScaling(False, norm, multiplier)

@@ -8,28 +8,31 @@ memory and comm accounting; the checkpoint contract is stage3_state.py's. Buffer
 in stage3_flat.py.
 
 Per rank it holds: the compute-dtype shard of every unit (on the host with `offload_param.device == "cpu"`),
-the fp32 master + grad shards + optimizer state per param group (on the host with offload_optimizer cpu),
+the fp32 grad shards per param group and, in shard_optim.py's ShardOptimizer, the fp32 master + optimizer
+state (on the host with offload_optimizer cpu, in a swap file with nvme),
 the resident tensors (params under `stage3_param_persistence_threshold` -- replicated, their grads averaged
 by reduce-scatter then re-gathered after the step, the bytes of an all-reduce --, frozen params, buffers),
-and, only while a unit runs, that unit's full buffer. With offload_optimizer nvme the master + optimizer state
-move to nvme.py's swap file after construction (one chunk per unit bucket; during construction the fp32
-master is still built in host memory once), and each chunk's shard is refreshed as soon as it has stepped.
+and, only while a unit runs, that unit's full buffer. The step walks the master chunk by chunk (one per unit
+bucket, cut smaller with cpu offload) and refreshes each chunk's compute-dtype shard as soon as it has stepped.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
-from . import comm, nvme, offload
+from . import comm, nvme, offload, shard_optim
 from .engine import DTYPES, StepInfo, validate_options
 from .layout import ParamSpec
 from .loss_scale import LossScaler
 from .meta_init import materialize, param_sites, unit_seed
-from .optim import build_optimizer, unscale_check_clip
+from .optim import check_and_scale, sum_of_squares
 from .options import EngineOptions
 from .param_groups import collect_aliases, collect_params, split_decay_groups
 from .sched import LRSchedule
+from .shard_optim import Chunk, ShardOptimizer, split_chunks
 from .stage3_flat import UnitFlat
 from .stage3_hooks import Stage3Schedule
 from .stage3_state import Stage3StateMixin
@@ -48,10 +51,6 @@ class Stage3Engine(Stage3StateMixin):
     ):
         validate_options(options)
         z = options.zero
-        if z.offload_param.device == "nvme":
-            raise ValueError(
-                "zero.offload_param.device 'nvme' is not supported; use 'cpu' (offload_optimizer may be nvme)"
-            )
         if z.stage3_max_live_parameters < 1:
             raise ValueError(
                 f"zero.stage3_max_live_parameters must be >= 1, got {z.stage3_max_live_parameters}"
@@ -66,7 +65,8 @@ class Stage3Engine(Stage3StateMixin):
         self.dtype = DTYPES[options.precision.dtype]
         self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
         self.master_device = offload.master_device(z.offload_optimizer, self.device)
-        shard_device = torch.device("cpu") if z.offload_param.device == "cpu" else self.device
+        # offload_param nvme: the shards of the units (not the small persistent params) live in a swap file.
+        shard_device = {"cpu": torch.device("cpu"), "nvme": None}.get(z.offload_param.device, self.device)
         self.module = model
 
         self._aliases = collect_aliases(model)
@@ -89,7 +89,7 @@ class Stage3Engine(Stage3StateMixin):
                 rank=self.rank,
                 dtype=self.dtype,
                 device=self.device,
-                shard_device=shard_device,
+                shard_device=torch.device("cpu") if resident and shard_device is None else shard_device,
                 resident=resident,
                 pin=z.offload_param.pin_memory,
             )
@@ -97,8 +97,28 @@ class Stage3Engine(Stage3StateMixin):
         self.flats = [make_flat(u.index, [n for n, _ in u.params], False) for u in part.units]
         self.flats.append(make_flat(len(part.units), [n for n, _ in part.persistent], True))
         self._flat_of = {n: k for k, f in enumerate(self.flats) if f is not None for n in f.slots}
+        self.param_swap: nvme.SwapStore | None = None
+        """offload_param nvme: every unit's compute-dtype shard, one chunk per unit."""
+        if shard_device is None:
+            if not z.offload_param.nvme_path:
+                raise nvme.NvmeError(
+                    "offload_param.device is nvme but no nvme_path is given; add nvme_path: /local/nvme"
+                )
+            swapped = [f for f in self.flats if f is not None and f.shard is None]
+            self.param_swap = nvme.SwapStore(
+                z.offload_param.nvme_path or "",
+                [f.shard_numel for f in swapped],
+                ("param",),
+                0,
+                rank=self.rank,
+                pin=z.offload_param.pin_memory,
+                dtype=self.dtype,
+                option="offload_param",
+            )
+            for c, flat in enumerate(swapped):
+                flat.attach_swap(self.param_swap, c)
         self.num_groups = len(groups)
-        self._allocate_master(z.offload_optimizer.pin_memory)
+        self._allocate_shards([grp["weight_decay"] for grp in groups])
         self._materialize(part, named, init_fn)
 
         self._named = dict(collect_params(model))
@@ -117,21 +137,10 @@ class Stage3Engine(Stage3StateMixin):
             max_live_numel=z.stage3_max_live_parameters,
             overlap=z.overlap,
             stats=self.comm_stats,
+            # the norm's sum of squares is taken on the device from each unit's reduced grads when they
+            # are the window's final values and would otherwise be summed again on the host.
+            track_grad_sq=z.offload_optimizer.device != "none" and options.gradient_accumulation_steps == 1,
         )
-        self.nvme: nvme.NvmeOptimizer | None = None
-        """The swap-file master + optimizer state (offload_optimizer nvme); then `master` is empty."""
-        self.optimizer = None
-        if z.offload_optimizer.device == "nvme":
-            self._spill_to_nvme([grp["weight_decay"] for grp in groups])
-        else:
-            self.optimizer = build_optimizer(
-                options.optimizer,
-                [
-                    {"params": [m], "weight_decay": grp["weight_decay"]}
-                    for m, grp in zip(self.master, groups, strict=True)
-                ],
-                self.master_device,
-            )
         self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
         self.scaler = LossScaler(options.precision)
         self.global_steps = 0
@@ -139,50 +148,54 @@ class Stage3Engine(Stage3StateMixin):
         self._lr = self.scheduler.lr_at(0)
 
     # ---- construction --------------------------------------------------------------------------------------
-    def _allocate_master(self, pin: bool) -> None:
-        """Per param group one fp32 master + grad shard: the concatenation of every unit bucket's shard."""
+    def _allocate_shards(self, weight_decays: list[float]) -> None:
+        """Per param group one fp32 grad shard and (shard_optim) master + optimizer state: the concatenation
+        of every unit bucket's shard. One step chunk per unit bucket (cut smaller for a cpu-offloaded step)."""
+        z = self.options.zero
         cursor = [0] * self.num_groups
+        self._bucket_refs: list[tuple[UnitFlat, int]] = []
+        """(unit, bucket) of each step chunk's `owner` index."""
+        pieces = []
         for flat in self.flats:
             if flat is None:
                 continue
-            for b in flat.buckets:
+            for i, b in enumerate(flat.buckets):
                 flat.master_offsets.append(cursor[b.group])
+                pieces.append(Chunk(b.group, cursor[b.group], b.shard_numel, owner=len(self._bucket_refs)))
+                self._bucket_refs.append((flat, i))
                 cursor[b.group] += b.shard_numel
-        self.master = [offload.zeros(n, self.master_device, pin=pin) for n in cursor]
+        pin = z.offload_optimizer.pin_memory
         self.grad_shards = [offload.zeros(n, self.master_device, pin=pin) for n in cursor]
+        self.shards = ShardOptimizer(
+            self.options.optimizer,
+            z.offload_optimizer,
+            cursor,
+            weight_decays,
+            split_chunks(
+                pieces, shard_optim.HOST_CHUNK_NUMEL if z.offload_optimizer.device == "cpu" else None
+            ),
+            device=self.master_device,
+            rank=self.rank,
+        )
+        """fp32 master + optimizer state of this rank's shards (on the device, the host or nvme); under nvme
+        construction writes each unit's master straight to the swap file, never holding all of it."""
         for flat in self.flats:
             if flat is None:
                 continue
             for i, b in enumerate(flat.buckets):
                 sl = slice(flat.master_offsets[i], flat.master_offsets[i] + b.shard_numel)
-                flat.master_views.append(self.master[b.group][sl])
                 flat.grad_views.append(self.grad_shards[b.group][sl])
 
-    @torch.no_grad()
-    def _spill_to_nvme(self, weight_decays: list[float]) -> None:
-        """Move the fp32 master into a swap file, one chunk per unit bucket, and free the host copy."""
-        self._chunk_of = [
-            (flat, i) for flat in self.flats if flat is not None for i in range(len(flat.buckets))
-        ]
-        chunks = [
-            nvme.Chunk(f.buckets[i].group, f.master_offsets[i], f.buckets[i].shard_numel)
-            for f, i in self._chunk_of
-        ]
-        self.nvme = nvme.NvmeOptimizer(
-            self.options.optimizer, self.options.zero.offload_optimizer, chunks, weight_decays, rank=self.rank
-        )
-        self.nvme.initialize(
-            lambda c, master: master.copy_(self._chunk_of[c][0].master_views[self._chunk_of[c][1]])
-        )
-        self.master = []
-        for flat in self.flats:
-            if flat is not None:
-                flat.master_views = []
+    def _write_master(self, flat: UnitFlat, i: int, start: int, values: torch.Tensor) -> None:
+        """Elements [start, start + n) of unit bucket i's fp32 master shard <- values."""
+        group = flat.buckets[i].group
+        self.shards.write("master", group, flat.master_offsets[i] + start, values.float())
 
     def close(self) -> None:
-        """Release the nvme swap file now (it is also removed at garbage collection and at exit)."""
-        if self.nvme is not None:
-            self.nvme.close()
+        """Release the nvme swap files now (they are also removed at garbage collection and at exit)."""
+        self.shards.close()
+        if self.param_swap is not None:
+            self.param_swap.close()
 
     @torch.no_grad()
     def _materialize(self, part, named: dict[str, nn.Parameter], init_fn) -> None:
@@ -218,7 +231,8 @@ class Stage3Engine(Stage3StateMixin):
                 deliver=tied_here,
             )
             for name, value in delivered.items():  # the owner (root) is sharded already: write its slices
-                self.flats[self._flat_of[name]].write_owned(name, value.float())
+                owner = self.flats[self._flat_of[name]]
+                owner.write_owned(name, value.float(), partial(self._write_master, owner))
             if flat is None:
                 continue
             if not had_meta:  # real weights from a builder: rank 0's win (ranks may have seeded differently)
@@ -249,8 +263,8 @@ class Stage3Engine(Stage3StateMixin):
         (whose storage stays freed until the unit first runs, except for the resident unit)."""
         for i in range(len(flat.buckets)):
             owned = flat.bucket_owned(init32, i)
-            flat.bucket_shard(flat.shard, i).copy_(owned)
-            flat.master_views[i].copy_(owned)
+            flat.write_shard(flat.shard_offsets[i], owned)
+            self._write_master(flat, i, 0, owned)
         # views can only be taken of allocated storage; they stay valid while it is freed again.
         flat.full.untyped_storage().resize_(flat.full_nbytes)
         if flat.resident:
@@ -287,9 +301,10 @@ class Stage3Engine(Stage3StateMixin):
         if self.micro_steps % self.options.gradient_accumulation_steps != 0:
             return StepInfo(False, False, None, self.scaler.scale, self._lr)
         offload.sync(self.device)
+        device_sq = self.schedule.take_grad_sq()
         loss_scale = self.scaler.scale
-        overflow, norm = unscale_check_clip(
-            self.grad_shards,
+        scaling = check_and_scale(
+            device_sq if device_sq is not None else sum_of_squares(self.grad_shards),
             self.group,
             sharded=True,
             loss_scale=loss_scale,
@@ -298,41 +313,33 @@ class Stage3Engine(Stage3StateMixin):
             comm_device=self.device,
             stats=self.comm_stats,
         )
-        skipped = self.scaler.update(overflow)
+        skipped = self.scaler.update(scaling.overflow)
+        # the next window's first reduce-scatter of each unit overwrites its grad shard: no zeroing pass.
+        self.schedule.reset_accumulation()
         if skipped:
-            for g in self.grad_shards:
-                g.zero_()
             return StepInfo(False, True, float("inf"), loss_scale, self._lr)
         self._lr = self.scheduler.lr_at(self.global_steps)
-        if self.nvme is not None:
-            self._step_nvme()
-            return StepInfo(True, False, float(norm), loss_scale, self._lr)
-        for pg, master, grad in zip(self.optimizer.param_groups, self.master, self.grad_shards, strict=True):
-            pg["lr"] = self._lr
-            master.grad = grad
-        self.optimizer.step()
-        for master, grad in zip(self.master, self.grad_shards, strict=True):
-            master.grad = None
-            grad.zero_()
-        for flat in self.flats:
-            if flat is not None:
-                flat.publish(self.group, stats=self.comm_stats)
+        self._step_and_publish(scaling.multiplier)
         self.global_steps += 1
-        return StepInfo(True, False, float(norm), loss_scale, self._lr)
+        return StepInfo(True, False, float(scaling.grad_norm), loss_scale, self._lr)
 
     @torch.no_grad()
-    def _step_nvme(self) -> None:
-        def refresh_shard(c: int, master: torch.Tensor) -> None:
-            flat, i = self._chunk_of[c]
-            flat.bucket_shard(flat.shard, i).copy_(master)  # cast to the compute dtype
+    def _step_and_publish(self, grad_multiplier: torch.Tensor | None) -> None:
+        """Step the shards chunk by chunk, each stepped chunk cast into the unit's compute-dtype shard at
+        once (host->device without blocking when pinned: [Note: offload pipeline]); then the resident unit
+        re-gathers its full buffer."""
 
-        self.nvme.step(self.grad_shards, self._lr, refresh_shard)
-        for grad in self.grad_shards:
-            grad.zero_()
+        def on_stepped(c: int, master: torch.Tensor) -> None:
+            chunk = self.shards.chunks[c]
+            flat, i = self._bucket_refs[chunk.owner]
+            # an nvme buffer is refilled as soon as this returns: a copy from it must complete first.
+            async_ok = master.is_pinned() and self.shards.store is None
+            flat.write_shard(flat.shard_offsets[i] + chunk.owner_offset, master, non_blocking=async_ok)
+
+        self.shards.step(self.grad_shards, self._lr, on_stepped, grad_multiplier=grad_multiplier)
         for flat in self.flats:
             if flat is not None:
                 flat.regather_resident(self.group, stats=self.comm_stats)
-        self.global_steps += 1
 
     # ---- accounting ----------------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
@@ -343,14 +350,13 @@ class Stage3Engine(Stage3StateMixin):
 
         flats = [f for f in self.flats if f is not None]
         out = {
-            "params": nbytes([f.shard for f in flats])
-            + sum(f.full_bytes_alive for f in flats)
+            "params": sum(f.shard_bytes_in_memory + f.full_bytes_alive for f in flats)
             + nbytes([p for _, p in self._frozen]),
             "grads": nbytes(self.grad_shards),
             "buckets": self.schedule.staging_bytes,
         }
-        if self.nvme is not None:
-            # host: only the staging buffers (master + state of buffer_count chunks); the rest is on disk.
-            return {**out, "optimizer": self.nvme.host_bytes, "master": 0, "nvme": self.nvme.nvme_bytes}
-        opt_state = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
-        return {**out, "optimizer": nbytes(opt_state), "master": nbytes(self.master)}
+        # under nvme "optimizer" is the host staging buffers and "nvme" the bytes on disk.
+        out.update(self.shards.memory_bytes())
+        if self.param_swap is not None:
+            out["nvme"] = out.get("nvme", 0) + self.param_swap.file_bytes
+        return out

@@ -10,8 +10,8 @@ storage, so they read the re-gathered values in backward without any patching of
 freed, each parameter's `.data` is a zero-stride placeholder of its shape (reads give zeros, never freed
 memory); gathering points it back at its view (set_data keeps the version counter autograd checks).
 This rank keeps only its slice of every bucket (the shard, compute dtype; on the host when the params are
-offloaded), plus its fp32 master and optimizer state, which live in the engine's per-group flat shards
-(`master_views` / `grad_views` point into them).
+offloaded), plus its fp32 grad shard (`grad_views` point into the engine's per-group flat grads) and its fp32
+master and optimizer state (the engine's ShardOptimizer, at `master_offsets`).
 
 Gradients: each parameter's full gradient is copied into a staging buffer (comm dtype, the unit's padded
 size, zeroed so padding and grads missing this micro-step count as zero) as soon as it is ready, and
@@ -29,6 +29,8 @@ import torch
 
 from . import comm, offload
 from .layout import Fragment, ParamSpec, plan_layout
+from .nvme import SwapStore
+from .optim import sum_of_squares
 
 
 class UnitFlat:
@@ -41,10 +43,12 @@ class UnitFlat:
         rank: int,
         dtype: torch.dtype,
         device: torch.device,
-        shard_device: torch.device,
+        shard_device: torch.device | None,
         pin: bool,
         resident: bool,
     ):
+        """shard_device: where this rank's compute-dtype shard lives; None = in a swap file, attached
+        with `attach_swap` (offload_param nvme)."""
         self.index = index
         self.rank = rank
         self.world_size = world_size
@@ -74,9 +78,12 @@ class UnitFlat:
         if not resident:  # allocated only while the unit runs; views into it stay valid while freed
             self.full.untyped_storage().resize_(0)
             self.gathered = False
-        self.shard = torch.zeros(self.shard_numel, dtype=dtype, device=shard_device)
-        if pin and shard_device.type == "cpu" and torch.cuda.is_available():
-            self.shard = self.shard.pin_memory()
+        self._pin = pin
+        self.shard: torch.Tensor | None = None
+        """The resident shard (None while it lives in a swap file: read_shard / write_shard)."""
+        if shard_device is not None:
+            self.shard = offload.zeros(self.shard_numel, shard_device, pin=pin, dtype=dtype)
+        self._swap: tuple[SwapStore, int] | None = None
         self._zero = torch.zeros((), dtype=dtype, device=device)
         self._params: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         """(param, its view into the full buffer), set by adopt_params."""
@@ -85,7 +92,6 @@ class UnitFlat:
         self._stream = None
         """The side stream the last gather ran on (None: the compute stream)."""
         self.staging: torch.Tensor | None = None
-        self.master_views: list[torch.Tensor] = []
         self.grad_views: list[torch.Tensor] = []
         self.master_offsets: list[int] = []
         """Where each bucket's shard starts inside the engine's fp32 master of the bucket's group."""
@@ -107,6 +113,37 @@ class UnitFlat:
     def bucket_shard(self, shard: torch.Tensor, i: int) -> torch.Tensor:
         return shard[self.shard_offsets[i] : self.shard_offsets[i] + self.buckets[i].shard_numel]
 
+    # ---- this rank's shard, resident or swapped ------------------------------------------------------------
+    def attach_swap(self, store: SwapStore, chunk: int) -> None:
+        """The shard lives in `store` (kind "param", chunk `chunk`) from now on (offload_param nvme)."""
+        self._swap = (store, chunk)
+        self.shard = None
+
+    def read_shard(self) -> torch.Tensor:
+        """This rank's whole compute-dtype shard: the resident tensor itself, or a new host copy read from the
+        swap file (pinned when asked: blocks come from torch's pinned-memory cache, so a gathered unit's copy
+        is recycled once its host->device copy has completed)."""
+        if self._swap is None:
+            return self.shard
+        store, chunk = self._swap
+        out = offload.empty(self.shard_numel, torch.device("cpu"), pin=self._pin, dtype=self.dtype)
+        store.read_into("param", chunk, 0, out)
+        return out
+
+    @torch.no_grad()
+    def write_shard(self, start: int, values: torch.Tensor, *, non_blocking: bool = False) -> None:
+        """Shard elements [start, start + values.numel()) <- values (any float dtype; cast). non_blocking: the
+        caller guarantees `values` stays unchanged until the device's current stream has passed the copy."""
+        if self._swap is None:
+            self.shard[start : start + values.numel()].copy_(values, non_blocking=non_blocking)
+            return
+        store, chunk = self._swap
+        store.write("param", chunk, start, values)
+
+    @property
+    def shard_bytes_in_memory(self) -> int:
+        return 0 if self.shard is None else self.shard.numel() * self.shard.element_size()
+
     def fragments(self) -> list[Fragment]:
         """This rank's fragments, with shard offsets into the engine's per-group fp32 master."""
         out = []
@@ -127,16 +164,17 @@ class UnitFlat:
         return out
 
     @torch.no_grad()
-    def write_owned(self, name: str, value: torch.Tensor) -> None:
-        """shard + master <- this rank's elements of one full parameter value (fp32)."""
+    def write_owned(self, name: str, value: torch.Tensor, write_master) -> None:
+        """shard + master <- this rank's elements of one full parameter value (fp32);
+        write_master(bucket, start inside the bucket's shard, values) writes the master."""
         slot = self.slots[name]
         lo, hi = self.buckets[slot.bucket].shard_range(self.rank)
         a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
         if a >= b:
             return
         src = value.reshape(-1)[a - slot.offset : b - slot.offset]
-        self.bucket_shard(self.shard, slot.bucket)[a - lo : b - lo].copy_(src)
-        self.master_views[slot.bucket][a - lo : b - lo].copy_(src)
+        self.write_shard(self.shard_offsets[slot.bucket] + a - lo, src)
+        write_master(slot.bucket, a - lo, src)
 
     # ---- gather / free -----------------------------------------------------------------------------------
     @property
@@ -186,11 +224,11 @@ class UnitFlat:
             self._issue_gather(group, stats)
 
     def _issue_gather(self, group, stats) -> None:
-        # offloaded shards are copied to the device first, ahead of use (non-blocking from pinned memory).
-        src = (
-            self.shard if self.shard.device == self.device else self.shard.to(self.device, non_blocking=True)
-        )
-        self._keep = [src]
+        # offloaded shards are copied to the device first, ahead of use (non-blocking from pinned memory;
+        # a swapped shard is read from its file first).
+        host = self.read_shard()
+        src = host if host.device == self.device else host.to(self.device, non_blocking=True)
+        self._keep = [host, src]
         for i in range(len(self.buckets)):
             pending = comm.all_gather(
                 self.bucket_full(self.full, i), self.bucket_shard(src, i), group, stats=stats, async_op=True
@@ -236,27 +274,35 @@ class UnitFlat:
                 )
         return [staging, out, pendings]
 
-    def complete_reduce(self, work: list, stream) -> None:
+    def complete_reduce(
+        self,
+        work: list,
+        stream,
+        *,
+        accumulate: bool,
+        host_staging: torch.Tensor | None = None,
+        grad_sq: torch.Tensor | None = None,
+    ) -> None:
+        """The fp32 grad shard <- (accumulate=False: the window's first micro-step) or += the reduced grads.
+        host_staging: a reusable pinned buffer for the accumulating copy to the host; grad_sq: a device
+        scalar the sum of squares of the reduced grads is added to."""
         _staging, out, pendings = work
         for pending in pendings:
             pending.wait()
         if stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(stream)
+        if grad_sq is not None:
+            grad_sq.add_(sum_of_squares([out]))
         for i in range(len(self.buckets)):
-            offload.to_host(self.grad_views[i], self.bucket_shard(out, i), accumulate=True)
+            offload.to_host(
+                self.grad_views[i], self.bucket_shard(out, i), accumulate=accumulate, staging=host_staging
+            )
 
     @property
     def staging_bytes(self) -> int:
         return 0 if self.staging is None else self.staging.numel() * self.staging.element_size()
 
     # ---- after the optimizer step ------------------------------------------------------------------------
-    @torch.no_grad()
-    def publish(self, group, *, stats: comm.CommStats) -> None:
-        """shard <- the updated fp32 master (cast); a resident unit also re-gathers its full buffer."""
-        for i in range(len(self.buckets)):
-            self.bucket_shard(self.shard, i).copy_(self.master_views[i])
-        self.regather_resident(group, stats=stats)
-
     def regather_resident(self, group, *, stats: comm.CommStats) -> None:
         """A resident unit's full buffer <- its updated shards (after every bucket's shard was written)."""
         if self.resident:

@@ -31,7 +31,7 @@ from functools import partial
 import torch
 from torch.utils._pytree import tree_leaves
 
-from . import comm
+from . import comm, offload
 from .stage3_flat import UnitFlat
 from .units import ROOT
 
@@ -51,6 +51,7 @@ class Stage3Schedule:
         overlap: bool,
         stats: comm.CommStats,
         max_reduces_in_flight: int = 2,
+        track_grad_sq: bool = False,
     ):
         """flats[k] / params[k]: unit k's buffers and sharded params (None / [] when it has none); the last
         entry is the resident unit of persistent params (modules[-1] is None)."""
@@ -72,6 +73,10 @@ class Stage3Schedule:
         if flats[-1] is not None:
             self.reduce_order.append(n - 1)
         self.in_backward = False
+        self._fresh = [True] * n
+        """Per unit: its next reduce-scatter is the window's first, so it overwrites the grad shard."""
+        self._host_staging: torch.Tensor | None = None
+        self._grad_sq = torch.zeros((), dtype=torch.float32, device=device) if track_grad_sq else None
         self.predicted: list[int] = [k for k in range(n - 1) if flats[k] is not None]
         self.calls: list[int] = []
         self._bwd_seq: list[int] = []
@@ -222,7 +227,19 @@ class Stage3Schedule:
 
     def _complete_oldest(self) -> None:
         flat, work = self.inflight.popleft()
-        flat.complete_reduce(work, self.reduce_stream)
+        k = flat.index
+        accumulate = not self._fresh[k]
+        if accumulate and self._host_staging is None and flat.grad_views[0].device != self.device:
+            numel = max(f.shard_numel for f in self.flats if f is not None)
+            self._host_staging = offload.zeros(numel, flat.grad_views[0].device, pin=True)
+        flat.complete_reduce(
+            work,
+            self.reduce_stream,
+            accumulate=accumulate,
+            host_staging=self._host_staging,
+            grad_sq=self._grad_sq,
+        )
+        self._fresh[k] = False
 
     def finish_backward(self) -> None:
         """Issue what is left in the fixed order (zeros where no grad came), await all, free every unit."""
@@ -236,6 +253,18 @@ class Stage3Schedule:
         self._held.clear()
         self._reset_backward_state()
         self.in_backward = False
+
+    def reset_accumulation(self) -> None:
+        """After a step: each unit's next reduced grads overwrite its grad shard (no zeroing pass)."""
+        self._fresh = [True] * len(self.flats)
+
+    def take_grad_sq(self) -> torch.Tensor | None:
+        """Sum of squares of the grads reduced since the last call (track_grad_sq), on the device."""
+        if self._grad_sq is None:
+            return None
+        sq = self._grad_sq.clone()
+        self._grad_sq.zero_()
+        return sq
 
     @property
     def staging_bytes(self) -> int:

@@ -14,7 +14,6 @@ import torch
 from . import comm
 from .engine_state import EngineStateMixin
 from .layout import Fragment, TensorSpec
-from .optim import state_kinds
 from .stage3_flat import UnitFlat
 
 
@@ -35,63 +34,16 @@ class Stage3StateMixin(EngineStateMixin):
     def owned_fragments(self) -> list[Fragment]:
         return [frag for f in self.flats if f is not None for frag in f.fragments()]
 
-    def _optimizer_step_count(self) -> int:
-        if self.nvme is not None:
-            return self.nvme.step_count if self.nvme.counts_steps else 0
-        for master in self.master:
-            step = self.optimizer.state.get(master, {}).get("step")
-            if step is not None:
-                return int(step)
-        return 0
-
-    def _state_tensor(self, kind: str, group: int) -> torch.Tensor:
-        master = self.master[group]
-        state = self.optimizer.state[master]
-        if kind not in state:
-            state[kind] = torch.zeros_like(master)
-        return state[kind]
-
-    def fragment_state(self) -> dict[str, torch.Tensor]:
-        """{f"{kind}/{name}/{start}": flat fp32 tensor} for every owned fragment; "step/..." is 1 element."""
-        kinds = state_kinds(self.options.optimizer)
-        step = torch.tensor([float(self._optimizer_step_count())])
-        out: dict[str, torch.Tensor] = {}
-        if self.nvme is not None:
-            # read back from the swap file: the returned tensors are copies, resident until dropped.
-            for f in self.owned_fragments():
-                for kind in ("master", *kinds):
-                    out[f"{kind}/{f.name}/{f.start}"] = self.nvme.read(kind, f.group, f.shard_offset, f.numel)
-                out[f"step/{f.name}/{f.start}"] = step
-            return out
-        for f in self.owned_fragments():
-            sl = slice(f.shard_offset, f.shard_offset + f.numel)
-            out[f"master/{f.name}/{f.start}"] = self.master[f.group][sl]
-            for kind in kinds:
-                state = self.optimizer.state.get(self.master[f.group], {}).get(kind)
-                if state is not None:
-                    out[f"{kind}/{f.name}/{f.start}"] = state[sl]
-            out[f"step/{f.name}/{f.start}"] = step
-        return out
-
     @torch.no_grad()
     def load_fragment_state(self, read) -> None:
         """read(kind, name, start, stop) -> flat fp32 tensor: the owned master + optimizer state, then every
         unit's shard from the master; resident params read whole (no collective)."""
-        kinds = state_kinds(self.options.optimizer)
-        for f in self.owned_fragments():
-            if self.nvme is not None:
-                for kind in ("master", *kinds):
-                    self.nvme.write(kind, f.group, f.shard_offset, read(kind, f.name, f.start, f.stop))
-                continue
-            sl = slice(f.shard_offset, f.shard_offset + f.numel)
-            self.master[f.group][sl].copy_(read("master", f.name, f.start, f.stop))
-            for kind in kinds:
-                self._state_tensor(kind, f.group)[sl].copy_(read(kind, f.name, f.start, f.stop))
+        self._load_fragments(read, self.owned_fragments())
         for flat in self.flats:
             if flat is None:
                 continue
             for i in range(len(flat.buckets)):
-                flat.bucket_shard(flat.shard, i).copy_(self._bucket_master(flat, i))
+                flat.write_shard(flat.shard_offsets[i], self._bucket_master(flat, i))
             if flat.resident:
                 for name, slot in flat.slots.items():
                     full = read("master", name, 0, slot.numel)
@@ -122,17 +74,15 @@ class Stage3StateMixin(EngineStateMixin):
 
     def _bucket_master(self, flat: UnitFlat, i: int) -> torch.Tensor:
         """The fp32 master of bucket i of `flat` (a copy read from the swap file under nvme)."""
-        if self.nvme is None:
-            return flat.master_views[i]
         bucket = flat.buckets[i]
-        return self.nvme.read("master", bucket.group, flat.master_offsets[i], bucket.shard_numel)
+        return self.shards.read("master", bucket.group, flat.master_offsets[i], bucket.shard_numel)
 
     def _gather_for_save(self, flat: UnitFlat, from_master: bool) -> torch.Tensor:
         """A standalone full copy of the unit (compute dtype, or the fp32 master)."""
         if from_master:
             src = torch.cat([self._bucket_master(flat, i) for i in range(len(flat.buckets))]).to(self.device)
         else:
-            src = flat.shard.to(self.device)
+            src = flat.read_shard().to(self.device)
         out = torch.empty(flat.padded_numel, dtype=src.dtype, device=self.device)
         for i in range(len(flat.buckets)):
             comm.all_gather(

@@ -1,0 +1,256 @@
+"""A rank's fp32 master shards and optimizer state, and the optimizer step over them, chunk by chunk.
+
+This module owns, per param group, the rank's flat fp32 master, the optimizer's per-element state
+(`optim.state_kinds`) and the step count every element shares, wherever they live (`ShardOptimizer`):
+- resident: flat tensors on the accelerator (no offload) or in host memory (offload_optimizer cpu, the
+  master pinned when asked, since it is the source of the host->device copies);
+- in a swap file (offload_optimizer nvme): nvme.SwapStore, streamed through its host buffers.
+The step runs a torch optimizer (fused where the device has one) over one `Chunk` at a time and calls
+`on_stepped(chunk_index, master_view)` after each, so an engine can start sending that chunk back to the
+device while the next one steps ([Note: offload pipeline]). Clipping and loss-scale unscaling arrive as
+one gradient multiplier, folded into the fused kernel (its `grad_scale` input, as torch's GradScaler
+uses it), so the step reads each gradient once and no separate pass scales them.
+It does not own the grad shards, the global norm or any collective (optim.py and the engines do).
+
+[Note: offload pipeline]
+With offload_optimizer cpu, an engine cuts each bucket's shard into chunks of at most HOST_CHUNK_NUMEL
+elements. Once chunk k has stepped, its fp32 master is copied host->device without blocking (pinned
+memory, cast to the compute dtype on the device), so the copy runs on the copy engine while the CPU steps
+chunk k+1; a bucket's all-gather is issued as soon as its last chunk was sent. Only the last chunk's copy
+and the last bucket's all-gather remain exposed. The pinned master is written again only by the next
+step, which starts after the engine synchronized with the device (offload.sync), so no copy is still
+reading it then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+
+import torch
+
+from . import offload
+from .nvme import NvmeError, SwapStore
+from .optim import build_optimizer, state_kinds
+from .options import OffloadOptions, OptimizerOptions
+
+HOST_CHUNK_NUMEL = 1 << 24
+"""Elements per chunk of a host (cpu offload) step: 64 MiB of fp32 master, a few ms of copy at PCIe rates,
+large enough that the per-chunk Python overhead (~50 us) is noise and small enough that the one copy
+left exposed at the end of the step is short."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    group: int
+    """Optimizer param group."""
+    offset: int
+    """First element inside this rank's flat fp32 shard of `group`."""
+    numel: int
+    owner: int = 0
+    """The engine's own index of what the chunk belongs to (a bucket), passed through untouched."""
+    owner_offset: int = 0
+    """Where the chunk starts inside its owner's shard."""
+
+
+def split_chunks(chunks: Iterable[Chunk], max_numel: int | None) -> list[Chunk]:
+    """Each chunk cut into consecutive pieces of at most max_numel elements (None: left whole)."""
+    out: list[Chunk] = []
+    for chunk in chunks:
+        if not max_numel or chunk.numel <= max_numel:
+            out.append(chunk)
+            continue
+        for start in range(0, chunk.numel, max_numel):
+            out.append(
+                replace(
+                    chunk,
+                    offset=chunk.offset + start,
+                    numel=min(max_numel, chunk.numel - start),
+                    owner_offset=chunk.owner_offset + start,
+                )
+            )
+    return out
+
+
+def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class ShardOptimizer:
+    """Master + optimizer state of one rank's shards (per param group), stepped chunk by chunk."""
+
+    def __init__(
+        self,
+        options: OptimizerOptions,
+        offload_options: OffloadOptions,
+        group_numels: list[int],
+        group_weight_decays: list[float],
+        chunks: list[Chunk],
+        *,
+        device: torch.device,
+        rank: int = 0,
+    ):
+        """`device`: where a resident master lives (the accelerator, or the CPU when offloaded).
+        `chunks` must tile every group's [0, numel) exactly once; they are stepped in list order."""
+        self.kinds = state_kinds(options)
+        self.counts_steps = options.name in ("adam", "adamw")
+        """Adam keeps a step count (checkpointed as "step"); SGD keeps none, as torch's."""
+        self.chunks = list(chunks)
+        self.device = torch.device(device)
+        self.group_numels = list(group_numels)
+        self.step_count = 0
+        """Optimizer steps taken (the Adam "step" every element shares)."""
+        self.store: SwapStore | None = None
+        self.master: list[torch.Tensor] = []
+        self.state: list[dict[str, torch.Tensor]] = []
+        if offload_options.device == "nvme":
+            if not offload_options.nvme_path:
+                raise NvmeError(
+                    "offload_optimizer.device is nvme but no nvme_path is given; add nvme_path: /local/nvme"
+                )
+            self.store = SwapStore(
+                offload_options.nvme_path,
+                [c.numel for c in self.chunks],
+                ("master", *self.kinds),
+                offload_options.buffer_count,
+                rank=rank,
+                pin=offload_options.pin_memory,
+            )
+        else:
+            pin = offload_options.pin_memory and offload_options.device == "cpu"
+            self.master = [offload.zeros(n, self.device, pin=pin) for n in group_numels]
+            self.state = [
+                {k: torch.zeros(n, dtype=torch.float32, device=self.device) for k in self.kinds}
+                for n in group_numels
+            ]
+        # one torch optimizer per param group (its weight decay), whose single param is swapped for each
+        # chunk's master view; the placeholder only satisfies the constructor and is never stepped.
+        self._placeholders = [torch.zeros(1, device=self.device) for _ in group_weight_decays]
+        self._optimizers = [
+            build_optimizer(options, [{"params": [p], "weight_decay": wd}], self.device)
+            for p, wd in zip(self._placeholders, group_weight_decays, strict=True)
+        ]
+        self._fused = bool(self._optimizers and self._optimizers[0].defaults.get("fused"))
+
+    # ---- sizes ----------------------------------------------------------------------------------------
+    def memory_bytes(self) -> dict[str, int]:
+        """{"master", "optimizer"} bytes held in memory, + "nvme" (bytes on disk) for a swap file, whose
+        host footprint is only the staging buffers (counted as "optimizer")."""
+        if self.store is not None:
+            return {"master": 0, "optimizer": self.store.buffer_bytes, "nvme": self.store.file_bytes}
+        return {
+            "master": _nbytes(self.master),
+            "optimizer": _nbytes(t for s in self.state for t in s.values()),
+        }
+
+    def close(self) -> None:
+        """Delete the swap file now (it is also removed at garbage collection and at exit)."""
+        if self.store is not None:
+            self.store.close()
+
+    # ---- chunks ---------------------------------------------------------------------------------------
+    def _views(self, *, read: bool = True, write: bool = True) -> Iterator[tuple[int, dict]]:
+        """(chunk index, {"master" and each state kind: fp32 view}) for every chunk, in order; under nvme
+        the views are valid until the next item (read ahead / written behind by the store)."""
+        if self.store is not None:
+            yield from self.store.sweep(range(len(self.chunks)), read=read, write=write)
+            return
+        for c, chunk in enumerate(self.chunks):
+            sl = slice(chunk.offset, chunk.offset + chunk.numel)
+            views = {"master": self.master[chunk.group][sl]}
+            views.update({k: t[sl] for k, t in self.state[chunk.group].items()})
+            yield c, views
+
+    @torch.no_grad()
+    def initialize(self, fill: Callable[[int, torch.Tensor], None]) -> None:
+        """fill(chunk index, master view) writes each chunk's initial fp32 master; the state starts at 0."""
+        for c, views in self._views(read=False):
+            fill(c, views["master"])
+            for kind in self.kinds:
+                views[kind].zero_()
+
+    @torch.no_grad()
+    def step(
+        self,
+        grads: list[torch.Tensor],
+        lr: float,
+        on_stepped: Callable[[int, torch.Tensor], None],
+        *,
+        grad_multiplier: torch.Tensor | None = None,
+    ) -> None:
+        """Step every chunk with its slice of `grads` (per-group flat fp32 grad shards, on this device) at
+        `lr`, each grad first multiplied by `grad_multiplier` (a scalar tensor; None = 1). The grads may be
+        left scaled. on_stepped(chunk index, master view) runs after each chunk, while its view is valid."""
+        divisor = None
+        if grad_multiplier is not None:
+            multiplier = grad_multiplier.to(self.device, torch.float32).reshape(1)
+            # the fused kernels divide by grad_scale: one pass reads each grad once.
+            divisor = (1.0 / multiplier) if self._fused else None
+        for c, views in self._views():
+            chunk = self.chunks[c]
+            grad = grads[chunk.group][chunk.offset : chunk.offset + chunk.numel]
+            if grad_multiplier is not None and divisor is None:
+                grad.mul_(multiplier)
+            self._step_chunk(chunk.group, views, grad, lr, divisor)
+            on_stepped(c, views["master"])
+        self.step_count += 1
+
+    def _step_chunk(
+        self, group: int, views: dict, grad: torch.Tensor, lr: float, divisor: torch.Tensor | None
+    ) -> None:
+        opt = self._optimizers[group]
+        param_group = opt.param_groups[0]
+        master = views["master"]
+        state = {kind: views[kind] for kind in self.kinds}
+        if self.counts_steps:
+            # a fill, not torch.tensor(..., device=cuda): no blocking host->device copy per chunk.
+            step_device = master.device if self._fused else torch.device("cpu")
+            state["step"] = torch.full((), float(self.step_count), dtype=torch.float32, device=step_device)
+        master.grad = grad
+        param_group["params"], param_group["lr"] = [master], lr
+        opt.state[master] = state
+        opt.grad_scale = divisor  # read by torch's fused optimizers (None: no scaling)
+        try:
+            opt.step()
+        finally:
+            stepped = opt.state.pop(master)
+            param_group["params"] = [self._placeholders[group]]
+            master.grad = None
+            opt.grad_scale = None
+        for kind in self.kinds:
+            if stepped[kind] is not views[kind]:  # an optimizer that replaced its state tensor
+                views[kind].copy_(stepped[kind])
+
+    # ---- random access (checkpoints, construction) ----------------------------------------------------
+    def _pieces(self, group: int, offset: int, numel: int) -> Iterator[tuple[int, int, int, int]]:
+        """(chunk index, start inside the chunk, start inside the range, numel) covering a range."""
+        if not (0 <= offset and offset + numel <= self.group_numels[group]):
+            raise IndexError(
+                f"shard elements [{offset}, {offset + numel}) are outside group {group} "
+                f"({self.group_numels[group]} elements)"
+            )
+        for c, chunk in enumerate(self.chunks):
+            lo, hi = max(offset, chunk.offset), min(offset + numel, chunk.offset + chunk.numel)
+            if chunk.group == group and lo < hi:
+                yield c, lo - chunk.offset, lo - offset, hi - lo
+
+    def read(self, kind: str, group: int, offset: int, numel: int) -> torch.Tensor:
+        """`kind` ("master" or a state kind) elements [offset, offset + numel) of `group`'s shard: a view
+        when resident, a new tensor under nvme."""
+        if self.store is None:
+            full = self.master[group] if kind == "master" else self.state[group][kind]
+            return full[offset : offset + numel]
+        out = torch.empty(numel, dtype=torch.float32)
+        for c, start, at, n in self._pieces(group, offset, numel):
+            out[at : at + n] = self.store.read(kind, c, start, n)
+        return out
+
+    @torch.no_grad()
+    def write(self, kind: str, group: int, offset: int, values: torch.Tensor) -> None:
+        """`kind` elements [offset, offset + values.numel()) of `group`'s shard <- values."""
+        values = values.reshape(-1)
+        if self.store is None:
+            self.read(kind, group, offset, values.numel()).copy_(values)
+            return
+        for c, start, at, n in self._pieces(group, offset, values.numel()):
+            self.store.write(kind, c, start, values[at : at + n])
