@@ -198,8 +198,9 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
         # buffer_count pinned host buffers of one bucket's shard each (the engine has no nvme path yet).
         host["master"] = host["optimizer"] = 0
         host["buckets"] = setup.nvme_buffer_count * 4 * max((bk.shard_numel for bk in lay.buckets), default=0)
-    # _publish_params keeps every bucket's compute-dtype copy of its master slice until all gathers land.
-    publish_transient = b * shard
+    # _step_and_publish keeps every bucket's compute-dtype copy of its master slice until all gathers land;
+    # stage 0 and world size 1 write the params in place.
+    publish_transient = 0 if stage == 0 or world == 1 else b * shard
     return gpu, host, max(reduce_transient, publish_transient)
 
 
