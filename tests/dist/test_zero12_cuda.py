@@ -7,6 +7,8 @@ one-process CPU fp32 reference as test_zero12_parity.py, to 1e-5 (GPU and CPU ke
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,8 +16,8 @@ from _spawn import run_ranks
 from _zero_models import Net, micro_batch, rank_rows, reference_weights
 from test_zero12_parity import CASES, STEPS, _options
 
-from zerolaunch.zero import Engine
-from zerolaunch.zero.options import OffloadOptions, PrecisionOptions, ZeroOptions
+from zerolaunch.zero import Engine, shard_optim
+from zerolaunch.zero.options import PrecisionOptions
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -26,6 +28,9 @@ NAMES = [
     "stage2_sync",
     "stage1_offload",
     "stage2_offload",
+    "stage2_offload_gas1",
+    "stage1_offload_overlap_step",
+    "stage2_offload_overlap_step",
     "stage2_sgd_noclip",
 ]
 
@@ -35,23 +40,13 @@ def _pinned(name):
     if o.zero.offload_optimizer.device != "cpu":
         return o
     z = o.zero
-    zero = ZeroOptions(
-        stage=z.stage,
-        reduce_bucket_size=z.reduce_bucket_size,
-        overlap_comm=z.overlap_comm,
-        offload_optimizer=OffloadOptions(device="cpu", pin_memory=True),
-    )
-    return type(o)(
-        zero=zero,
-        optimizer=o.optimizer,
-        scheduler=o.scheduler,
-        gradient_clipping=o.gradient_clipping,
-        gradient_accumulation_steps=o.gradient_accumulation_steps,
-    )
+    return replace(o, zero=replace(z, offload_optimizer=replace(z.offload_optimizer, pin_memory=True)))
 
 
 def _cuda_cases(rank, world_size):
     device = torch.device("cuda", rank)
+    # offloaded steps in chunks of 7 elements: many async host->device copies per bucket.
+    shard_optim.HOST_CHUNK_NUMEL = 7
     out = {}
     for name in NAMES:
         engine = Engine(Net(seed=rank), _pinned(name), device=device)
@@ -64,6 +59,7 @@ def _cuda_cases(rank, world_size):
                     F.mse_loss(engine(rank_rows(x, rank).to(device)), rank_rows(y, rank).to(device))
                 )
                 infos.append(engine.step())
+        engine.settle()  # params are read below outside any forward
         out[name] = {n: p.detach().cpu() for n, p in engine.module.named_parameters()}
         if engine.master_device.type == "cpu":
             assert engine.shards.master[0].is_pinned()

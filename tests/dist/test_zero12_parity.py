@@ -30,7 +30,15 @@ STEPS = 4
 
 
 def _options(
-    stage, *, optimizer="adamw", scheduler="none", offload=False, overlap=None, bucket=100, clip=0.05
+    stage,
+    *,
+    optimizer="adamw",
+    scheduler="none",
+    offload=False,
+    overlap=None,
+    bucket=100,
+    clip=0.05,
+    overlap_step=False,
 ):
     sched = SchedulerOptions(
         name=scheduler,
@@ -44,7 +52,7 @@ def _options(
             stage=stage,
             reduce_bucket_size=bucket,
             overlap_comm=overlap,
-            offload_optimizer=OffloadOptions(device="cpu" if offload else "none"),
+            offload_optimizer=OffloadOptions(device="cpu" if offload else "none", overlap_step=overlap_step),
         ),
         optimizer=OptimizerOptions(name=optimizer, lr=1e-2, weight_decay=0.1, momentum=0.9),
         scheduler=sched,
@@ -66,6 +74,9 @@ CASES = {
     "stage2_offload_gas1": replace(
         _options(2, optimizer="sgd", offload=True, overlap=True), gradient_accumulation_steps=1
     ),
+    # the CPU step runs in the background while the next forward starts ([Note: overlapped step]).
+    "stage1_offload_overlap_step": _options(1, offload=True, overlap_step=True),
+    "stage2_offload_overlap_step": _options(2, offload=True, overlap=True, overlap_step=True),
     "stage1_one_bucket": _options(1, bucket=10**6),
     "stage2_adam": _options(2, optimizer="adam"),
     "stage1_sgd": _options(1, optimizer="sgd"),
@@ -89,6 +100,7 @@ def _train_cases(rank, world_size, names):
         model = Net(seed=rank)  # rank 0's weights must win
         engine = Engine(model, CASES[name])
         infos = train_engine(engine, rank, world_size, STEPS)
+        engine.settle()  # params are read below outside any forward
         out[name] = {
             "weights": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
             "buffer": engine.module.shift.clone(),
@@ -127,7 +139,7 @@ def test_parity_two_ranks_all_cases():
 
 @pytest.mark.parametrize("world_size", [3])
 def test_parity_three_ranks(world_size):
-    names = ["stage1", "stage2_overlap", "stage2_offload", "stage2_offload_gas1"]
+    names = ["stage1", "stage2_overlap", "stage2_offload", "stage2_offload_gas1", "stage2_offload_overlap_step"]
     _check(run_ranks(_train_cases, world_size, names), world_size, names)
 
 

@@ -162,6 +162,12 @@ def test_misspelled_top_level_key_of_a_bare_config_is_refused(tmp_path):
             "needs ZeRO stage 1, 2 or 3",
         ),
         ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "no nvme_path"),
+        (
+            {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "overlap_step": True}}},
+            "for ZeRO stages 1 and 2",
+        ),
+        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"overlap_step": True}}}, "device is none"),
+        ({"zero_optimization": {"stage": 3, "offload_param": {"overlap_step": True}}}, "overlap_step"),
         ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "both enabled"),
         ({"optimizer": {"type": "AdamW", "params": {"lr": -0.1}}}, "must be > 0"),
         ({"zero_optimization": {"stage": "auto"}}, '"auto", which zerolaunch cannot resolve'),
@@ -174,6 +180,26 @@ def test_misspelled_top_level_key_of_a_bare_config_is_refused(tmp_path):
 def test_bad_deepspeed_values(ds, match):
     with pytest.raises(RecipeError, match=match):
         load_recipe({"deepspeed": ds})
+
+
+def test_offload_keys_reach_the_engine_options():
+    z = load_recipe(
+        {
+            "deepspeed": {
+                "zero_optimization": {
+                    "stage": 2,
+                    "reduce_bucket_size": 5e8,
+                    "offload_optimizer": {"device": "cpu", "overlap_step": True},
+                }
+            }
+        }
+    ).engine.zero
+    assert z.offload_optimizer.overlap_step and z.offload_optimizer.pin_memory
+    # reduce_bucket_size is an upper bound; offloading caps the buckets (grads reach the host sooner).
+    assert z.reduce_bucket_size == 500_000_000 and z.bucket_numel == 50_000_000
+    plain = load_recipe({"deepspeed": {"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}})
+    assert plain.engine.zero.bucket_numel == 500_000_000
+    assert not plain.engine.zero.offload_optimizer.overlap_step
 
 
 def test_precision_conflict_between_spellings():

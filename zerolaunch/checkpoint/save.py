@@ -210,7 +210,7 @@ def _engine_stage(engine) -> int | None:
 
 def _engine_bucket_numel(engine) -> int | None:
     options = getattr(engine, "options", None)
-    return getattr(getattr(options, "zero", None), "reduce_bucket_size", None)
+    return getattr(getattr(options, "zero", None), "bucket_numel", None)
 
 
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:

@@ -49,6 +49,7 @@ OFFLOAD_OPTIMIZER: dict[str, Any] = {
     "nvme_path": USE,
     "pin_memory": USE,
     "buffer_count": USE,
+    "overlap_step": USE,  # zerolaunch's own: the CPU step overlaps the next forward (stages 1/2)
     "pipeline_read": Note("zerolaunch always overlaps nvme reads with the CPU step"),
     "pipeline_write": Note("zerolaunch always overlaps nvme writes with the CPU step"),
     "fast_init": Note("not used by zerolaunch"),

@@ -142,6 +142,13 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
             f"{r.where(path)}: `zero_optimization.offload_param` offloads parameters, which only ZeRO stage 3 "
             f"shards (stage is {stage}). Set zero_optimization.stage to 3, or use offload_optimizer instead."
         )
+    if offload_optimizer.overlap_step and (stage not in (1, 2) or offload_optimizer.device == "none"):
+        path = Z + ("offload_optimizer", "overlap_step")
+        raise RecipeError(
+            f"{r.where(path)}: `overlap_step` runs an offloaded optimizer step during the next forward, for "
+            f"ZeRO stages 1 and 2 with offload_optimizer.device cpu or nvme (stage is {stage}, device is "
+            f"{offload_optimizer.device}). Remove overlap_step, or set stage and device."
+        )
     if offload_optimizer.device != "none" and stage == 0:
         path = Z + ("offload_optimizer",)
         raise RecipeError(
@@ -211,7 +218,14 @@ def _offload(r: Resolver, name: str, has_ds: bool, buffer_count: int) -> Offload
     # DeepSpeed pins offload buffers unless told otherwise; an offload block here follows it.
     pin = r.value(k + "pin_memory", path + ("pin_memory",), "bool", has_ds and isinstance(block, dict))
     count = r.value(k + "buffer_count", path + ("buffer_count",), "int", buffer_count, min=1)
-    return OffloadOptions(device=device, pin_memory=pin, nvme_path=nvme_path, buffer_count=count)
+    overlap_step = False
+    if name == "offload_optimizer":
+        overlap_step = r.value(k + "overlap_step", path + ("overlap_step",), "bool", False)
+    else:
+        r.record(k + "overlap_step", "default", "offload_optimizer only")
+    return OffloadOptions(
+        device=device, pin_memory=pin, nvme_path=nvme_path, buffer_count=count, overlap_step=overlap_step
+    )
 
 
 def _scheduler(r: Resolver, train: TrainSection) -> Any:

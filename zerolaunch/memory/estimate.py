@@ -24,6 +24,7 @@ from zerolaunch.memory.deepspeed import deepspeed_bytes
 from zerolaunch.memory.shape import ModelShape
 from zerolaunch.memory.stage3 import stage3_states
 from zerolaunch.memory.units import DTYPE_BYTES, EstimateError, normalize_dtype, positive_int
+from zerolaunch.zero.options import bucket_numel
 
 OFFLOADS = ("none", "optimizer-cpu", "optimizer+params-cpu", "optimizer-nvme")
 STATE_KEYS = ("params", "grads", "master", "optimizer", "buckets")
@@ -172,7 +173,9 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     """(gpu, host, step transient) bytes of the stage 0-2 engine (engine.py, flat.py). The stage-2 staging
     buffers are allocated once and kept, so they are resident ("buckets")."""
     b, c, world = setup.dtype_bytes, setup.comm_bytes, setup.world_size
-    lay = el.stage012_layout(shape.specs, stage, world, setup.reduce_bucket_size)
+    lay = el.stage012_layout(
+        shape.specs, stage, world, bucket_numel(setup.reduce_bucket_size, offload != "none")
+    )
     shard = el.shard_numel(lay)
     gpu, host = _zero_states(), _zero_states()
     # flat_params.buffers (padded, compute dtype) + frozen params, cast to the compute dtype by model.to().

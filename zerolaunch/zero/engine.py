@@ -18,7 +18,9 @@ implements the same API. The buffers and gradient buckets are flat.py's; see [No
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -32,6 +34,7 @@ from .options import EngineOptions
 from .param_groups import collect_aliases, collect_params, split_decay_groups
 from .sched import LRSchedule
 from .shard_optim import Chunk, ShardOptimizer, split_chunks
+from .step_overlap import OverlappedStep
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -73,6 +76,11 @@ def validate_options(options: EngineOptions) -> None:
         )
     if z.stage == 0 and z.offload_optimizer.device != "none":
         raise ValueError("zero.offload_optimizer needs zero.stage >= 1 (stage 0 keeps everything replicated)")
+    if z.offload_optimizer.overlap_step and (z.stage not in (1, 2) or z.offload_optimizer.device == "none"):
+        raise ValueError(
+            "zero.offload_optimizer.overlap_step needs zero.stage 1 or 2 with offload_optimizer.device cpu "
+            f"or nvme (got stage {z.stage}, device {z.offload_optimizer.device}); remove overlap_step"
+        )
     if z.stage < 3 and z.offload_param.device != "none":
         raise ValueError(
             "zero.offload_param needs zero.stage 3 (stages 0-2 keep the parameters on the device)"
@@ -137,7 +145,7 @@ class Engine(EngineStateMixin):
         ]
         # reverse registration order: the last layers' grads are ready first in backward -> bucket 0.
         layout_world = 1 if self.stage == 0 else self.world_size
-        self.layout = plan_layout(specs, layout_world, options.zero.reduce_bucket_size)
+        self.layout = plan_layout(specs, layout_world, options.zero.bucket_numel)
         self._layout_rank = 0 if self.stage == 0 else self.rank
         self.num_groups = len(self._groups)
 
@@ -199,6 +207,12 @@ class Engine(EngineStateMixin):
         self.global_steps = 0
         self.micro_steps = 0
         self._lr = self.scheduler.lr_at(0)
+        self._in_flight: OverlappedStep | None = None
+        """The step running in the background ([Note: overlapped step]); None when settled."""
+        self._step_executor: ThreadPoolExecutor | None = None
+        if options.zero.offload_optimizer.overlap_step:
+            self._step_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerolaunch-step")
+            self._register_publish_hooks()
 
     # ---- init -----------------------------------------------------------------------------------------
     def _chunk_of_params(self, flats: list[torch.Tensor], c: int) -> torch.Tensor:
@@ -208,8 +222,37 @@ class Engine(EngineStateMixin):
         return owned[chunk.owner_offset : chunk.owner_offset + chunk.numel]
 
     def close(self) -> None:
-        """Release the nvme swap file now (it is also removed at garbage collection and at exit)."""
+        """Finish a step in flight, release the nvme swap file now (it is also removed at garbage collection
+        and at exit)."""
+        self.settle()
+        if self._step_executor is not None:
+            self._step_executor.shutdown(wait=True)
         self.shards.close()
+
+    def _register_publish_hooks(self) -> None:
+        """overlap_step: before a module's forward, publish the buckets of its own params; after the root's
+        forward, everything ([Note: overlapped step])."""
+        slot_by_param = {id(self._named[s.name]): s for s in self.layout.params}
+        for module in self.module.modules():
+            buckets = [
+                slot_by_param[id(p)].bucket
+                for p in module.parameters(recurse=False)
+                if id(p) in slot_by_param
+            ]
+            if buckets:
+                module.register_forward_pre_hook(partial(self._publish_before_forward, min(buckets)))
+        self.module.register_forward_hook(lambda *_: self.settle())
+
+    def _publish_before_forward(self, bucket: int, *_) -> None:
+        if self._in_flight is not None:
+            self._in_flight.publish_through(bucket)
+
+    def settle(self) -> None:
+        """Wait for an overlapped step to finish and publish every param (a no-op without overlap_step).
+        Call it before reading params outside a forward after step() (e.g. model.state_dict())."""
+        if self._in_flight is not None:
+            in_flight, self._in_flight = self._in_flight, None
+            in_flight.settle()
 
     def _broadcast_initial_state(self) -> None:
         """Every rank starts from rank 0's weights and buffers (builders may seed differently per rank)."""
@@ -235,6 +278,7 @@ class Engine(EngineStateMixin):
                 f"engine.backward expects a scalar loss, got shape {tuple(loss.shape)}; "
                 "reduce it first (e.g. loss.mean())"
             )
+        self.settle()
         self._reattach_grad_views()
         scale = self.scaler.scale / self.options.gradient_accumulation_steps
         (loss * scale).backward()
@@ -261,6 +305,7 @@ class Engine(EngineStateMixin):
 
     def step(self) -> StepInfo:
         """Call after every backward; steps the optimizer only at an accumulation boundary."""
+        self.settle()
         self.micro_steps += 1
         if self.micro_steps % self.options.gradient_accumulation_steps != 0:
             return StepInfo(False, False, None, self.scaler.scale, self._lr)
@@ -305,7 +350,10 @@ class Engine(EngineStateMixin):
         if skipped:
             return StepInfo(False, True, float("inf"), loss_scale, self._lr)
         self._lr = self.scheduler.lr_at(self.global_steps)
-        self._step_and_publish(scaling.multiplier)
+        if self._step_executor is not None:
+            self._in_flight = self._start_overlapped_step(scaling.multiplier)
+        else:
+            self._step_and_publish(scaling.multiplier)
         self.global_steps += 1
         return StepInfo(True, False, float(scaling.grad_norm), loss_scale, self._lr)
 
@@ -352,9 +400,52 @@ class Engine(EngineStateMixin):
         for pending in issued:
             pending.wait()
 
+    def _start_overlapped_step(self, grad_multiplier: torch.Tensor | None) -> OverlappedStep:
+        """The step of _step_and_publish, in the background, in forward order ([Note: overlapped step])."""
+        buckets = self.layout.buckets
+        chunks = self.shards.chunks
+        direct = self.stage == 0 or self.world_size == 1
+        # staging for the all-gathers, allocated here on the compute stream (the background thread only
+        # writes into them, on its copy stream, after that stream waited for this point).
+        outgoing = (
+            {}
+            if direct
+            else {b.index: torch.empty(b.shard_numel, dtype=self.dtype, device=self.device) for b in buckets}
+        )
+
+        def publish(b: int):
+            if direct:
+                return None
+            out = flat.bucket_view(self.flat_params.buffers, buckets[b])
+            return comm.all_gather(out, outgoing.pop(b), self.group, stats=self.comm_stats, async_op=True)
+
+        def on_stepped(c: int, master: torch.Tensor) -> None:
+            chunk = chunks[c]
+            # a copy from an nvme buffer must complete before the buffer is refilled.
+            async_ok = master.is_pinned() and self.shards.store is None
+            if direct:
+                dst = self._chunk_of_params(self.flat_params.buffers, c)
+            else:
+                dst = outgoing[chunk.owner][chunk.owner_offset : chunk.owner_offset + chunk.numel]
+            dst.copy_(master, non_blocking=async_ok)
+            if chunk.owner_offset + chunk.numel == buckets[chunk.owner].shard_numel:
+                in_flight.bucket_sent(chunk.owner)
+
+        # the last bucket holds the first layers: step it first, so the next forward can start on it.
+        order = sorted(range(len(chunks)), key=lambda c: (-chunks[c].owner, chunks[c].owner_offset))
+        in_flight = OverlappedStep(len(buckets), self.device, publish, self._step_executor)
+        lr = self._lr
+        in_flight.run(
+            lambda _: self.shards.step(
+                self.grad_shards, lr, on_stepped, grad_multiplier=grad_multiplier, order=order
+            )
+        )
+        return in_flight
+
     # ---- accounting -----------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds per kind (model states and engine buffers; activations not included)."""
+        self.settle()
 
         def nbytes(ts):
             return sum(t.numel() * t.element_size() for t in ts)
@@ -393,6 +484,7 @@ class Engine(EngineStateMixin):
         """read(kind, name, start, stop) -> flat fp32 tensor. Loads master + optimizer state of the owned
         fragments and every full trainable param (so no all-gather is needed). The optimizer step count
         comes from load_state_meta, not from "step" fragments."""
+        self.settle()
         for slot in self.layout.params:
             full = read("master", slot.name, 0, slot.numel)
             self.flat_params.param_view(self.flat_params.buffers, slot).copy_(full.reshape(slot.shape))
@@ -405,6 +497,7 @@ class Engine(EngineStateMixin):
         dtype=None gives the params as the model holds them. Asking fp32 from a 16-bit model gathers the fp32
         master bucket by bucket, so the values are the exact optimizer weights, not rounded copies.
         """
+        self.settle()
         from_master = dtype == torch.float32 and self.dtype != torch.float32
         gathered: dict[int, torch.Tensor] = {}
         for name, p in self._named.items():

@@ -14,6 +14,9 @@ import torch
 
 
 class EngineStateMixin:
+    def settle(self) -> None:
+        """Finish a step still running in the background (engines with an overlapped step override this)."""
+
     def replicated_state(self) -> dict[str, torch.Tensor]:
         return {name: t.detach() for name, t in self._frozen + self._buffers}
 
@@ -33,6 +36,7 @@ class EngineStateMixin:
     def fragment_state(self) -> dict[str, torch.Tensor]:
         """{f"{kind}/{name}/{start}": flat fp32 tensor} for every owned fragment; "step/..." is 1 element.
         Resident shards give views (no copy); an nvme swap file gives copies, resident until dropped."""
+        self.settle()
         step = torch.tensor([float(self._optimizer_step_count())])
         out: dict[str, torch.Tensor] = {}
         for f in self.owned_fragments():
@@ -51,6 +55,7 @@ class EngineStateMixin:
         return self.shards.step_count if self.shards.counts_steps else 0
 
     def state_meta(self) -> dict:
+        self.settle()
         return {
             "stage": self.stage,
             "global_steps": self.global_steps,
@@ -61,6 +66,7 @@ class EngineStateMixin:
         }
 
     def load_state_meta(self, meta: dict) -> None:
+        self.settle()
         self.global_steps = int(meta["global_steps"])
         self.micro_steps = int(meta.get("micro_steps", 0))
         self.scheduler.load_state_dict(meta["scheduler"])

@@ -149,13 +149,17 @@ class ShardOptimizer:
             self.store.close()
 
     # ---- chunks ---------------------------------------------------------------------------------------
-    def _views(self, *, read: bool = True, write: bool = True) -> Iterator[tuple[int, dict]]:
-        """(chunk index, {"master" and each state kind: fp32 view}) for every chunk, in order; under nvme
-        the views are valid until the next item (read ahead / written behind by the store)."""
+    def _views(
+        self, order: Iterable[int] | None = None, *, read: bool = True, write: bool = True
+    ) -> Iterator[tuple[int, dict]]:
+        """(chunk index, {"master" and each state kind: fp32 view}) for every chunk of `order` (default: all,
+        in list order); under nvme the views are valid until the next item (read ahead / written behind)."""
+        order = range(len(self.chunks)) if order is None else order
         if self.store is not None:
-            yield from self.store.sweep(range(len(self.chunks)), read=read, write=write)
+            yield from self.store.sweep(order, read=read, write=write)
             return
-        for c, chunk in enumerate(self.chunks):
+        for c in order:
+            chunk = self.chunks[c]
             sl = slice(chunk.offset, chunk.offset + chunk.numel)
             views = {"master": self.master[chunk.group][sl]}
             views.update({k: t[sl] for k, t in self.state[chunk.group].items()})
@@ -177,16 +181,18 @@ class ShardOptimizer:
         on_stepped: Callable[[int, torch.Tensor], None],
         *,
         grad_multiplier: torch.Tensor | None = None,
+        order: Iterable[int] | None = None,
     ) -> None:
         """Step every chunk with its slice of `grads` (per-group flat fp32 grad shards, on this device) at
         `lr`, each grad first multiplied by `grad_multiplier` (a scalar tensor; None = 1). The grads may be
-        left scaled. on_stepped(chunk index, master view) runs after each chunk, while its view is valid."""
+        left scaled. on_stepped(chunk index, master view) runs after each chunk, while its view is valid.
+        `order`: the chunk indices in the order to step them (default: list order; each exactly once)."""
         divisor = None
         if grad_multiplier is not None:
             multiplier = grad_multiplier.to(self.device, torch.float32).reshape(1)
             # the fused kernels divide by grad_scale: one pass reads each grad once.
             divisor = (1.0 / multiplier) if self._fused else None
-        for c, views in self._views():
+        for c, views in self._views(order):
             chunk = self.chunks[c]
             grad = grads[chunk.group][chunk.offset : chunk.offset + chunk.numel]
             if grad_multiplier is not None and divisor is None:
