@@ -212,6 +212,9 @@ class Engine(EngineStateMixin):
         self._step_executor: ThreadPoolExecutor | None = None
         if options.zero.offload_optimizer.overlap_step:
             self._step_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerolaunch-step")
+            # the training thread keeps one core while the step runs: it launches the forward's kernels and
+            # spins in device syncs, and an OpenMP team with a preempted thread waits for it at every chunk.
+            self._step_threads = max(1, torch.get_num_threads() - 1)
             self._register_publish_hooks()
 
     # ---- init -----------------------------------------------------------------------------------------
@@ -433,7 +436,9 @@ class Engine(EngineStateMixin):
 
         # the last bucket holds the first layers: step it first, so the next forward can start on it.
         order = sorted(range(len(chunks)), key=lambda c: (-chunks[c].owner, chunks[c].owner_offset))
-        in_flight = OverlappedStep(len(buckets), self.device, publish, self._step_executor)
+        in_flight = OverlappedStep(
+            len(buckets), self.device, publish, self._step_executor, self._step_threads
+        )
         lr = self._lr
         in_flight.run(
             lambda _: self.shards.step(

@@ -41,9 +41,12 @@ class OverlappedStep:
         device: torch.device,
         publish: Callable[[int], object],
         executor: ThreadPoolExecutor,
+        threads: int,
     ):
-        """publish(bucket) issues the bucket's all-gather (or nothing) and returns work to wait on or None."""
+        """publish(bucket) issues the bucket's all-gather (or nothing) and returns work to wait on or None.
+        threads: torch's CPU threads for the step (the engine leaves the training thread one core)."""
         self.device = device
+        self.threads = threads
         self._publish = publish
         self._executor = executor
         self._ready = [threading.Event() for _ in range(num_buckets)]
@@ -60,6 +63,7 @@ class OverlappedStep:
             start = torch.cuda.current_stream(self.device).record_event()
 
         def body() -> None:
+            torch.set_num_threads(self.threads)
             try:
                 if self.copy_stream is None:
                     step_fn(self)
