@@ -155,10 +155,19 @@ def test_no_gpu_memory_means_no_fit_column():
     assert "--gpu-memory" in est.recommendation
 
 
-def test_unsupported_rows_never_fit():
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_nvme_rows_are_priced(stage):
     est = _est(10**15)
-    nvme = est.row(3, "optimizer-nvme")
-    assert not nvme.supported and nvme.fits is False and "nvme" in nvme.note
+    nvme, cpu = est.row(stage, "optimizer-nvme"), est.row(stage, "optimizer-cpu")
+    assert nvme.supported and nvme.fits
+    # the swap file holds what cpu offload keeps in host memory; the GPU side is the same
+    assert nvme.nvme_bytes == cpu.host["master"] + cpu.host["optimizer"] > 0
+    assert nvme.gpu == cpu.gpu and nvme.host["master"] == 0 and cpu.nvme_bytes == 0
+    # the host keeps the grad shard and buffer_count staging chunks of (master + 2 moments), far less
+    assert nvme.host["grads"] == cpu.host["grads"]
+    assert 0 < nvme.host["optimizer"] < cpu.host["master"] + cpu.host["optimizer"]
+    assert nvme.host["optimizer"] % (4 * 3 * est.setup.nvme_buffer_count) == 0
+    assert [r.offload for r in est.rows if r.stage == 0] == ["none"]
 
 
 def test_params_path_imports_no_torch():

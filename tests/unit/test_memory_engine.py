@@ -3,15 +3,16 @@
 Tests: stages 0-3, 1 and 3 ranks (3: padding, numel not divisible), fp32 and bf16, small buckets (many
 buckets, padding, numel not divisible by the world size), stage 2 with and without overlap (the staging
 buffer count), Adam / SGD state, the awkward test net (tied, frozen, 1-D params) and the built-in GPT, CPU
-optimizer offload (on CPU the "host" is the device, so gpu + host per key is compared). Each case runs one
-real step first, so optimizer state and staging buffers exist. Leaves out: activations and the peak (they
-need a GPU: `estimate-memory --measure`), nvme.
+optimizer offload (on CPU the "host" is the device, so gpu + host per key is compared), nvme optimizer offload
+(the swap file's bytes too). Each case runs one real step first, so optimizer state and staging buffers exist.
+Leaves out: activations and the peak (they need a GPU: `estimate-memory --measure`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -48,6 +49,9 @@ CASES = [
     ("gpt", 3, "bf16", 100, None, "adamw", "none"),
     ("gpt", 3, "bf16", 100_000, False, "adamw", "optimizer-cpu"),
     ("gpt", 3, "fp32", 1000, None, "sgd", "optimizer+params-cpu"),
+    ("net", 1, "bf16", 64, None, "sgd", "optimizer-nvme"),
+    ("net", 2, "fp32", 100, True, "adamw", "optimizer-nvme"),
+    ("gpt", 3, "bf16", 100, None, "adamw", "optimizer-nvme"),
 ]
 
 
@@ -78,13 +82,17 @@ def _one_step(name, engine) -> None:
 
 
 def _options(stage, dtype, bucket, overlap, optimizer, offload) -> EngineOptions:
+    if offload == "optimizer-nvme":
+        opt_offload = OffloadOptions(device="nvme", nvme_path=tempfile.mkdtemp(prefix="zl-nvme-"))
+    else:
+        opt_offload = OffloadOptions(device="cpu" if offload != "none" else "none")
     return EngineOptions(
         zero=ZeroOptions(
             stage=stage,
             reduce_bucket_size=bucket if stage < 3 else 500_000_000,
             stage3_param_persistence_threshold=bucket if stage == 3 else 100_000,
             overlap_comm=overlap,
-            offload_optimizer=OffloadOptions(device="cpu" if offload != "none" else "none"),
+            offload_optimizer=opt_offload,
             offload_param=OffloadOptions(device="cpu" if offload == "optimizer+params-cpu" else "none"),
         ),
         precision=PrecisionOptions(dtype=dtype),
@@ -98,6 +106,10 @@ def _measure_cases(rank: int, world_size: int, cases) -> list[dict]:
         engine = Engine(_model(name), _options(stage, dtype, bucket, overlap, optimizer, offload))
         _one_step(name, engine)
         out.append(engine.memory_bytes())
+        engine.close()
+        folder = engine.options.zero.offload_optimizer.nvme_path
+        if folder:
+            os.rmdir(folder)  # empty: close() deleted the swap file
     return out
 
 
@@ -113,14 +125,14 @@ def _estimated(case, world_size: int) -> dict:
         momentum=0.9 if optimizer == "sgd" else 0.0,
     )
     row = estimate(from_module(_model(name), source=name), setup).row(stage, offload)
-    return {k: row.gpu[k] + row.host[k] for k in STATE_KEYS}
+    return {**{k: row.gpu[k] + row.host[k] for k in STATE_KEYS}, "nvme": row.nvme_bytes}
 
 
 def _check(world_size: int, measured: list[dict]) -> None:
     mismatches = []
     for case, got in zip(CASES, measured, strict=True):
         want = _estimated(case, world_size)
-        if want != {k: got[k] for k in STATE_KEYS}:
+        if want != {**{k: got[k] for k in STATE_KEYS}, "nvme": got.get("nvme", 0)}:
             mismatches.append(f"world {world_size} {case}: estimate {want} != engine {got}")
     assert not mismatches, "\n".join(mismatches)
 

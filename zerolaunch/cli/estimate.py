@@ -103,7 +103,7 @@ def render_host_table(est: Estimate) -> Table:
     """Per node on the host, and DeepSpeed's published figures for the same configuration."""
     table = _table(
         "per CPU node, and DeepSpeed's model-state estimate, GiB",
-        ["stage", "offload", "CPU/node", "DS GPU", "DS CPU/node"],
+        ["stage", "offload", "CPU/node", "nvme/rank", "DS GPU", "DS CPU/node"],
     )
     for r in est.rows:
         if r.supported:
@@ -111,6 +111,7 @@ def render_host_table(est: Estimate) -> Table:
                 str(r.stage),
                 _OFFLOAD_SHORT[r.offload],
                 _gib(r.cpu_node_bytes),
+                _gib(r.nvme_bytes) if r.offload == "optimizer-nvme" else "-",
                 _gib(r.deepspeed_gpu_bytes),
                 _gib(r.deepspeed_cpu_node_bytes),
             )

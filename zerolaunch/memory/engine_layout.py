@@ -97,3 +97,8 @@ def stage2_staging_buffers(lay, registration_names, overlap: bool, max_in_flight
 
 def max_padded_bucket(lay) -> int:
     return max((b.padded_numel for b in lay.buckets), default=0)
+
+
+def nvme_staging_bytes(setup, largest_chunk_numel: int) -> int:
+    """nvme.SwapStore's host buffers: buffer_count x the largest chunk x (master + moments), fp32."""
+    return setup.nvme_buffer_count * 4 * (1 + setup.optimizer_state_tensors) * largest_chunk_numel

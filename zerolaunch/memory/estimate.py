@@ -118,6 +118,8 @@ class Row:
     fits_ckpt: bool | None
     deepspeed_gpu_bytes: int | None = None
     deepspeed_cpu_node_bytes: int | None = None
+    nvme_bytes: int = 0
+    """Per rank on disk: the swap file of offload_optimizer nvme (fp32 master + optimizer moments)."""
 
     @property
     def label(self) -> str:
@@ -197,10 +199,13 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
         gpu["buckets"] = count * el.max_padded_bucket(lay) * c
         reduce_transient = 0
     if offload == "optimizer-nvme":
-        # What DeepSpeed's nvme offload would need: master + state in swap files, streamed through
-        # buffer_count pinned host buffers of one bucket's shard each (the engine has no nvme path yet).
-        host["master"] = host["optimizer"] = 0
-        host["buckets"] = setup.nvme_buffer_count * 4 * max((bk.shard_numel for bk in lay.buckets), default=0)
+        # shard_optim.py + nvme.py: master + moments in the swap file (Row.nvme_bytes); the host keeps the fp32
+        # grad shard and buffer_count staging buffers of one bucket's shard x (master + moments), which the
+        # engine reports as "optimizer".
+        host["master"] = 0
+        host["optimizer"] = el.nvme_staging_bytes(
+            setup, max((bk.shard_numel for bk in lay.buckets), default=0)
+        )
     # _step_and_publish keeps every bucket's compute-dtype copy of its master slice until all gathers land;
     # stage 0 and world size 1 write the params in place.
     publish_transient = 0 if stage == 0 or world == 1 else b * shard
@@ -212,10 +217,6 @@ def _supported(stage: int, offload: str) -> tuple[bool, str]:
         return False, "offload needs stage >= 1"
     if offload == "optimizer+params-cpu" and stage != 3:
         return False, "param offload needs stage 3"
-    if offload == "optimizer-nvme":
-        # The engine streams nvme state through buffer_count host buffers (zero/nvme.py); this estimate does
-        # not model those buffers yet, so it offers no figure rather than a wrong one.
-        return False, "nvme offload is not priced by this estimate yet"
     return True, ""
 
 
@@ -223,8 +224,7 @@ def _rows_wanted():
     for stage in (0, 1, 2, 3):
         for offload in OFFLOADS:
             ok, _ = _supported(stage, offload)
-            # Rows the engine cannot run are kept only where a user would look for them (nvme, stages 1-3).
-            if ok or (offload == "optimizer-nvme" and stage >= 1):
+            if ok:
                 yield stage, offload
 
 
@@ -249,11 +249,18 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
     est = Estimate(shape.source, shape.exact, shape.numel, shape.largest_layer_numel, setup)
     for stage, offload in _rows_wanted():
         supported, note = _supported(stage, offload)
-        if stage == 3:
-            gpu, host, transient, gathered, staging = stage3_states(shape, setup, offload)
-        else:
-            gpu, host, transient = stage012_states(shape, setup, stage, offload)
-            gathered = staging = 0
+
+        def states(offload, stage=stage):
+            if stage == 3:
+                return stage3_states(shape, setup, offload)
+            return (*stage012_states(shape, setup, stage, offload), 0, 0)
+
+        gpu, host, transient, gathered, staging = states(offload)
+        nvme = 0
+        if offload == "optimizer-nvme":
+            # the swap file holds what optimizer-cpu keeps in host memory (and the engine asserts it)
+            in_memory = states("optimizer-cpu")[1]
+            nvme = in_memory["master"] + in_memory["optimizer"]
         resident = sum(gpu.values())
         total, total_ckpt = (
             _peak(resident, profiles[ckpt], gathered, staging, transient) for ckpt in (False, True)
@@ -279,6 +286,7 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
                 _fits(total_ckpt, cpu_node, setup) if supported else False,
                 ds_gpu,
                 ds_cpu,
+                nvme,
             )
         )
     _recommend(est)

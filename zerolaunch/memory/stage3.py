@@ -23,6 +23,20 @@ def unit_padded_numels(shape, world_size: int, threshold: int) -> tuple[list[int
     return units, resident
 
 
+def largest_bucket_shard(shape, world_size: int, threshold: int) -> int:
+    """Elements of the largest per-rank bucket shard over every unit and the resident unit (a step chunk)."""
+    persistent = {s.name for s in shape.specs if s.numel < threshold}
+    groups = [[s for s in shape.unit_specs(u) if s.name not in persistent] for u in shape.units]
+    groups.append([s for s in shape.specs if s.name in persistent])
+    largest = 0
+    for specs in groups:
+        if specs:
+            total = sum(s.numel for s in specs)
+            lay = el.plan_layout(el.engine_specs(specs), world_size, max(1, total))
+            largest = max(largest, max(b.shard_numel for b in lay.buckets))
+    return largest
+
+
 def _padded(specs, world_size: int) -> int:
     if not specs:
         return 0
@@ -77,9 +91,11 @@ def stage3_states(shape, setup, offload: str):
     live = (b * gathered, staging)
     opt = 4 * shard * setup.optimizer_state_tensors
     if offload == "optimizer-nvme":
-        # master + optimizer state in swap files; the host streams them through buffer_count pinned buffers.
+        # master + moments in the swap file (one chunk per unit bucket); the host keeps the fp32 grad shard and
+        # buffer_count staging buffers of the largest chunk, reported as "optimizer" (nvme_staging_bytes).
         host["grads"] = 4 * shard
-        host["buckets"] = setup.nvme_buffer_count * 4 * max(units + [resident]) // world
+        threshold = setup.stage3_param_persistence_threshold
+        host["optimizer"] = el.nvme_staging_bytes(setup, largest_bucket_shard(shape, world, threshold))
         return gpu, host, 0, *live
     states = gpu if offload == "none" else host
     states["grads"] = 4 * shard
