@@ -74,8 +74,17 @@ def init_process_group(timeout_s: float = 1800.0) -> bool:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
-    # the group we made is ours to tear down; torch warns at exit about a group never destroyed.
-    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    # the group we made is ours to tear down; torch warns at exit about a group never destroyed. An uncaught
+    # exception reaches sys.excepthook before the atexit handlers run: then the peers are not waited for.
+    failed = []
+    previous_hook = sys.excepthook
+
+    def note_failure(*exc_info):
+        failed.append(True)
+        previous_hook(*exc_info)
+
+    sys.excepthook = note_failure
+    atexit.register(lambda: comm.destroy_default_group(every_rank_finished=not failed))
     return True
 
 

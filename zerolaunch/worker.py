@@ -69,6 +69,7 @@ def _main(argv: list[str]) -> None:
     from zerolaunch.train.context import RunContext
     from zerolaunch.train.loop import run_training
     from zerolaunch.train.test_hooks import FailureHook
+    from zerolaunch.zero import comm
 
     args = _parse(argv)
     rank, local_rank, world_size = _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE")
@@ -106,9 +107,11 @@ def _main(argv: list[str]) -> None:
             run_entrypoint(recipe, args.recipe)
         else:
             run_training(recipe, ctx)
-    finally:
-        if dist.is_initialized():  # a user script may have destroyed it already
-            dist.destroy_process_group()
+    except BaseException:
+        comm.destroy_default_group(every_rank_finished=False)
+        raise
+    # a user script may have destroyed the group already (then this does nothing)
+    comm.destroy_default_group(every_rank_finished=True)
 
 
 if __name__ == "__main__":

@@ -176,6 +176,18 @@ def barrier(group) -> None:
         dist.barrier(group=group)
 
 
+def destroy_default_group(*, every_rank_finished: bool) -> None:
+    """Destroy the default process group (if any). When every rank finished normally, a barrier first: no rank
+    closes its connections while a peer still uses them (gloo aborted one rank in ~1 of 15 runs under load
+    with "terminate called without an active exception" when the ranks tore down unsynchronized). After a
+    failure no barrier: the peers may be gone, and waiting would hang until the group's timeout."""
+    if not dist.is_initialized():
+        return
+    if every_rank_finished and dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 class _Then:
     """A Pending followed by a cheap local step (e.g. the division of an average) once it has completed."""
 
