@@ -215,6 +215,7 @@ class Engine(EngineStateMixin):
             # the training thread keeps one core while the step runs: it launches the forward's kernels and
             # spins in device syncs, and an OpenMP team with a preempted thread waits for it at every chunk.
             self._step_threads = max(1, torch.get_num_threads() - 1)
+            self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
             self._register_publish_hooks()
 
     # ---- init -----------------------------------------------------------------------------------------
@@ -437,7 +438,7 @@ class Engine(EngineStateMixin):
         # the last bucket holds the first layers: step it first, so the next forward can start on it.
         order = sorted(range(len(chunks)), key=lambda c: (-chunks[c].owner, chunks[c].owner_offset))
         in_flight = OverlappedStep(
-            len(buckets), self.device, publish, self._step_executor, self._step_threads
+            len(buckets), self.device, publish, self._step_executor, self._step_threads, self._copy_stream
         )
         lr = self._lr
         in_flight.run(

@@ -42,9 +42,12 @@ class OverlappedStep:
         publish: Callable[[int], object],
         executor: ThreadPoolExecutor,
         threads: int,
+        copy_stream: torch.cuda.Stream | None,
     ):
         """publish(bucket) issues the bucket's all-gather (or nothing) and returns work to wait on or None.
-        threads: torch's CPU threads for the step (the engine leaves the training thread one core)."""
+        threads: torch's CPU threads for the step (the engine leaves the training thread one core).
+        copy_stream: the stream the step's host->device copies run on (None on the CPU); the engine keeps
+        one for all steps, so the allocator's per-stream pools stay put."""
         self.device = device
         self.threads = threads
         self._publish = publish
@@ -54,7 +57,7 @@ class OverlappedStep:
         self._next = num_buckets - 1
         """Buckets above this index are published; publishing goes from the highest index down."""
         self._future: Future | None = None
-        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.copy_stream = copy_stream
 
     def run(self, step_fn: Callable[[OverlappedStep], None]) -> None:
         """Start step_fn(self) in the background; it calls `bucket_sent(b)` as each bucket is complete."""
