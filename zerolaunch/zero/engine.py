@@ -361,44 +361,53 @@ class Engine(EngineStateMixin):
         self.global_steps += 1
         return StepInfo(True, False, float(scaling.grad_norm), loss_scale, self._lr)
 
+    def _params_written_directly(self) -> bool:
+        """Stage 0 and world size 1: this rank's shard is the whole bucket, written straight into the params
+        (no all-gather, no staging copy)."""
+        return self.stage == 0 or self.world_size == 1
+
+    def _send_chunk(self, c: int, master: torch.Tensor, outgoing: dict[int, torch.Tensor]) -> bool:
+        """Copy stepped chunk c to the device: into the params (direct) or into its bucket's compute-dtype
+        slice in `outgoing` (allocated on first use). Returns True when it was the bucket's last chunk.
+
+        copy_ across device and dtype at once: from pinned memory one async host->device copy and a cast on
+        the device (6x faster than .to(device, dtype=...), which casts on the host)."""
+        chunk = self.shards.chunks[c]
+        bucket = self.layout.buckets[chunk.owner]
+        if self._params_written_directly():
+            dst = self._chunk_of_params(self.flat_params.buffers, c)
+        else:
+            if bucket.index not in outgoing:
+                outgoing[bucket.index] = torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
+            dst = outgoing[bucket.index][chunk.owner_offset : chunk.owner_offset + chunk.numel]
+        dst.copy_(master, non_blocking=self.shards.copy_may_overlap(master))
+        return chunk.owner_offset + chunk.numel == bucket.shard_numel
+
+    def _all_gather_bucket(self, index: int, src: torch.Tensor):
+        """Start the all-gather of bucket `index` from this rank's updated slice; the work keeps `src` alive
+        until wait() (gloo and nccl hold their input tensors)."""
+        out = flat.bucket_view(self.flat_params.buffers, self.layout.buckets[index])
+        return comm.all_gather(out, src, self.group, stats=self.comm_stats, async_op=True)
+
     @torch.no_grad()
     def _step_and_publish(self, grad_multiplier: torch.Tensor | None) -> None:
         """Step the shards chunk by chunk; send each stepped chunk to the device at once and all-gather a
         bucket as soon as its last chunk was sent ([Note: offload pipeline] in shard_optim.py)."""
-        buckets = self.layout.buckets
-        # stage 0 and world size 1: this rank's shard is the whole bucket, written straight into the params.
-        direct = self.stage == 0 or self.world_size == 1
+        direct = self._params_written_directly()
         outgoing: dict[int, torch.Tensor] = {}
         issued = []
 
         def on_stepped(c: int, master: torch.Tensor) -> None:
             chunk = self.shards.chunks[c]
-            bucket = buckets[chunk.owner]
-            last = chunk.owner_offset + chunk.numel == bucket.shard_numel
-            # copy_ across device and dtype at once: from pinned memory one async host->device copy and a
-            # cast on the device (6x faster than .to(device, dtype=...), which casts on the host). An nvme
-            # buffer is refilled as soon as this returns, so a copy from it must complete first.
-            async_ok = master.is_pinned() and self.shards.store is None
-            if direct:
-                self._chunk_of_params(self.flat_params.buffers, c).copy_(master, non_blocking=async_ok)
-                return
+            bucket = self.layout.buckets[chunk.owner]
             # fp32 training without offload: the resident master is what the others receive. (An nvme
             # buffer is refilled while the all-gather may still read it: that one is always copied.)
             resident = self.shards.store is None and master.device == self.device
-            if resident and chunk.numel == bucket.shard_numel and master.dtype == self.dtype:
-                src = master
-            else:
-                src = outgoing.setdefault(
-                    bucket.index, torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
-                )
-                src[chunk.owner_offset : chunk.owner_offset + chunk.numel].copy_(
-                    master, non_blocking=async_ok
-                )
-            if last:
-                out = flat.bucket_view(self.flat_params.buffers, bucket)
-                # the work keeps `src` alive until wait() (gloo and nccl hold their input tensors).
-                issued.append(comm.all_gather(out, src, self.group, stats=self.comm_stats, async_op=True))
-                outgoing.pop(bucket.index, None)
+            if not direct and resident and master.dtype == self.dtype and chunk.numel == bucket.shard_numel:
+                issued.append(self._all_gather_bucket(bucket.index, master))
+                return
+            if self._send_chunk(c, master, outgoing) and not direct:
+                issued.append(self._all_gather_bucket(bucket.index, outgoing.pop(bucket.index)))
 
         self.shards.step(self.grad_shards, self._lr, on_stepped, grad_multiplier=grad_multiplier)
         for pending in issued:
@@ -408,7 +417,7 @@ class Engine(EngineStateMixin):
         """The step of _step_and_publish, in the background, in forward order ([Note: overlapped step])."""
         buckets = self.layout.buckets
         chunks = self.shards.chunks
-        direct = self.stage == 0 or self.world_size == 1
+        direct = self._params_written_directly()
         # staging for the all-gathers, allocated here on the compute stream (the background thread only
         # writes into them, on its copy stream, after that stream waited for this point).
         outgoing = (
@@ -418,22 +427,11 @@ class Engine(EngineStateMixin):
         )
 
         def publish(b: int):
-            if direct:
-                return None
-            out = flat.bucket_view(self.flat_params.buffers, buckets[b])
-            return comm.all_gather(out, outgoing.pop(b), self.group, stats=self.comm_stats, async_op=True)
+            return None if direct else self._all_gather_bucket(b, outgoing.pop(b))
 
         def on_stepped(c: int, master: torch.Tensor) -> None:
-            chunk = chunks[c]
-            # a copy from an nvme buffer must complete before the buffer is refilled.
-            async_ok = master.is_pinned() and self.shards.store is None
-            if direct:
-                dst = self._chunk_of_params(self.flat_params.buffers, c)
-            else:
-                dst = outgoing[chunk.owner][chunk.owner_offset : chunk.owner_offset + chunk.numel]
-            dst.copy_(master, non_blocking=async_ok)
-            if chunk.owner_offset + chunk.numel == buckets[chunk.owner].shard_numel:
-                in_flight.bucket_sent(chunk.owner)
+            if self._send_chunk(c, master, outgoing):
+                in_flight.bucket_sent(chunks[c].owner)
 
         # the last bucket holds the first layers: step it first, so the next forward can start on it.
         order = sorted(range(len(chunks)), key=lambda c: (-chunks[c].owner, chunks[c].owner_offset))

@@ -148,6 +148,11 @@ class ShardOptimizer:
         if self.store is not None:
             self.store.close()
 
+    def copy_may_overlap(self, view: torch.Tensor) -> bool:
+        """Whether a copy out of a view this optimizer handed to `on_stepped` may run without blocking: it
+        must be pinned, and not an nvme buffer, which is refilled as soon as the callback returns."""
+        return self.store is None and view.is_pinned()
+
     # ---- chunks ---------------------------------------------------------------------------------------
     def _views(
         self, order: Iterable[int] | None = None, *, read: bool = True, write: bool = True

@@ -106,7 +106,7 @@ class Stage3Engine(Stage3StateMixin):
                 )
             swapped = [f for f in self.flats if f is not None and f.shard is None]
             self.param_swap = nvme.SwapStore(
-                z.offload_param.nvme_path or "",
+                z.offload_param.nvme_path,
                 [f.shard_numel for f in swapped],
                 ("param",),
                 0,
@@ -332,9 +332,11 @@ class Stage3Engine(Stage3StateMixin):
         def on_stepped(c: int, master: torch.Tensor) -> None:
             chunk = self.shards.chunks[c]
             flat, i = self._bucket_refs[chunk.owner]
-            # an nvme buffer is refilled as soon as this returns: a copy from it must complete first.
-            async_ok = master.is_pinned() and self.shards.store is None
-            flat.write_shard(flat.shard_offsets[i] + chunk.owner_offset, master, non_blocking=async_ok)
+            flat.write_shard(
+                flat.shard_offsets[i] + chunk.owner_offset,
+                master,
+                non_blocking=self.shards.copy_may_overlap(master),
+            )
 
         self.shards.step(self.grad_shards, self._lr, on_stepped, grad_multiplier=grad_multiplier)
         for flat in self.flats:
