@@ -1,0 +1,55 @@
+"""Suite-wide hooks: one closing line that counts outcomes per test folder (unit, dist, e2e), so a CI log shows
+at a glance which folder failed, which ran at all, and how many tests `-x` left unrun."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+_collected: Counter = Counter()
+
+# a test has up to three reports (setup, call, teardown); its outcome is the worst of them. "error" is a
+# setup/teardown failure and counts as failed; xfailed counts as skipped, xpassed as passed.
+_RANK = {"passed": 0, "xpassed": 0, "skipped": 1, "xfailed": 1, "failed": 2, "error": 2}
+_NAME = {0: "passed", 1: "skipped", 2: "failed"}
+
+
+def _folder(nodeid: str) -> str:
+    parts = nodeid.split("::", 1)[0].split("/")
+    # node ids are relative to the rootdir: "tests/<folder>/test_x.py::name"
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]
+
+
+def pytest_collection_finish(session):
+    _collected.clear()
+    _collected.update(_folder(item.nodeid) for item in session.items)
+
+
+# a wrapper run first, so its code after `yield` runs last: the line comes after pytest's own summary line.
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    yield
+    terminalreporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if terminalreporter is None or session.config.option.collectonly or not _collected:
+        return
+    worst: dict[str, int] = {}
+    for key, rank in _RANK.items():
+        for report in terminalreporter.stats.get(key, []):
+            nodeid = getattr(report, "nodeid", "")
+            if nodeid and "::" in nodeid:
+                worst[nodeid] = max(worst.get(nodeid, 0), rank)
+    counts: dict[str, Counter] = {}
+    for nodeid, rank in worst.items():
+        counts.setdefault(_folder(nodeid), Counter())[_NAME[rank]] += 1
+    folders = set(counts) | set(_collected)
+    order = [f for f in ("unit", "dist", "e2e") if f in folders] + sorted(folders - {"unit", "dist", "e2e"})
+    parts = []
+    for folder in order:
+        c = counts.get(folder, Counter())
+        text = f"{folder} {c['passed']} passed {c['failed']} failed {c['skipped']} skipped"
+        unrun = _collected.get(folder, 0) - sum(c.values())
+        if unrun > 0:
+            text += f" {unrun} not run"
+        parts.append(text)
+    terminalreporter.write_line("per folder: " + "; ".join(parts))
