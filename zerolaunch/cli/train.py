@@ -54,6 +54,21 @@ def train(
             "--slurm/--no-slurm", help="Take nodes, ranks and endpoint from SLURM_* (default: if set)."
         ),
     ] = None,
+    hostfile: Annotated[
+        str | None,
+        typer.Option("--hostfile", help="DeepSpeed hostfile ('HOST slots=N'): start every host over ssh."),
+    ] = None,
+    include: Annotated[
+        str, typer.Option("--include", help="With --hostfile: only these hosts/slots, e.g. h1:0,1@h2.")
+    ] = "",
+    exclude: Annotated[
+        str, typer.Option("--exclude", help="With --hostfile: all but these hosts/slots, e.g. h1:3.")
+    ] = "",
+    exports: Annotated[
+        list[str] | None,
+        typer.Option("--export", help="With --hostfile: send variable NAME (or NAME=VALUE) to every host."),
+    ] = None,
+    stop_on_stdin_eof: Annotated[bool, typer.Option("--stop-on-stdin-eof", hidden=True)] = False,
 ) -> None:
     """Train a model from a recipe on N GPUs or CPU workers (torch elastic under the hood)."""
     from rich.console import Console
@@ -80,6 +95,30 @@ def train(
         all_ranks=all_ranks,
     )
     try:
+        if hostfile is not None:
+            from zerolaunch.launch.hostfile import launch_hosts
+
+            if nnodes is not None or node_rank is not None or slurm:
+                raise UserError(
+                    "--hostfile decides nodes and node ranks itself; drop --nnodes/--node-rank/--slurm"
+                )
+            code = launch_hosts(
+                request,
+                hostfile=hostfile,
+                include=include,
+                exclude=exclude,
+                exports=list(exports or []),
+                console=console,
+            )
+            if code:
+                raise typer.Exit(code)
+            return
+        if include or exclude or exports:
+            raise UserError("--include, --exclude and --export only apply with --hostfile HOSTS")
+        if stop_on_stdin_eof:
+            from zerolaunch.launch.hostfile import stop_when_stdin_closes
+
+            stop_when_stdin_closes()
         request, origins = apply_slurm(
             request, force=slurm, nnodes_given=nnodes is not None, backend_given=rdzv_backend is not None
         )
