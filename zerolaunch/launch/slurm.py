@@ -190,8 +190,8 @@ def render_origins(origins: Origins):
     from rich.table import Table
 
     table = Table(title="launch (SLURM job)", title_justify="left")
+    table.add_column("launch")
     table.add_column("value")
-    table.add_column("setting")
     table.add_column("from")
     for name, value, where in origins:
         table.add_row(name, value, where)
