@@ -130,3 +130,78 @@ def test_no_ssh_client_is_exit_2(cli, tiny_recipe, tmp_path):
     (tmp_path / "empty").mkdir()
     out = cli.run(tiny_recipe(steps=2), "--cpu", "1", "--hostfile", str(hosts), PATH=str(tmp_path / "empty"))
     assert out.returncode == 2 and "needs the `ssh` client" in " ".join(out.stderr.split()), out.stderr
+
+
+def test_ctrl_c_stops_every_host(cli, tiny_recipe, tmp_path, fake_ssh):
+    import signal
+    import subprocess
+
+    env, _ = fake_ssh
+    hosts = _hostfile(tmp_path, "127.0.0.1 slots=1\nlocalhost slots=1\n")
+    run_dir = tmp_path / "run"
+    log_file = open(tmp_path / "out.log", "w")  # a full pipe would stall the launcher; a file never does
+    proc = subprocess.Popen(
+        cli.cmd(tiny_recipe(steps=100000), "--cpu", "1", "--hostfile", hosts, "--run-dir", run_dir),
+        env=cli.env(MASTER_PORT=str(_free_port()), **env),
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
+            time.sleep(0.5)
+        assert (run_dir / "metrics.jsonl").exists(), "training never started"
+        tree = cli.descendants(proc.pid)
+        assert len(tree) >= 4  # two host launchers and their workers
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        log_file.close()
+    out = (tmp_path / "out.log").read_text()
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted: stopped every host" in out
+    deadline = time.monotonic() + 60
+    while any(cli.alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [pid for pid in tree if cli.alive(pid)], "a host's launcher or worker outlived the job"
+
+
+def test_a_host_launcher_stops_when_its_ssh_channel_closes(cli, tiny_recipe, tmp_path):
+    # a real ssh killed here closes the remote launcher's stdin; --stop-on-stdin-eof must stop it and its workers
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    log_file = open(tmp_path / "out.log", "w")  # a full pipe would stall the launcher; a file never does
+    proc = subprocess.Popen(
+        cli.cmd(tiny_recipe(steps=100000), "--cpu", "1", "--stop-on-stdin-eof", "--run-dir", run_dir),
+        env=cli.env(),
+        stdin=subprocess.PIPE,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
+            time.sleep(0.5)
+        tree = cli.descendants(proc.pid)
+        assert tree, "no worker started"
+        proc.stdin.close()
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        log_file.close()
+    out = (tmp_path / "out.log").read_text()
+    assert proc.returncode != 0 and "interrupted by SIGTERM" in out, out[-3000:]
+    deadline = time.monotonic() + 60
+    while any(cli.alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [pid for pid in tree if cli.alive(pid)]
