@@ -98,9 +98,10 @@ def train(
         if hostfile is not None:
             from zerolaunch.launch.hostfile import launch_hosts
 
-            if nnodes is not None or node_rank is not None or slurm:
+            if nnodes is not None or node_rank is not None or rdzv_backend is not None or slurm:
                 raise UserError(
-                    "--hostfile decides nodes and node ranks itself; drop --nnodes/--node-rank/--slurm"
+                    "--hostfile decides nodes, node ranks and the (static) rendezvous itself; drop "
+                    "--nnodes/--node-rank/--rdzv-backend/--slurm"
                 )
             code = launch_hosts(
                 request,
