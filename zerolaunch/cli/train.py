@@ -28,14 +28,18 @@ def train(
     resume: Annotated[
         str | None, typer.Option("--resume", help="auto (latest checkpoint, if any) or a checkpoint path.")
     ] = None,
-    nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes in the job.")] = 1,
+    nnodes: Annotated[
+        int | None, typer.Option("--nnodes", help="Nodes in the job (default 1, or SLURM_NNODES).")
+    ] = None,
     node_rank: Annotated[
         int | None, typer.Option("--node-rank", help="This node's rank (static backend).")
     ] = None,
     rdzv_endpoint: Annotated[
         str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0, the same on every node.")
     ] = None,
-    rdzv_backend: Annotated[str, typer.Option("--rdzv-backend", help="c10d or static.")] = "c10d",
+    rdzv_backend: Annotated[
+        str | None, typer.Option("--rdzv-backend", help="c10d or static (default c10d; static under SLURM).")
+    ] = None,
     max_restarts: Annotated[
         int, typer.Option("--max-restarts", help="Restart a failed worker group K times.")
     ] = 0,
@@ -44,12 +48,34 @@ def train(
     all_ranks: Annotated[
         bool, typer.Option("--all-ranks", help="Show every rank's output, prefixed.")
     ] = False,
+    slurm: Annotated[
+        bool | None,
+        typer.Option(
+            "--slurm/--no-slurm", help="Take nodes, ranks and endpoint from SLURM_* (default: if set)."
+        ),
+    ] = None,
+    hostfile: Annotated[
+        str | None,
+        typer.Option("--hostfile", help="DeepSpeed hostfile ('HOST slots=N'): start every host over ssh."),
+    ] = None,
+    include: Annotated[
+        str, typer.Option("--include", help="With --hostfile: only these hosts/slots, e.g. h1:0,1@h2.")
+    ] = "",
+    exclude: Annotated[
+        str, typer.Option("--exclude", help="With --hostfile: all but these hosts/slots, e.g. h1:3.")
+    ] = "",
+    exports: Annotated[
+        list[str] | None,
+        typer.Option("--export", help="With --hostfile: send variable NAME (or NAME=VALUE) to every host."),
+    ] = None,
+    stop_on_stdin_eof: Annotated[bool, typer.Option("--stop-on-stdin-eof", hidden=True)] = False,
 ) -> None:
     """Train a model from a recipe on N GPUs or CPU workers (torch elastic under the hood)."""
     from rich.console import Console
 
     from zerolaunch.config.errors import UserError
     from zerolaunch.launch.launcher import LaunchRequest, launch
+    from zerolaunch.launch.slurm import apply_slurm, render_origins
 
     console = Console()
     request = LaunchRequest(
@@ -59,16 +85,46 @@ def train(
         sets=list(sets or []),
         run_dir=run_dir,
         resume=resume,
-        nnodes=nnodes,
+        nnodes=1 if nnodes is None else nnodes,
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
-        rdzv_backend=rdzv_backend,
+        rdzv_backend=rdzv_backend or "c10d",
         max_restarts=max_restarts,
         run_id=run_id,
         timeout_seconds=timeout,
         all_ranks=all_ranks,
     )
     try:
+        if hostfile is not None:
+            from zerolaunch.launch.hostfile import launch_hosts
+
+            if nnodes is not None or node_rank is not None or rdzv_backend is not None or slurm:
+                raise UserError(
+                    "--hostfile decides nodes, node ranks and the (static) rendezvous itself; drop "
+                    "--nnodes/--node-rank/--rdzv-backend/--slurm"
+                )
+            code = launch_hosts(
+                request,
+                hostfile=hostfile,
+                include=include,
+                exclude=exclude,
+                exports=list(exports or []),
+                console=console,
+            )
+            if code:
+                raise typer.Exit(code)
+            return
+        if include or exclude or exports:
+            raise UserError("--include, --exclude and --export only apply with --hostfile HOSTS")
+        if stop_on_stdin_eof:
+            from zerolaunch.launch.hostfile import stop_when_stdin_closes
+
+            stop_when_stdin_closes()
+        request, origins = apply_slurm(
+            request, force=slurm, nnodes_given=nnodes is not None, backend_given=rdzv_backend is not None
+        )
+        if origins:
+            console.print(render_origins(origins))
         code = launch(request, console)
     except UserError as err:
         Console(stderr=True).print(f"error: {err.message}", markup=False, highlight=False, style="red")

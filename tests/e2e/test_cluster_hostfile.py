@@ -1,0 +1,207 @@
+"""`zerolaunch train RECIPE --hostfile hosts`: two loopback host entries (127.0.0.1 and localhost) started
+through a fake `ssh` on PATH that logs what it was asked and runs the command locally in a clean
+environment (as a real ssh login would: only what the launcher forwards arrives). Covers a full 2-host run,
+a failing host stopping the other, and the exit-2 errors (unreachable host, slots vs --cpu, no ssh)."""
+
+import json
+import os
+import socket
+import stat
+import time
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+FAKE_SSH = """#!/usr/bin/env bash
+# fake ssh: skip options, log "HOST COMMAND", then run COMMAND here in a clean environment
+while [ $# -gt 0 ]; do case "$1" in -o|-p|-i|-l) shift 2;; -*) shift;; *) break;; esac; done
+host="$1"; shift
+echo "$host $*" >> "$FAKE_SSH_LOG"
+case "$host" in unreachable*) echo "ssh: Could not resolve hostname $host" >&2; exit 255;; esac
+if [ "$*" != "true" ] && [ "$host" = "$FAKE_SSH_FAIL_HOST" ]; then echo "boom on $host"; exit 3; fi
+exec env -i PATH="$PATH" HOME="$HOME" bash -c "$*"
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fake_ssh(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ssh = bin_dir / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(ssh.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "ssh.log"
+    return dict(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_SSH_LOG=str(log)), log
+
+
+def _hostfile(tmp_path, text):
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    return path
+
+
+def test_two_hosts_over_fake_ssh(cli, tiny_recipe, tmp_path, fake_ssh):
+    env, log = fake_ssh
+    hosts = _hostfile(tmp_path, "# two loopback nodes\n127.0.0.1 slots=1\n\nlocalhost slots=1  # second\n")
+    run_dir = tmp_path / "run"
+    out = cli.run(
+        tiny_recipe(steps=4),
+        "--cpu",
+        "1",
+        "--hostfile",
+        str(hosts),
+        "--export",
+        "CLUSTER_MARK",
+        "--run-dir",
+        str(run_dir),
+        timeout=300,
+        MASTER_PORT=str(_free_port()),
+        CLUSTER_MARK="hello world",
+        NCCL_DEBUG="WARN",
+        **env,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("[127.0.0.1] ") for line in lines), out.stdout[-3000:]
+    assert any(line.startswith("[localhost] ") for line in lines), out.stdout[-3000:]
+    assert [m["step"] for m in cli.metrics(run_dir)] == [1, 2, 3, 4]
+    assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
+    # hosts start at once: the log's order is a race, the node ranks follow the hostfile
+    commands = dict(line.split(" ", 1) for line in log.read_text().splitlines() if not line.endswith(" true"))
+    assert sorted(commands) == ["127.0.0.1", "localhost"]
+    for rank, host in enumerate(["127.0.0.1", "localhost"]):
+        command = commands[host]
+        assert f"--node-rank {rank}" in command and "--nnodes 2" in command
+        assert "CLUSTER_MARK='hello world'" in command and "NCCL_DEBUG=WARN" in command
+        assert "PYTHONPATH=" in command
+
+
+def test_a_failing_host_stops_the_others(cli, tiny_recipe, tmp_path, fake_ssh):
+    env, _ = fake_ssh
+    hosts = _hostfile(tmp_path, "127.0.0.1 slots=1\nlocalhost slots=1\n")
+    started = time.monotonic()
+    # 127.0.0.1 waits at the rendezvous for a node that never comes; it must be stopped, not left waiting
+    out = cli.run(
+        tiny_recipe(steps=4),
+        "--cpu",
+        "1",
+        "--hostfile",
+        str(hosts),
+        "--run-dir",
+        str(tmp_path / "run"),
+        timeout=300,
+        MASTER_PORT=str(_free_port()),
+        FAKE_SSH_FAIL_HOST="localhost",
+        **env,
+    )
+    assert out.returncode == 3, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "[localhost] boom on localhost" in out.stdout
+    assert "host localhost failed (exit code 3); stopped every other host" in out.stdout
+    assert time.monotonic() - started < 200
+
+
+@pytest.mark.parametrize(
+    "hostfile, args, words",
+    [
+        ("127.0.0.1 slots=1\nunreachable-b slots=1\n", [], "cannot reach host(s) unreachable-b over ssh"),
+        ("127.0.0.1 slots=1\nlocalhost slots=2\n", [], "host 'localhost' has 2 slot(s) in use but --cpu 1"),
+        ("127.0.0.1 slots=1\nlocalhost slots=1\n", ["--include", "nohost"], "host 'nohost' is not in"),
+        ("127.0.0.1 slot=1\n", [], "line 1: '127.0.0.1 slot=1' is not 'HOST slots=N'"),
+    ],
+)
+def test_hostfile_errors_exit_2_naming_the_host(cli, tiny_recipe, tmp_path, fake_ssh, hostfile, args, words):
+    env, _ = fake_ssh
+    hosts = _hostfile(tmp_path, hostfile)
+    out = cli.run(tiny_recipe(steps=2), "--cpu", "1", "--hostfile", str(hosts), *args, **env)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert words in " ".join(out.stderr.split()), out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_no_ssh_client_is_exit_2(cli, tiny_recipe, tmp_path):
+    hosts = _hostfile(tmp_path, "127.0.0.1 slots=1\n")
+    (tmp_path / "empty").mkdir()
+    out = cli.run(tiny_recipe(steps=2), "--cpu", "1", "--hostfile", str(hosts), PATH=str(tmp_path / "empty"))
+    assert out.returncode == 2 and "needs the `ssh` client" in " ".join(out.stderr.split()), out.stderr
+
+
+def test_ctrl_c_stops_every_host(cli, tiny_recipe, tmp_path, fake_ssh):
+    import signal
+    import subprocess
+
+    env, _ = fake_ssh
+    hosts = _hostfile(tmp_path, "127.0.0.1 slots=1\nlocalhost slots=1\n")
+    run_dir = tmp_path / "run"
+    log_file = open(tmp_path / "out.log", "w")  # a full pipe would stall the launcher; a file never does
+    proc = subprocess.Popen(
+        cli.cmd(tiny_recipe(steps=100000), "--cpu", "1", "--hostfile", hosts, "--run-dir", run_dir),
+        env=cli.env(MASTER_PORT=str(_free_port()), **env),
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
+            time.sleep(0.5)
+        assert (run_dir / "metrics.jsonl").exists(), "training never started"
+        tree = cli.descendants(proc.pid)
+        assert len(tree) >= 4  # two host launchers and their workers
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        log_file.close()
+    out = (tmp_path / "out.log").read_text()
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted: stopped every host" in out
+    deadline = time.monotonic() + 60
+    while any(cli.alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [pid for pid in tree if cli.alive(pid)], "a host's launcher or worker outlived the job"
+
+
+def test_a_host_launcher_stops_when_its_ssh_channel_closes(cli, tiny_recipe, tmp_path):
+    # a real ssh killed here closes the remote launcher's stdin; --stop-on-stdin-eof must stop it and its workers
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    log_file = open(tmp_path / "out.log", "w")  # a full pipe would stall the launcher; a file never does
+    proc = subprocess.Popen(
+        cli.cmd(tiny_recipe(steps=100000), "--cpu", "1", "--stop-on-stdin-eof", "--run-dir", run_dir),
+        env=cli.env(),
+        stdin=subprocess.PIPE,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
+            time.sleep(0.5)
+        tree = cli.descendants(proc.pid)
+        assert tree, "no worker started"
+        proc.stdin.close()
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        log_file.close()
+    out = (tmp_path / "out.log").read_text()
+    assert proc.returncode != 0 and "interrupted by SIGTERM" in out, out[-3000:]
+    deadline = time.monotonic() + 60
+    while any(cli.alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [pid for pid in tree if cli.alive(pid)]
