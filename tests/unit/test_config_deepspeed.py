@@ -239,14 +239,33 @@ def test_schedulers():
     )
     assert decay.engine.scheduler.total_num_steps == 50 and decay.train.warmup_steps == 5
     cosine_spec = {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto", "cos_min_ratio": 0.1}}
-    with pytest.raises(RecipeError, match="DeepSpeed's default of 1000 warmup steps"):
-        load_recipe({"deepspeed": {"scheduler": cosine_spec}})
+    # DeepSpeed's default of 1000 warmup steps, longer than the run: allowed (DeepSpeed only warns), noted.
+    long = load_recipe({"deepspeed": {"scheduler": cosine_spec}})
+    assert long.engine.scheduler.warmup_num_steps == 1000
+    assert "ends during warmup" in long.notes["train.warmup_steps"]
+    assert "no decay phase" in long.notes["engine.scheduler.total_num_steps"]
     cosine = load_recipe({"train": {"warmup_steps": 10}, "deepspeed": {"scheduler": cosine_spec}})
     assert cosine.engine.scheduler.name == "WarmupCosineLR" and cosine.engine.scheduler.cos_min_ratio == 0.1
     assert cosine.engine.scheduler.total_num_steps == 100 and cosine.engine.scheduler.warmup_num_steps == 10
-    # DeepSpeed's WarmupLR defaults when params are absent.
+    # DeepSpeed 0.19.8's WarmupLR defaults when params are absent: 1000 steps up to the optimizer's lr
+    # (warmup_max_lr=None in its __init__), WarmupDecayLR up to 0.001.
     plain = load_recipe({"train": {"steps": 2000}, "deepspeed": {"scheduler": {"type": "WarmupLR"}}})
-    assert plain.engine.scheduler.warmup_num_steps == 1000 and plain.engine.scheduler.warmup_max_lr == 0.001
+    assert plain.engine.scheduler.warmup_num_steps == 1000 and plain.engine.scheduler.warmup_max_lr is None
+    plain_decay = load_recipe(
+        {"train": {"steps": 2000}, "deepspeed": {"scheduler": {"type": "WarmupDecayLR"}}}
+    )
+    assert plain_decay.engine.scheduler.warmup_max_lr == 0.001
+    # WarmupLR has no total: a warmup longer than the run is allowed with a note.
+    short = load_recipe(
+        {
+            "train": {"steps": 3},
+            "deepspeed": {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}},
+        }
+    )
+    assert (
+        short.engine.scheduler.warmup_num_steps == 10
+        and "before the peak lr" in short.notes["train.warmup_steps"]
+    )
     with pytest.raises(RecipeError, match="both choose the schedule"):
         load_recipe({"train": {"lr_schedule": "cosine"}, "deepspeed": {"scheduler": {"type": "WarmupLR"}}})
 

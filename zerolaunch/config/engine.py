@@ -280,18 +280,18 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
         min=1,
     )
     if total is not None and total < train.warmup_steps:
-        raise r.fail(
-            p + ("total_num_steps",),
-            f"is {total}, fewer than the {train.warmup_steps} warmup steps",
-            "Use more total steps or fewer warmup steps",
-        )
+        # DeepSpeed only warns here; the decay part of the schedule is never reached.
+        r.notes[k + "total_num_steps"] = f"fewer than the {train.warmup_steps} warmup steps: no decay phase"
     peak = r.value(
         k + "warmup_max_lr",
         p + ("warmup_max_lr",),
         "float",
-        0.001 if kind in ("WarmupLR", "WarmupDecayLR") else None,
+        # DeepSpeed 0.19.8: WarmupDecayLR defaults to 0.001, WarmupLR to the optimizer's lr (None here).
+        0.001 if kind == "WarmupDecayLR" else None,
         auto=lambda: (train.lr, "= train.lr"),
-        default_note="DeepSpeed's default",
+        default_note="DeepSpeed's default"
+        if kind == "WarmupDecayLR"
+        else "DeepSpeed's default: the optimizer's lr",
         gt=0,
     )
     return SchedulerOptions(
