@@ -133,7 +133,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
         stage == 3,
         default_note="DeepSpeed's default: on for stage 3 only",
     )
-    save_16bit = _gather_16bit(r)
     offload_optimizer = _offload(r, "offload_optimizer", has_ds, 4)
     offload_param = _offload(r, "offload_param", has_ds, 5)
     if offload_param.device != "none" and stage != 3:
@@ -166,9 +165,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
             gt=0,
         ),
         overlap_comm=overlap,
-        contiguous_gradients=r.value(
-            k + "contiguous_gradients", Z + ("contiguous_gradients",), "bool", base.contiguous_gradients
-        ),
         stage3_prefetch_bucket_size=prefetch,
         stage3_param_persistence_threshold=persistence,
         stage3_max_live_parameters=r.value(
@@ -178,25 +174,10 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
             base.stage3_max_live_parameters,
             min=0,
         ),
-        stage3_gather_16bit_weights_on_model_save=save_16bit,
         stage3_units=r.value(k + "stage3_units", Z + ("stage3_units",), "str_list", ()),
         offload_optimizer=offload_optimizer,
         offload_param=offload_param,
     )
-
-
-def _gather_16bit(r: Resolver) -> bool:
-    key = "engine.zero.stage3_gather_16bit_weights_on_model_save"
-    new, old = (
-        Z + ("stage3_gather_16bit_weights_on_model_save",),
-        Z + ("stage3_gather_fp16_weights_on_model_save",),
-    )
-    if r.given(new) and r.given(old) and r.raw(new) != r.raw(old):
-        raise RecipeError(
-            f"{r.where(old)}: stage3_gather_fp16_weights_on_model_save (the old name) and "
-            "stage3_gather_16bit_weights_on_model_save disagree. Keep the new name only."
-        )
-    return r.value(key, new if r.given(new) or not r.given(old) else old, "bool", False)
 
 
 def _offload(r: Resolver, name: str, has_ds: bool, buffer_count: int) -> OffloadOptions:
