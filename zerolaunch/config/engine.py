@@ -167,17 +167,19 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
         overlap_comm=overlap,
         stage3_prefetch_bucket_size=prefetch,
         stage3_param_persistence_threshold=persistence,
-        stage3_max_live_parameters=r.value(
-            k + "stage3_max_live_parameters",
-            Z + ("stage3_max_live_parameters",),
-            "int",
-            base.stage3_max_live_parameters,
-            min=0,
-        ),
+        stage3_max_live_parameters=_max_live(r, base.stage3_max_live_parameters),
         stage3_units=r.value(k + "stage3_units", Z + ("stage3_units",), "str_list", ()),
         offload_optimizer=offload_optimizer,
         offload_param=offload_param,
     )
+
+
+def _max_live(r: Resolver, default: int) -> int:
+    key = "engine.zero.stage3_max_live_parameters"
+    value = r.value(key, Z + ("stage3_max_live_parameters",), "int", default, min=0)
+    if value == 0:
+        r.notes[key] = "0: no prefetch beyond the unit in use (that unit is always gathered)"
+    return value
 
 
 def _offload(r: Resolver, name: str, has_ds: bool, buffer_count: int) -> OffloadOptions:
