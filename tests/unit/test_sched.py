@@ -158,3 +158,31 @@ def test_state_round_trip_and_errors():
         LRSchedule(SchedulerOptions(name="Bogus"), 1.0)
     with pytest.raises(ValueError, match="scheduler"):
         LRSchedule(SchedulerOptions(name="cosine", total_num_steps=5), 1.0).load_state_dict(s.state_dict())
+
+
+def test_engine_applies_deepspeeds_lr_at_each_step():
+    # The engine (one process, no process group) with SGD: each step moves the weight by exactly lr * grad,
+    # so the lr it really applied is measured, and must be DeepSpeed's issue-20 sequence.
+    import torch
+
+    from zerolaunch.zero.engine import Engine
+    from zerolaunch.zero.options import EngineOptions, OptimizerOptions, ZeroOptions
+
+    options, lr, expected = DEEPSPEED_0_19_8["WarmupDecayLR_issue_20"]
+    engine_options = EngineOptions(
+        zero=ZeroOptions(stage=1),
+        optimizer=OptimizerOptions(name="sgd", lr=lr),
+        scheduler=SchedulerOptions(**options),
+        gradient_clipping=0.0,
+    )
+    model = torch.nn.Linear(1, 1, bias=False)
+    engine = Engine(model, engine_options)
+    applied = []
+    for _ in range(len(expected)):
+        before = model.weight.detach().clone()
+        loss = model(torch.ones(1, 1)).sum()  # d loss / d w = 1
+        engine.backward(loss)
+        info = engine.step()
+        applied.append(float(before - model.weight.detach()))
+        assert info.lr == pytest.approx(applied[-1], abs=1e-7)
+    assert applied == pytest.approx(expected, abs=1e-7)
