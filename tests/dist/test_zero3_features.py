@@ -167,8 +167,8 @@ def test_stage3_features_two_ranks(tmp_path):
 
 
 def test_bad_stage3_options_name_the_fix():
-    with pytest.raises(ValueError, match="stage3_max_live_parameters must be >= 1"):
-        Engine(Net3(0), replace(options(), zero=replace(options().zero, stage3_max_live_parameters=0)))
+    with pytest.raises(ValueError, match="stage3_max_live_parameters must be >= 0"):
+        Engine(Net3(0), replace(options(), zero=replace(options().zero, stage3_max_live_parameters=-1)))
     with pytest.raises(ValueError, match="stage3_units .* match no module"):
         Engine(Net3(0), replace(options(), zero=replace(options().zero, stage3_units=("Nope",))))
     with pytest.raises(ValueError, match="stage3_param_persistence_threshold must be >= 0"):

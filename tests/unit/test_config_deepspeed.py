@@ -52,7 +52,10 @@ def test_hf_stage3_example_resolves_every_auto():
     )
     zero = recipe.engine.zero
     assert zero.stage == 3 and zero.offload_param.device == "cpu" and zero.offload_optimizer.device == "cpu"
-    assert zero.stage3_gather_16bit_weights_on_model_save is True
+    # No 16-bit model is written at save: noted, not shown as used.
+    assert (
+        "no effect" in recipe.notes["deepspeed.zero_optimization.stage3_gather_16bit_weights_on_model_save"]
+    )
     assert zero.stage3_max_live_parameters == 1_000_000_000
     assert recipe.engine.precision.dtype == "bf16"
     assert recipe.engine.optimizer.lr == 2e-5 and recipe.engine.scheduler.warmup_max_lr == 2e-5
@@ -239,14 +242,33 @@ def test_schedulers():
     )
     assert decay.engine.scheduler.total_num_steps == 50 and decay.train.warmup_steps == 5
     cosine_spec = {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto", "cos_min_ratio": 0.1}}
-    with pytest.raises(RecipeError, match="DeepSpeed's default of 1000 warmup steps"):
-        load_recipe({"deepspeed": {"scheduler": cosine_spec}})
+    # DeepSpeed's default of 1000 warmup steps, longer than the run: allowed (DeepSpeed only warns), noted.
+    long = load_recipe({"deepspeed": {"scheduler": cosine_spec}})
+    assert long.engine.scheduler.warmup_num_steps == 1000
+    assert "ends during warmup" in long.notes["train.warmup_steps"]
+    assert "no decay phase" in long.notes["engine.scheduler.total_num_steps"]
     cosine = load_recipe({"train": {"warmup_steps": 10}, "deepspeed": {"scheduler": cosine_spec}})
     assert cosine.engine.scheduler.name == "WarmupCosineLR" and cosine.engine.scheduler.cos_min_ratio == 0.1
     assert cosine.engine.scheduler.total_num_steps == 100 and cosine.engine.scheduler.warmup_num_steps == 10
-    # DeepSpeed's WarmupLR defaults when params are absent.
+    # DeepSpeed 0.19.8's WarmupLR defaults when params are absent: 1000 steps up to the optimizer's lr
+    # (warmup_max_lr=None in its __init__), WarmupDecayLR up to 0.001.
     plain = load_recipe({"train": {"steps": 2000}, "deepspeed": {"scheduler": {"type": "WarmupLR"}}})
-    assert plain.engine.scheduler.warmup_num_steps == 1000 and plain.engine.scheduler.warmup_max_lr == 0.001
+    assert plain.engine.scheduler.warmup_num_steps == 1000 and plain.engine.scheduler.warmup_max_lr is None
+    plain_decay = load_recipe(
+        {"train": {"steps": 2000}, "deepspeed": {"scheduler": {"type": "WarmupDecayLR"}}}
+    )
+    assert plain_decay.engine.scheduler.warmup_max_lr == 0.001
+    # WarmupLR has no total: a warmup longer than the run is allowed with a note.
+    short = load_recipe(
+        {
+            "train": {"steps": 3},
+            "deepspeed": {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}},
+        }
+    )
+    assert (
+        short.engine.scheduler.warmup_num_steps == 10
+        and "before the peak lr" in short.notes["train.warmup_steps"]
+    )
     with pytest.raises(RecipeError, match="both choose the schedule"):
         load_recipe({"train": {"lr_schedule": "cosine"}, "deepspeed": {"scheduler": {"type": "WarmupLR"}}})
 
@@ -289,3 +311,85 @@ def test_fp16_and_communication_dtype():
     assert (precision.loss_scale, precision.loss_scale_window, precision.min_loss_scale) == (0.0, 500, 1.0)
     assert recipe.origins["engine.precision.loss_scale_window"] == "file"
     assert recipe.origins["engine.precision.hysteresis"] == "default"
+
+
+def _table_keys(recipe):
+    from zerolaunch.config.schema import flat_items
+
+    return {key for key, _ in flat_items(recipe)}
+
+
+def test_keys_that_do_nothing_are_noted_not_shown_as_used():
+    zero = {"stage": 3, "contiguous_gradients": True, "stage3_gather_16bit_weights_on_model_save": "auto"}
+    recipe = load_recipe({"deepspeed": {"zero_optimization": zero}})
+    notes = recipe.notes
+    assert "no effect" in notes["deepspeed.zero_optimization.contiguous_gradients"]
+    # MedicalGPT's "auto": accepted and dropped (no 16-bit model is written at save), with the way to get one.
+    save = notes["deepspeed.zero_optimization.stage3_gather_16bit_weights_on_model_save"]
+    assert save.startswith('"auto" accepted, no effect') and "convert-checkpoint" in save
+    assert not {
+        "engine.zero.contiguous_gradients",
+        "engine.zero.stage3_gather_16bit_weights_on_model_save",
+    } & (_table_keys(recipe))
+
+
+def test_max_live_parameters_zero_is_accepted():
+    # axolotl's zero3 configs: 0 = no prefetch beyond the unit in use (the engine accepts it too).
+    recipe = load_recipe({"deepspeed": {"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 0}}})
+    assert recipe.engine.zero.stage3_max_live_parameters == 0
+
+
+def test_deepspeed_field_names_are_honoured_under_their_alias():
+    zero = {
+        "stage": 3,
+        "prefetch_bucket_size": 1234,
+        "param_persistence_threshold": 99,
+        "max_live_parameters": 5000,
+        "max_reuse_distance": 7,
+        "gather_16bit_weights_on_model_save": True,
+    }
+    recipe = load_recipe({"deepspeed": {"zero_optimization": zero}})
+    z = recipe.engine.zero
+    assert (z.stage3_prefetch_bucket_size, z.stage3_param_persistence_threshold) == (1234, 99)
+    assert z.stage3_max_live_parameters == 5000
+    assert recipe.origins["engine.zero.stage3_max_live_parameters"] == "file"
+    assert "`max_live_parameters`" in recipe.notes["deepspeed.zero_optimization.stage3_max_live_parameters"]
+    assert "no effect" in recipe.notes["deepspeed.zero_optimization.stage3_max_reuse_distance"]
+    with pytest.raises(RecipeError, match="both `max_live_parameters` and `stage3_max_live_parameters`"):
+        load_recipe(
+            {"deepspeed": {"zero_optimization": {"max_live_parameters": 1, "stage3_max_live_parameters": 2}}}
+        )
+
+
+def test_deprecated_cpu_offload_maps_to_offload_optimizer():
+    recipe = load_recipe({"deepspeed": {"zero_optimization": {"stage": 2, "cpu_offload": True}}})
+    assert recipe.engine.zero.offload_optimizer.device == "cpu"
+    assert "cpu_offload" in recipe.notes["deepspeed.zero_optimization.offload_optimizer.device"]
+    off = load_recipe({"deepspeed": {"zero_optimization": {"stage": 2, "cpu_offload": False}}})
+    assert off.engine.zero.offload_optimizer.device == "none"
+    with pytest.raises(RecipeError, match="Keep `offload_optimizer` only"):
+        load_recipe(
+            {
+                "deepspeed": {
+                    "zero_optimization": {
+                        "stage": 2,
+                        "cpu_offload": True,
+                        "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+                    }
+                }
+            }
+        )
+
+
+@pytest.mark.parametrize("block", ["tensorboard", "csv_monitor", "wandb"])
+def test_monitor_blocks_are_refused_by_name_unless_off(block):
+    with pytest.raises(RecipeError, match=f"{block}.*writes no .*metrics.jsonl.*not supported"):
+        load_recipe({"deepspeed": {block: {"enabled": True, "output_path": "tb/"}}})
+    off = load_recipe({"deepspeed": {block: {"enabled": False}}})
+    assert "keeps the unsupported feature off" in off.notes[f"deepspeed.{block}"]
+
+
+def test_keys_deepspeed_removed_are_refused_as_removed():
+    with pytest.raises(RecipeError, match="DeepSpeed 0.19.8 removed Progressive Layer Dropping") as err:
+        load_recipe({"deepspeed": {"progressive_layer_drop": {"enabled": False}}})
+    assert "silently ignore" not in str(err.value)

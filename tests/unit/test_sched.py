@@ -1,10 +1,7 @@
 """zero/sched.py: DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR formulas and the nanoGPT cosine.
 
-Expected values are written out from DeepSpeed's definitions (deepspeed/runtime/lr_schedules.py), with
-last_batch_iteration = the step index.
+The DeepSpeed schedules are checked against sequences DeepSpeed 0.19.8 printed (see DEEPSPEED_0_19_8).
 """
-
-import math
 
 import pytest
 
@@ -17,47 +14,127 @@ def test_none_is_constant():
     assert [s.lr_at(k) for k in range(3)] == [0.3, 0.3, 0.3]
 
 
-def test_warmup_lr_log_and_linear():
-    log = LRSchedule(
-        SchedulerOptions(name="WarmupLR", warmup_min_lr=0.1, warmup_max_lr=1.1, warmup_num_steps=10), 9
-    )
-    for k in range(10):
-        assert log.lr_at(k) == pytest.approx(0.1 + 1.0 * math.log(k + 1) / math.log(10))
-    assert log.lr_at(10) == log.lr_at(500) == pytest.approx(1.1)
-    lin = LRSchedule(SchedulerOptions(name="WarmupLR", warmup_num_steps=4, warmup_type="linear"), 2.0)
-    assert [lin.lr_at(k) for k in range(6)] == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0, 2.0])
+# Printed once by DeepSpeed 0.19.8 itself (deepspeed/runtime/lr_schedules.py, DS_ACCELERATOR=cpu): a
+# torch.optim.SGD with `lr`, the scheduler built on it, then per optimizer step: record param_groups[0]["lr"]
+# (the lr that step uses), optimizer.step(), scheduler.step() -- the order DeepSpeed's engine uses
+# (_take_model_step steps the scheduler after each applied optimizer step). Literals, not recomputed here.
+DEEPSPEED_0_19_8 = {
+    "WarmupLR_log": (
+        dict(name="WarmupLR", warmup_min_lr=0.001, warmup_max_lr=0.01, warmup_num_steps=5),
+        0.01,
+        [
+            0.001,
+            0.001,
+            0.0048760890226605385,
+            0.007143455750373869,
+            0.008752178045321076,
+            0.010000000000000002,
+            0.010000000000000002,
+            0.010000000000000002,
+        ],
+    ),
+    "WarmupLR_linear_default_max": (
+        dict(name="WarmupLR", warmup_num_steps=4, warmup_type="linear"),
+        0.02,
+        [0.0, 0.0, 0.005, 0.01, 0.015, 0.02, 0.02],
+    ),
+    "WarmupLR_one_step_clamped_to_two": (
+        dict(name="WarmupLR", warmup_max_lr=0.01, warmup_num_steps=1, warmup_type="linear"),
+        0.01,
+        [0.0, 0.0, 0.005, 0.01],
+    ),
+    "WarmupLR_warmup_longer_than_run": (
+        dict(name="WarmupLR", warmup_max_lr=0.01, warmup_num_steps=100, warmup_type="linear"),
+        0.01,
+        [0.0, 0.0, 0.0001, 0.0002, 0.0003],
+    ),
+    "WarmupDecayLR_issue_20": (
+        dict(name="WarmupDecayLR", total_num_steps=6, warmup_max_lr=0.01, warmup_num_steps=3),
+        0.01,
+        [0.0, 0.0, 0.0063092975357145736, 0.01, 0.01, 0.006666666666666666],
+    ),
+    "WarmupDecayLR_linear": (
+        dict(
+            name="WarmupDecayLR",
+            total_num_steps=10,
+            warmup_min_lr=0.001,
+            warmup_max_lr=0.01,
+            warmup_num_steps=4,
+            warmup_type="linear",
+        ),
+        0.01,
+        [
+            0.001,
+            0.001,
+            0.0032500000000000003,
+            0.0055000000000000005,
+            0.007750000000000001,
+            0.010000000000000002,
+            0.0085,
+            0.007,
+            0.0055000000000000005,
+            0.004,
+            0.0025,
+            0.001,
+        ],
+    ),
+    "WarmupCosineLR_linear": (
+        dict(
+            name="WarmupCosineLR",
+            total_num_steps=10,
+            warmup_min_ratio=0.1,
+            warmup_num_steps=3,
+            cos_min_ratio=0.05,
+            warmup_type="linear",
+        ),
+        0.02,
+        [
+            0.0,
+            0.002,
+            0.008,
+            0.013999999999999999,
+            0.019059204245072982,
+            0.01642315311765797,
+            0.012613948872584987,
+            0.008386051127415013,
+            0.004576846882342032,
+            0.001940795754927019,
+            0.001,
+            0.001,
+            0.001,
+            0.001,
+        ],
+    ),
+    "WarmupCosineLR_log": (
+        dict(name="WarmupCosineLR", total_num_steps=6, warmup_num_steps=4),
+        0.02,
+        [
+            0.0,
+            0.0,
+            0.01,
+            0.015849625007211564,
+            0.02,
+            0.010001,
+            2.0000000000000003e-06,
+            2.0000000000000003e-06,
+        ],
+    ),
+}
 
 
-def test_warmup_steps_clamped_to_two_like_deepspeed():
-    s = LRSchedule(SchedulerOptions(name="WarmupLR", warmup_num_steps=0), 1.0)
-    assert s.lr_at(0) == 0.0 and s.lr_at(1) == pytest.approx(math.log(2) / math.log(2))
+@pytest.mark.parametrize("case", sorted(DEEPSPEED_0_19_8))
+def test_step_for_step_equal_to_deepspeed(case):
+    options, lr, expected = DEEPSPEED_0_19_8[case]
+    s = LRSchedule(SchedulerOptions(**options), lr)
+    assert [s.lr_at(k) for k in range(len(expected))] == pytest.approx(expected, rel=1e-12, abs=1e-15)
 
 
-def test_warmup_decay_lr():
-    o = SchedulerOptions(name="WarmupDecayLR", warmup_num_steps=4, warmup_type="linear", total_num_steps=12)
-    s = LRSchedule(o, 1.0)
-    assert s.lr_at(3) == pytest.approx(0.75)
-    assert s.lr_at(4) == pytest.approx(1.0)  # (12 - 4) / (12 - 4)
-    assert s.lr_at(8) == pytest.approx(0.5)
-    assert s.lr_at(12) == 0.0 and s.lr_at(20) == 0.0
-
-
-def test_warmup_cosine_lr():
-    o = SchedulerOptions(
-        name="WarmupCosineLR",
-        warmup_num_steps=4,
-        warmup_type="linear",
-        total_num_steps=14,
-        warmup_min_ratio=0.2,
-        cos_min_ratio=0.1,
-    )
-    s = LRSchedule(o, 2.0)
-    assert s.lr_at(0) == pytest.approx(2.0 * 0.2)
-    assert s.lr_at(2) == pytest.approx(2.0 * (0.2 + 0.5 * 0.8))
-    # DeepSpeed: real_last_step = k - warmup + 1, real_total = total - warmup
-    for k in (4, 8, 13):
-        ratio = 0.1 + 0.9 * (1 + math.cos(math.pi * (k - 4 + 1) / 10)) / 2
-        assert s.lr_at(k) == pytest.approx(2.0 * ratio)
+def test_first_steps_run_at_the_warmup_start_like_deepspeed():
+    # The issue-20 symptom: the schedule ran one step ahead (second step already warming up).
+    s = LRSchedule(SchedulerOptions(name="WarmupLR", warmup_min_lr=0.1, warmup_num_steps=10), 1.0)
+    assert s.lr_at(0) == s.lr_at(1) == 0.1 and s.lr_at(2) > 0.1
+    c = LRSchedule(SchedulerOptions(name="WarmupCosineLR", total_num_steps=9, warmup_min_ratio=0.5), 1.0)
+    assert c.lr_at(0) == 0.0 and c.lr_at(1) == pytest.approx(0.5)
 
 
 def test_cosine_nanogpt():
@@ -81,3 +158,31 @@ def test_state_round_trip_and_errors():
         LRSchedule(SchedulerOptions(name="Bogus"), 1.0)
     with pytest.raises(ValueError, match="scheduler"):
         LRSchedule(SchedulerOptions(name="cosine", total_num_steps=5), 1.0).load_state_dict(s.state_dict())
+
+
+def test_engine_applies_deepspeeds_lr_at_each_step():
+    # The engine (one process, no process group) with SGD: each step moves the weight by exactly lr * grad,
+    # so the lr it really applied is measured, and must be DeepSpeed's issue-20 sequence.
+    import torch
+
+    from zerolaunch.zero.engine import Engine
+    from zerolaunch.zero.options import EngineOptions, OptimizerOptions, ZeroOptions
+
+    options, lr, expected = DEEPSPEED_0_19_8["WarmupDecayLR_issue_20"]
+    engine_options = EngineOptions(
+        zero=ZeroOptions(stage=1),
+        optimizer=OptimizerOptions(name="sgd", lr=lr),
+        scheduler=SchedulerOptions(**options),
+        gradient_clipping=0.0,
+    )
+    model = torch.nn.Linear(1, 1, bias=False)
+    engine = Engine(model, engine_options)
+    applied = []
+    for _ in range(len(expected)):
+        before = model.weight.detach().clone()
+        loss = model(torch.ones(1, 1)).sum()  # d loss / d w = 1
+        engine.backward(loss)
+        info = engine.step()
+        applied.append(float(before - model.weight.detach()))
+        assert info.lr == pytest.approx(applied[-1], abs=1e-7)
+    assert applied == pytest.approx(expected, abs=1e-7)

@@ -309,13 +309,13 @@ def resolve_train(
         default_note="DeepSpeed's default: no scheduler" if has_ds else None,
     )
     if warmup > steps:
-        if ds_default and not warmup_given:
-            raise RecipeError(
-                f"`deepspeed.scheduler.params.warmup_num_steps` is absent, so DeepSpeed's default of 1000 warmup "
-                f"steps applies, more than train.steps {steps}. Set train.warmup_steps (or warmup_num_steps)."
-            )
-        raise r.fail(
-            T + ("warmup_steps",), f"is {warmup}, more than train.steps {steps}", "Use fewer warmup steps"
+        # Allowed, as DeepSpeed allows it (WarmupLR has no total; the others only warn): the run simply
+        # ends while the lr is still rising. Shown on the row so it is not a surprise.
+        why = (
+            "DeepSpeed's default when warmup_num_steps is absent; " if ds_default and not warmup_given else ""
+        )
+        r.notes["train.warmup_steps"] = (
+            f"{why}longer than train.steps {steps}: the run ends during warmup, before the peak lr"
         )
     stem = source_stem or "default"
     run_dir = r.value(

@@ -26,6 +26,13 @@ class Note:
 
 
 @dataclass(frozen=True)
+class Removed:
+    """A key DeepSpeed 0.19.8 itself refuses (the feature was removed there): refused with any value."""
+
+    feature: str
+
+
+@dataclass(frozen=True)
 class Unsupported:
     feature: str
     off: Callable[[Any], bool] = lambda value: False
@@ -42,6 +49,10 @@ def _disabled(value: Any) -> bool:
     return isinstance(value, dict) and value.get("enabled") is False
 
 
+NO_16BIT_SAVE = (
+    "zerolaunch writes no consolidated 16-bit model at save; export one with "
+    "`zerolaunch convert-checkpoint CKPT OUT --dtype bf16`"
+)
 NO_EFFECT_CKPT = "zerolaunch checkpoints are always elastic (any world size / stage loads)"
 
 OFFLOAD_OPTIMIZER: dict[str, Any] = {
@@ -70,12 +81,12 @@ ZERO: dict[str, Any] = {
     "reduce_bucket_size": USE,
     "allgather_bucket_size": USE,
     "overlap_comm": USE,
-    "contiguous_gradients": USE,
+    "contiguous_gradients": Note("gradients are always reduced into contiguous flat buckets"),
     "stage3_prefetch_bucket_size": USE,
     "stage3_param_persistence_threshold": USE,
     "stage3_max_live_parameters": USE,
-    "stage3_gather_16bit_weights_on_model_save": USE,
-    "stage3_gather_fp16_weights_on_model_save": USE,
+    "stage3_gather_16bit_weights_on_model_save": Note(NO_16BIT_SAVE),
+    "stage3_gather_fp16_weights_on_model_save": Note(NO_16BIT_SAVE),
     "stage3_units": USE,
     "offload_optimizer": OFFLOAD_OPTIMIZER,
     "offload_param": OFFLOAD_PARAM,
@@ -88,6 +99,7 @@ ZERO: dict[str, Any] = {
     "ignore_unused_parameters": Note("unused parameters are always allowed (their grads are zero)"),
     "use_multi_rank_bucket_allreduce": Note("not used by zerolaunch"),
     "stage3_max_reuse_distance": Note("stage 3 frees a unit after its last use in each pass"),
+    "zeropp_loco_param": Removed("LoCo-ZeRO++ (zero_optimization.zeropp_loco_param)"),
     "stage3_model_persistence_threshold": Note("only stage3_param_persistence_threshold applies"),
     "stage3_module_granularity_threshold": Note("stage 3 units are repeated blocks (see stage3_units)"),
     "stage3_use_all_reduce_for_fetch_params": Note("stage 3 always all-gathers"),
@@ -114,6 +126,7 @@ ZERO: dict[str, Any] = {
     "mics_hierarchical_params_gather": Unsupported("MiCS (mics_hierarchical_params_gather)", _is(False)),
     "zenflow": Unsupported("ZenFlow", _disabled),
     "leaf_module": Unsupported("ZeRO-3 leaf modules (use zero_optimization.stage3_units)", _disabled),
+    # cpu_offload / cpu_offload_param: true are mapped to offload_* {device: cpu} by load.py, noted.
     "cpu_offload": Unsupported(
         "the deprecated cpu_offload flag (use offload_optimizer: {device: cpu})", _is(False)
     ),
@@ -150,6 +163,7 @@ OPTIMIZER: dict[str, Any] = {"type": USE, "params": USE, "legacy_fusion": Note("
 SCHEDULER: dict[str, Any] = {"type": USE, "params": USE}
 
 _OFF_BLOCK = _disabled
+_MONITOR = "{} (zerolaunch writes no {}; every step's metrics are in <run_dir>/metrics.jsonl)"
 TOP: dict[str, Any] = {
     "train_batch_size": USE,
     "train_micro_batch_size_per_gpu": USE,
@@ -181,9 +195,10 @@ TOP: dict[str, Any] = {
         "activation_checkpointing block (use train.activation_checkpointing: true)", _OFF_BLOCK
     ),
     "flops_profiler": Unsupported("flops_profiler (zerolaunch reports MFU itself)", _OFF_BLOCK),
-    "tensorboard": Unsupported("tensorboard monitor (zerolaunch writes metrics.jsonl)", _OFF_BLOCK),
-    "wandb": Unsupported("wandb monitor (zerolaunch writes metrics.jsonl)", _OFF_BLOCK),
-    "csv_monitor": Unsupported("csv_monitor (zerolaunch writes metrics.jsonl)", _OFF_BLOCK),
+    # Refused rather than noted: a user who asks for a monitor expects its files, and none would be written.
+    "tensorboard": Unsupported(_MONITOR.format("tensorboard monitor", "TensorBoard events"), _OFF_BLOCK),
+    "wandb": Unsupported(_MONITOR.format("wandb monitor", "wandb runs"), _OFF_BLOCK),
+    "csv_monitor": Unsupported(_MONITOR.format("csv_monitor", "CSV files"), _OFF_BLOCK),
     "comet": Unsupported("comet monitor (zerolaunch writes metrics.jsonl)", _OFF_BLOCK),
     "comms_logger": Unsupported("comms_logger (zerolaunch reports communication itself)", _OFF_BLOCK),
     "amp": Unsupported("amp (use bf16 or fp16)", _OFF_BLOCK),
@@ -204,6 +219,25 @@ TOP: dict[str, Any] = {
     "moe": Unsupported("mixture of experts", _OFF_BLOCK),
     "nebula": Unsupported("nebula checkpointing", _OFF_BLOCK),
     "datastates_ckpt": Unsupported("DataStates checkpointing", _OFF_BLOCK),
+    "progressive_layer_drop": Removed("Progressive Layer Dropping (progressive_layer_drop)"),
+    "quantize_training": Removed("Mixture-of-Quantization (quantize_training)"),
+    "eigenvalue": Removed("eigenvalue-based MoQ (eigenvalue)"),
+    "sparse_gradients": Removed("sparse embedding gradients (sparse_gradients)"),
+    "graph_harvesting": Removed("graph harvesting (graph_harvesting)"),
+}
+
+# DeepSpeed's pydantic ZeRO model (runtime/zero/config.py, populate_by_name) accepts each stage3_* key under its
+# field name too; load.py renames these to the prefixed key and notes it.
+ZERO_FIELD_NAMES = {
+    "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+    "param_persistence_threshold": "stage3_param_persistence_threshold",
+    "model_persistence_threshold": "stage3_model_persistence_threshold",
+    "max_live_parameters": "stage3_max_live_parameters",
+    "max_reuse_distance": "stage3_max_reuse_distance",
+    "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+    "module_granularity_threshold": "stage3_module_granularity_threshold",
+    "use_all_reduce_for_fetch_params": "stage3_use_all_reduce_for_fetch_params",
+    "allgather_sequential": "stage3_allgather_sequential",
 }
 
 OPTIMIZER_TYPES = {"adam": "adam", "adamw": "adamw", "sgd": "sgd"}
@@ -334,6 +368,11 @@ def _check_block(tree: RawTree, path: Path, vocabulary: dict[str, Any], notes: d
                 f"{tree.where(sub)}: unknown DeepSpeed key `{tree.key(sub)}`."
                 + did_you_mean(key, vocabulary)
                 + hint
+            )
+        if isinstance(kind, Removed):
+            raise RecipeError(
+                f"{tree.where(sub)}: `{tree.key(sub)}`: DeepSpeed 0.19.8 removed {kind.feature} and refuses this "
+                "key itself; zerolaunch has no such feature either. Remove the key."
             )
         if isinstance(kind, Note):
             notes[dotted(sub)] = f"{_json(value)} accepted, no effect: {kind.reason}"

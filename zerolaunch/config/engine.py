@@ -133,7 +133,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
         stage == 3,
         default_note="DeepSpeed's default: on for stage 3 only",
     )
-    save_16bit = _gather_16bit(r)
     offload_optimizer = _offload(r, "offload_optimizer", has_ds, 4)
     offload_param = _offload(r, "offload_param", has_ds, 5)
     if offload_param.device != "none" and stage != 3:
@@ -166,37 +165,21 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
             gt=0,
         ),
         overlap_comm=overlap,
-        contiguous_gradients=r.value(
-            k + "contiguous_gradients", Z + ("contiguous_gradients",), "bool", base.contiguous_gradients
-        ),
         stage3_prefetch_bucket_size=prefetch,
         stage3_param_persistence_threshold=persistence,
-        stage3_max_live_parameters=r.value(
-            k + "stage3_max_live_parameters",
-            Z + ("stage3_max_live_parameters",),
-            "int",
-            base.stage3_max_live_parameters,
-            min=0,
-        ),
-        stage3_gather_16bit_weights_on_model_save=save_16bit,
+        stage3_max_live_parameters=_max_live(r, base.stage3_max_live_parameters),
         stage3_units=r.value(k + "stage3_units", Z + ("stage3_units",), "str_list", ()),
         offload_optimizer=offload_optimizer,
         offload_param=offload_param,
     )
 
 
-def _gather_16bit(r: Resolver) -> bool:
-    key = "engine.zero.stage3_gather_16bit_weights_on_model_save"
-    new, old = (
-        Z + ("stage3_gather_16bit_weights_on_model_save",),
-        Z + ("stage3_gather_fp16_weights_on_model_save",),
-    )
-    if r.given(new) and r.given(old) and r.raw(new) != r.raw(old):
-        raise RecipeError(
-            f"{r.where(old)}: stage3_gather_fp16_weights_on_model_save (the old name) and "
-            "stage3_gather_16bit_weights_on_model_save disagree. Keep the new name only."
-        )
-    return r.value(key, new if r.given(new) or not r.given(old) else old, "bool", False)
+def _max_live(r: Resolver, default: int) -> int:
+    key = "engine.zero.stage3_max_live_parameters"
+    value = r.value(key, Z + ("stage3_max_live_parameters",), "int", default, min=0)
+    if value == 0:
+        r.notes[key] = "0: no prefetch beyond the unit in use (that unit is always gathered)"
+    return value
 
 
 def _offload(r: Resolver, name: str, has_ds: bool, buffer_count: int) -> OffloadOptions:
@@ -280,18 +263,18 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
         min=1,
     )
     if total is not None and total < train.warmup_steps:
-        raise r.fail(
-            p + ("total_num_steps",),
-            f"is {total}, fewer than the {train.warmup_steps} warmup steps",
-            "Use more total steps or fewer warmup steps",
-        )
+        # DeepSpeed only warns here; the decay part of the schedule is never reached.
+        r.notes[k + "total_num_steps"] = f"fewer than the {train.warmup_steps} warmup steps: no decay phase"
     peak = r.value(
         k + "warmup_max_lr",
         p + ("warmup_max_lr",),
         "float",
-        0.001 if kind in ("WarmupLR", "WarmupDecayLR") else None,
+        # DeepSpeed 0.19.8: WarmupDecayLR defaults to 0.001, WarmupLR to the optimizer's lr (None here).
+        0.001 if kind == "WarmupDecayLR" else None,
         auto=lambda: (train.lr, "= train.lr"),
-        default_note="DeepSpeed's default",
+        default_note="DeepSpeed's default"
+        if kind == "WarmupDecayLR"
+        else "DeepSpeed's default: the optimizer's lr",
         gt=0,
     )
     return SchedulerOptions(

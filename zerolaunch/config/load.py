@@ -210,6 +210,49 @@ def _normalize(tree: RawTree, notes: dict[str, str]) -> None:
         del tree.get(DS)["bfloat16"]
         tree.put(DS + ("bf16",), old, origin, where)
         notes["deepspeed.bf16"] = "given under its old name `bfloat16`"
+    zero = tree.get(DS + ("zero_optimization",))
+    if isinstance(zero, dict):
+        _zero_field_names(tree, zero, notes)
+        _cpu_offload_flags(tree, zero, notes)
+
+
+def _zero_field_names(tree: RawTree, zero: dict, notes: dict[str, str]) -> None:
+    """DeepSpeed's unprefixed field names (`max_live_parameters`) -> the stage3_* keys, noted."""
+    Z = DS + ("zero_optimization",)
+    for name, key in ds_vocab.ZERO_FIELD_NAMES.items():
+        if name not in zero:
+            continue
+        if key in zero:
+            raise RecipeError(
+                f"{tree.where(Z + (name,))}: both `{name}` and `{key}` are given (the same DeepSpeed setting "
+                f"under its field name and its alias). Keep `{key}`."
+            )
+        origin, where = tree.origin(Z + (name,)), tree.where(Z + (name,))
+        value = zero.pop(name)
+        tree.put(Z + (key,), value, origin, where)
+        notes[f"deepspeed.zero_optimization.{key}"] = (
+            f"given as `{name}`, DeepSpeed's field name for this key"
+        )
+
+
+def _cpu_offload_flags(tree: RawTree, zero: dict, notes: dict[str, str]) -> None:
+    """The deprecated `cpu_offload: true` -> offload_optimizer {device: cpu}, as DeepSpeed maps it (noted)."""
+    Z = DS + ("zero_optimization",)
+    for flag, block in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
+        if zero.get(flag) is not True:
+            continue  # false / absent: deepspeed.py notes or refuses it
+        if zero.get(block) not in (None, {}):
+            raise RecipeError(
+                f"{tree.where(Z + (flag,))}: the deprecated `{flag}: true` and `{block}` are both given. "
+                f"Keep `{block}` only."
+            )
+        origin, where = tree.origin(Z + (flag,)), tree.where(Z + (flag,))
+        del zero[flag]
+        tree.put(Z + (block,), {"device": "cpu"}, origin, where)
+        tree.put(Z + (block, "device"), "cpu", origin, where)
+        notes[f"deepspeed.zero_optimization.{block}.device"] = (
+            f"from the deprecated `{flag}: true` (DeepSpeed maps it to {block}: {{device: cpu}})"
+        )
 
 
 def check_recipe_names(tree: RawTree) -> None:

@@ -202,6 +202,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
+UNUSED_ENGINE_FIELDS = frozenset(
+    {"engine.zero.contiguous_gradients", "engine.zero.stage3_gather_16bit_weights_on_model_save"}
+)
+"""EngineOptions fields the engine never reads: not shown as rows (the DeepSpeed keys are noted instead)."""
+
+
 def flat_items(recipe: Recipe) -> list[tuple[str, Any]]:
     """(dotted key, value) for every leaf the table shows; the keys of `Recipe.origins`."""
     data = recipe.to_json()
@@ -211,7 +217,7 @@ def flat_items(recipe: Recipe) -> list[tuple[str, Any]]:
         if isinstance(value, dict) and value and expand:
             for key, sub in value.items():
                 walk(f"{prefix}.{key}", sub, expand=True)
-        else:
+        elif prefix not in UNUSED_ENGINE_FIELDS:
             items.append((prefix, value))
 
     for section in ("model", "data", "train", "checkpoint"):

@@ -4,9 +4,12 @@ This module owns the lr at every step, with DeepSpeed's formulas for WarmupLR, W
 WarmupCosineLR (deepspeed/runtime/lr_schedules.py) and a nanoGPT-style "cosine". It does not touch an
 optimizer: the engine asks `lr_at(global_steps)` before each step and writes it into every param group.
 
-`lr_at(k)` is DeepSpeed's lr at `last_batch_iteration == k`, used for the (k+1)-th optimizer step (k counts
-steps already taken). DeepSpeed's engine applies that value one step later (its first step runs at the
-optimizer's configured lr, or 0 for WarmupCosineLR); we apply the schedule from the very first step.
+`lr_at(k)` is the lr of the (k+1)-th optimizer step (k counts steps already taken), step for step what
+DeepSpeed 0.19.8 uses: its scheduler sets the lr once at construction (`last_batch_iteration = -1`: WarmupLR and
+WarmupDecayLR give `warmup_min_lr`, WarmupCosineLR gives 0) and its engine calls `lr_scheduler.step()` after
+each applied optimizer step, so step k+1 runs at the formula's value for `last_batch_iteration == k - 1`.
+The first two steps of a DeepSpeed warmup therefore both run at the warmup's start lr. The nanoGPT "cosine" is
+not DeepSpeed's and applies its formula at `k` directly.
 """
 
 from __future__ import annotations
@@ -66,9 +69,13 @@ class LRSchedule:
             return self._cosine(step)
         # DeepSpeed clamps warmup to >= 2 steps (log(1) would divide by zero).
         warmup = max(2, o.warmup_num_steps)
+        min_lr, delta = o.warmup_min_lr, self.peak_lr - o.warmup_min_lr
+        if step == 0:
+            # The lr DeepSpeed's scheduler sets at construction (get_lr() with last_batch_iteration == -1).
+            return 0.0 if o.name == "WarmupCosineLR" else min_lr
+        step -= 1  # DeepSpeed's last_batch_iteration when step k+1 runs
         if o.name == "WarmupCosineLR":
             return self.base_lr * self._warmup_cosine_ratio(step, warmup)
-        min_lr, delta = o.warmup_min_lr, self.peak_lr - o.warmup_min_lr
         if step < warmup:
             return min_lr + delta * self._warmup_gamma(step, warmup)
         if o.name == "WarmupLR":
@@ -83,7 +90,7 @@ class LRSchedule:
             return o.warmup_min_ratio + self._warmup_gamma(step, warmup) * (1.0 - o.warmup_min_ratio)
         real_step = step - warmup + 1
         real_total = max(1, o.total_num_steps - warmup)
-        ratio = (1 + math.cos(math.pi * real_step / real_total)) / 2
+        ratio = (1 + math.cos(math.pi * min(1.0, real_step / real_total))) / 2
         return max(0.0, o.cos_min_ratio + (1.0 - o.cos_min_ratio) * ratio)
 
     def _cosine(self, step: int) -> float:

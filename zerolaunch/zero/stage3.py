@@ -51,9 +51,10 @@ class Stage3Engine(Stage3StateMixin):
     ):
         validate_options(options)
         z = options.zero
-        if z.stage3_max_live_parameters < 1:
+        # 0 is DeepSpeed's "no prefetch beyond the current unit": the unit needed now is always gathered.
+        if z.stage3_max_live_parameters < 0:
             raise ValueError(
-                f"zero.stage3_max_live_parameters must be >= 1, got {z.stage3_max_live_parameters}"
+                f"zero.stage3_max_live_parameters must be >= 0, got {z.stage3_max_live_parameters}"
             )
         self.options = options
         self.group = group
