@@ -24,7 +24,12 @@ GIB = 2**30
     [
         ("80GiB", 80 * GIB),
         ("80GB", 80 * 10**9),
-        ("24G", 24 * GIB),
+        ("24gib", 24 * GIB),
+        ("5GB", 5 * 10**9),
+        ("200MB", 200 * 10**6),
+        ("512MiB", 512 * 2**20),
+        ("2kB", 2000),
+        ("2KiB", 2048),
         ("81920MiB", 80 * GIB),
         ("1024", 1024),
         ("1.5 TiB", int(1.5 * 2**40)),
@@ -39,6 +44,28 @@ def test_parse_bytes(text, nbytes):
 def test_parse_bytes_rejects_with_the_form_to_use(text):
     with pytest.raises(EstimateError, match="80GiB"):
         parse_bytes(text)
+
+
+@pytest.mark.parametrize(
+    "text, decimal, binary", [("24G", "24GB", "24GiB"), ("5m", "5MB", "5MiB"), ("1T", "1TB", "1TiB")]
+)
+def test_a_bare_prefix_is_refused_naming_both_meanings(text, decimal, binary):
+    with pytest.raises(EstimateError, match="ambiguous") as info:
+        parse_bytes(text)
+    assert decimal in str(info.value) and binary in str(info.value)
+
+
+def test_convert_and_estimate_share_one_size_convention():
+    from zerolaunch.checkpoint.convert import parse_size
+    from zerolaunch.checkpoint.errors import CheckpointError
+
+    for text in ("5GB", "5GiB", "200MB", "512MiB", "1.5TB", "10"):
+        assert parse_size(text) == parse_bytes(text)
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("5GiB") == 5 * 2**30
+    with pytest.raises(CheckpointError, match="--max-shard-size: '5G' is ambiguous; write 5GB"):
+        parse_size("5G")
+    with pytest.raises(CheckpointError, match="e.g. 5GB"):
+        parse_size("five")
 
 
 @pytest.mark.parametrize(

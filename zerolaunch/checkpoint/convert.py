@@ -16,7 +16,6 @@ replaced only with `force`.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,14 +105,14 @@ def open_source(src: Path):
     raise CheckpointError(f"{src} is neither a zerolaunch checkpoint nor a DeepSpeed ZeRO checkpoint folder")
 
 
-def parse_size(text: str) -> int:
-    """ "5GB" -> 5_000_000_000, "200MiB" -> 209_715_200 (Hugging Face's convention: GB = 10**9)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*", str(text).upper())
-    if not m:
-        raise CheckpointError(f"cannot read size {text!r}: write e.g. 5GB, 200MB or 512MiB")
-    number, prefix, unit = float(m.group(1)), m.group(2), m.group(3) or "B"
-    base = 1024 if unit == "IB" else 1000
-    return int(number * base ** "_KMGT".index(prefix or "_"))
+def parse_size(text: str, what: str = "--max-shard-size") -> int:
+    """ "5GB" -> 5_000_000_000, "200MiB" -> 209_715_200: the one parser of every size option (memory/units.py)."""
+    from zerolaunch.memory.units import EstimateError, parse_bytes
+
+    try:
+        return parse_bytes(text, what, example="5GB")
+    except EstimateError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def plan_shards(sizes: list[int], max_shard_bytes: int | None) -> list[list[int]]:

@@ -31,7 +31,8 @@ def register(app: typer.Typer) -> None:
         max_shard_size: str = typer.Option(
             None,
             "--max-shard-size",
-            help="Split into HF-style shards + index past this size: 5GB, 200MB, 512MiB.",
+            help="Split into HF-style shards + index past this size: 5GB, 200MB, 512MiB "
+            "(GB = 10^9 bytes, GiB = 2^30 bytes).",
         ),
         to_world_size: int = typer.Option(
             None, "--to-world-size", help="Write a zerolaunch checkpoint resharded for N ranks instead."

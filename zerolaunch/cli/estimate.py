@@ -198,9 +198,14 @@ def register(app: typer.Typer) -> None:
         gpus: int = typer.Option(1, "--gpus", help="GPUs per node."),
         nodes: int = typer.Option(1, "--nodes", help="Nodes."),
         gpu_memory: str | None = typer.Option(
-            None, "--gpu-memory", help="Memory per GPU, e.g. 80GiB (default: the visible GPU's)."
+            None,
+            "--gpu-memory",
+            help="Memory per GPU, e.g. 80GiB or 80GB (GB = 10^9 bytes, GiB = 2^30 bytes; "
+            "default: the visible GPU's).",
         ),
-        cpu_memory: str | None = typer.Option(None, "--cpu-memory", help="Host RAM per node, e.g. 512GiB."),
+        cpu_memory: str | None = typer.Option(
+            None, "--cpu-memory", help="Host RAM per node, e.g. 512GiB (GB = 10^9, GiB = 2^30 bytes)."
+        ),
         micro_batch: int | None = typer.Option(None, "--micro-batch", help="Samples per GPU per step."),
         seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sample."),
         dtype: str | None = typer.Option(

@@ -1,4 +1,4 @@
-"""Parsing of the human-sized inputs of `estimate-memory`: byte sizes ("80GiB"), counts ("7e9", "1.3B"), dtypes.
+"""Parsing of human-sized inputs: byte sizes ("80GiB", for every command), counts ("7e9", "1.3B"), dtypes.
 
 Owns the wording of the errors for these inputs (each names the bad value and a form that works); it knows
 nothing of models or the engine. Torch-free: the `--params` path must answer without importing torch.
@@ -11,8 +11,9 @@ import re
 
 GIB = 1024**3
 
-# Binary and decimal byte units. A bare K/M/G/T means the binary unit: `nvidia-smi` and most GPU spec
-# sheets round to GiB ("80 GB" on an H100 is 80 GiB of HBM), so that is what a user typing "80G" means.
+# The one size convention of every zerolaunch option (estimate-memory, convert-checkpoint, save_hf_pretrained):
+# kB/MB/GB/TB are decimal (10**3 ...; Hugging Face's `max_shard_size` reads them so too), KiB/MiB/GiB/TiB
+# binary (2**10 ...). A bare K/M/G/T is refused: users mean either, and guessing silently is a bug either way.
 _BYTE_UNITS = {
     "": 1,
     "b": 1,
@@ -20,15 +21,13 @@ _BYTE_UNITS = {
     "mb": 10**6,
     "gb": 10**9,
     "tb": 10**12,
-    "k": 2**10,
-    "m": 2**20,
-    "g": 2**30,
-    "t": 2**40,
     "kib": 2**10,
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
 }
+_AMBIGUOUS = {"k": "k", "m": "M", "g": "G", "t": "T"}
+SIZE_HELP = "GB = 10^9 bytes, GiB = 2^30 bytes (also kB/MB/TB, KiB/MiB/TiB)"
 _COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _NUMBER = r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
 
@@ -49,21 +48,32 @@ class EstimateError(ValueError):
     """Bad input to the estimate; the message names the problem and the fix. The CLI exits 2 on it."""
 
 
-def parse_bytes(text: str | int | float, what: str = "--gpu-memory") -> int:
-    """'80GiB' / '80GB' / '80G' / '81920MiB' / '85899345920' -> bytes (> 0)."""
+def parse_bytes(text: str | int | float, what: str = "--gpu-memory", example: str = "80GiB") -> int:
+    """'80GiB' -> 80 * 2**30, '80GB' -> 80 * 10**9, '81920MiB', '85899345920' -> bytes (> 0)."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value, unit = float(text), ""
     else:
         m = re.fullmatch(_NUMBER + r"\s*([a-zA-Z]*)", str(text).strip())
-        if not m or m.group(2).lower() not in _BYTE_UNITS:
+        unit = m.group(2).lower() if m else ""
+        if m and unit in _AMBIGUOUS:
+            p = _AMBIGUOUS[unit]
             raise EstimateError(
-                f"{what}: cannot read {text!r} as a size; write a number with a unit, e.g. 80GiB, 80GB, 24G or 81920MiB"
+                f"{what}: {text!r} is ambiguous; write {m.group(1)}{p}B ({p}B = 10^{_EXP[unit]} bytes) or "
+                f"{m.group(1)}{p.upper()}iB ({p.upper()}iB = 2^{10 * _EXP[unit] // 3} bytes), e.g. {example}"
             )
-        value, unit = float(m.group(1)), m.group(2).lower()
+        if not m or unit not in _BYTE_UNITS:
+            raise EstimateError(
+                f"{what}: cannot read {text!r} as a size; write a number with a unit, e.g. {example} "
+                f"({SIZE_HELP})"
+            )
+        value = float(m.group(1))
     nbytes = value * _BYTE_UNITS[unit]
     if not math.isfinite(nbytes) or nbytes < 1:
-        raise EstimateError(f"{what}: {text!r} is not a positive size; give e.g. 80GiB")
+        raise EstimateError(f"{what}: {text!r} is not a positive size; give e.g. {example}")
     return int(nbytes)
+
+
+_EXP = {"k": 3, "m": 6, "g": 9, "t": 12}
 
 
 def parse_count(text: str | int | float, what: str = "--params") -> int:
