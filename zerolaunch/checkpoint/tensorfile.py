@@ -12,7 +12,8 @@ truncated or malformed input.
 Checksums: the writer takes the crc32 of the header and of each tensor's bytes as it writes them (one pass,
 no re-read); given those values, the reader checks each tensor the first time it is read (a whole-tensor
 read is checked in place: no extra I/O), so a damaged file is refused, named, before a wrong byte is used.
-zlib.crc32 is the stdlib's (2.3 GB/s here): it detects flipped bytes, which is all this guards against.
+zlib.crc32 is the stdlib's (0.65-2.3 GB/s on a busy 2-core test machine, 2.4x sha256): it detects flipped
+or torn bytes, which is all this guards against (not tampering).
 """
 
 from __future__ import annotations
