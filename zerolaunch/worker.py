@@ -58,7 +58,14 @@ def _attempt_store(restart_count: int, timeout: datetime.timedelta):
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    record(_main)(sys.argv[1:] if argv is None else argv)
+    from zerolaunch.train.nonfinite import NONFINITE_EXIT_CODE, NonFiniteStop
+
+    try:
+        record(_main)(sys.argv[1:] if argv is None else argv)
+    except NonFiniteStop:
+        # record() wrote the message to the error file (the launcher prints it once); a distinct exit code,
+        # and no traceback: the stop is the loop's decision, not a crash.
+        sys.exit(NONFINITE_EXIT_CODE)
 
 
 def _main(argv: list[str]) -> None:

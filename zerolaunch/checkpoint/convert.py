@@ -48,8 +48,8 @@ class OutTensor:
 class ZerolaunchSource:
     """The consolidated weights of a zerolaunch checkpoint: fp32 master of trainable params, replicated rest."""
 
-    def __init__(self, folder: Path):
-        self.reader = CheckpointReader(folder)
+    def __init__(self, folder: Path, *, verify: bool = True):
+        self.reader = CheckpointReader(folder, verify=verify)
         m = self.reader.manifest
         self.description = f"zerolaunch checkpoint {folder} (step {m.step}, world size {m.world_size})"
         self._replicated = {r.name: r for r in m.replicated}
@@ -90,7 +90,7 @@ class ZerolaunchSource:
         self.reader.close()
 
 
-def open_source(src: Path):
+def open_source(src: Path, *, verify: bool = True):
     """A zerolaunch checkpoint (folder or root with `latest`) or a DeepSpeed ZeRO checkpoint."""
     src = Path(src)
     if not src.exists():
@@ -101,7 +101,7 @@ def open_source(src: Path):
     if ds_folder is not None:
         return DeepSpeedSource(ds_folder)
     if (src / MANIFEST_NAME).is_file() or src.is_dir():
-        return ZerolaunchSource(resolve_checkpoint(src))
+        return ZerolaunchSource(resolve_checkpoint(src), verify=verify)
     raise CheckpointError(f"{src} is neither a zerolaunch checkpoint nor a DeepSpeed ZeRO checkpoint folder")
 
 
@@ -142,6 +142,7 @@ def convert_checkpoint(
     to_world_size: int | None = None,
     force: bool = False,
     progress: bool = False,
+    verify: bool = True,
 ) -> Path:
     """Convert `src` into `out` (a folder; or a single file when `out` ends in .safetensors/.bin/.pt)."""
     src, out = Path(src), Path(out)
@@ -158,8 +159,8 @@ def convert_checkpoint(
     if to_world_size is not None:
         from zerolaunch.checkpoint.reshard import reshard_checkpoint
 
-        return reshard_checkpoint(src, out, to_world_size, progress=progress)
-    source = open_source(src)
+        return reshard_checkpoint(src, out, to_world_size, progress=progress, verify=verify)
+    source = open_source(src, verify=verify)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f"{TMP_PREFIX}{out.name}")

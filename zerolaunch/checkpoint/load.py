@@ -42,7 +42,7 @@ def check_compatible(reader: CheckpointReader, specs) -> None:
             )
 
 
-def load_checkpoint(engine, path_or_root, *, group=None) -> dict:
+def load_checkpoint(engine, path_or_root, *, group=None, verify: bool = True) -> dict:
     """Load weights, optimizer state, replicated state and engine meta; return this rank's `extra`.
 
     `path_or_root` is a checkpoint folder or a root with `latest`. At another world size, ranks beyond
@@ -56,7 +56,7 @@ def load_checkpoint(engine, path_or_root, *, group=None) -> dict:
             f"it with `zerolaunch convert-checkpoint {path_or_root} OUT` and start from OUT with model.init_from"
         )
     folder = resolve_checkpoint(Path(path_or_root))
-    with CheckpointReader(folder) as reader:
+    with CheckpointReader(folder, verify=verify) as reader:
         check_compatible(reader, engine.param_specs())
         engine.load_fragment_state(reader.read)
         replicated = reader.replicated_state()

@@ -67,6 +67,10 @@ class RankEntry:
     extra: dict = field(default_factory=dict)
     """JSON leaves of the rank's `extra` (RNG states, data position); tensor leaves are in the rank file."""
     extra_tensors: tuple[str, ...] = ()
+    checksums: dict | None = None
+    """crc32 of the file's header and of every tensor's bytes, taken while writing
+    ({"algorithm": "crc32", "header": int, "tensors": {name: int}}); None in checkpoints written before
+    checksums existed (they load unverified)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ class Manifest:
                         tuple((str(n), int(a), int(b)) for n, a, b in r["fragments"]),
                         dict(r.get("extra", {})),
                         tuple(r.get("extra_tensors", ())),
+                        _checksums(r.get("checksums")),
                     )
                     for r in d["ranks"]
                 ),
@@ -159,6 +164,24 @@ class Manifest:
                     f"{where}: the rank files do not cover param {name!r} exactly "
                     f"(fragments {sorted(ranges)[:4]}, numel {numel[name]})"
                 )
+
+
+def _checksums(value) -> dict | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or value.get("algorithm") != "crc32"
+        or not isinstance(value.get("tensors"), dict)
+    ):
+        raise TypeError(
+            f"checksums must be {{'algorithm': 'crc32', 'header': int, 'tensors': {{...}}}}, got {value!r:.80}"
+        )
+    return {
+        "algorithm": "crc32",
+        "header": int(value["header"]),
+        "tensors": {str(k): int(v) for k, v in value["tensors"].items()},
+    }
 
 
 def read_manifest(folder: Path) -> Manifest:

@@ -21,7 +21,9 @@ from zerolaunch.checkpoint.tensorfile import SafetensorsReader, dtype_from_name
 
 
 class CheckpointReader:
-    def __init__(self, folder):
+    def __init__(self, folder, *, verify: bool = True):
+        """verify: check every tensor read against the manifest's crc32 (checkpoints without checksums,
+        written before they existed, are read unverified)."""
         self.folder = Path(folder)
         self.manifest: Manifest = read_manifest(self.folder)
         self._files: list[SafetensorsReader] = []
@@ -38,7 +40,7 @@ class CheckpointReader:
                     raise CheckpointError(
                         f"{path} is truncated or was modified: {size} bytes, the manifest says {entry.bytes}"
                     )
-                self._files.append(SafetensorsReader(path))
+                self._files.append(SafetensorsReader(path, entry.checksums if verify else None))
         except BaseException:
             self.close()
             raise

@@ -29,7 +29,7 @@ from zerolaunch.zero.layout import ParamSpec, plan_layout
 _DEFAULT_BUCKET_NUMEL = 500_000_000
 
 
-def reshard_checkpoint(src, out, world_size: int, *, progress: bool = False) -> Path:
+def reshard_checkpoint(src, out, world_size: int, *, progress: bool = False, verify: bool = True) -> Path:
     if world_size < 1:
         raise CheckpointError(f"--to-world-size must be >= 1, got {world_size}")
     from zerolaunch.checkpoint.deepspeed import find_deepspeed_checkpoint
@@ -41,7 +41,7 @@ def reshard_checkpoint(src, out, world_size: int, *, progress: bool = False) -> 
             "model.init_from"
         )
     out = Path(out)
-    with CheckpointReader(resolve_checkpoint(src)) as reader:
+    with CheckpointReader(resolve_checkpoint(src), verify=verify) as reader:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f"{TMP_PREFIX}{out.name}")
         remove_path(tmp)
@@ -105,6 +105,7 @@ def _write(reader: CheckpointReader, tmp: Path, world_size: int, advance) -> Non
                 tuple((f.name, f.start, f.stop) for f in fragments),
                 extra_json,
                 tuple(sorted(extra_tensors)),
+                writer.checksums(),
             )
         )
     manifest = dataclasses.replace(m, world_size=world_size, ranks=tuple(ranks))

@@ -121,7 +121,7 @@ def write_rank_files(engine, folder: Path, rank: int, extra: dict) -> None:
     extra_json, extra_tensors = encode_extra(extra)
     tensors.extend(extra_tensors.items())
     path = folder / rank_file_name(rank)
-    write_safetensors(path, tensors, metadata={"format": "pt", "zerolaunch_rank": str(rank)})
+    checksums = write_safetensors(path, tensors, metadata={"format": "pt", "zerolaunch_rank": str(rank)})
     entry = {
         "file": path.name,
         "bytes": path.stat().st_size,
@@ -129,6 +129,7 @@ def write_rank_files(engine, folder: Path, rank: int, extra: dict) -> None:
         "extra": extra_json,
         "extra_tensors": sorted(extra_tensors),
         "kinds": sorted(kinds),
+        "checksums": checksums,
     }
     write_json(folder / f"rank_{rank}.json", entry)
 
@@ -157,7 +158,11 @@ def finalize(engine, tmp: Path, final: Path, world_size: int, *, step: int, keep
         # A fragment several ranks hold (replicated state) is read from the first of them.
         fragments = tuple(tuple(f) for f in d["fragments"] if tuple(f) not in seen)
         seen.update(fragments)
-        ranks.append(RankEntry(d["file"], d["bytes"], fragments, d["extra"], tuple(d["extra_tensors"])))
+        ranks.append(
+            RankEntry(
+                d["file"], d["bytes"], fragments, d["extra"], tuple(d["extra_tensors"]), d.get("checksums")
+            )
+        )
     transient = _non_persistent_buffers(engine)
     replicated = tuple(
         ReplicatedEntry(n, tuple(t.shape), dtype_name(t.dtype), n not in transient)

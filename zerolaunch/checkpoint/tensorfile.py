@@ -8,6 +8,12 @@ Files it writes load with `safetensors.torch.load_file` and Hugging Face `from_p
 
 It does not know checkpoints, ranks or fragments; it raises `CheckpointError` naming the file on any
 truncated or malformed input.
+
+Checksums: the writer takes the crc32 of the header and of each tensor's bytes as it writes them (one pass,
+no re-read); given those values, the reader checks each tensor the first time it is read (a whole-tensor
+read is checked in place: no extra I/O), so a damaged file is refused, named, before a wrong byte is used.
+zlib.crc32 is the stdlib's (0.65-2.3 GB/s on a busy 2-core test machine, 2.4x sha256): it detects flipped
+or torn bytes, which is all this guards against (not tampering).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import json
 import math
 import os
 import struct
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,11 +110,13 @@ class SafetensorsWriter:
             offset += nbytes
         blob = json.dumps(header, separators=(",", ":")).encode()
         blob += b" " * (-len(blob) % 8)  # safetensors pads the header so tensor data is 8-byte aligned
+        head = struct.pack("<Q", len(blob)) + blob
         self._file = open(self.path, "wb")  # noqa: SIM115 -- closed in close()
-        self._file.write(struct.pack("<Q", len(blob)))
-        self._file.write(blob)
+        self._file.write(head)
         self._next = 0
         self.data_bytes = offset
+        self.header_crc32 = zlib.crc32(head)
+        self.tensor_crc32: dict[str, int] = {}
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         if self._next >= len(self._order):
@@ -121,10 +130,18 @@ class SafetensorsWriter:
                 f"got {tensor.dtype} {list(tensor.shape)} while writing {self.path}"
             )
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        crc = 0
         if nbytes:
             # A uint8 view gives numpy a buffer for every dtype, bf16 included.
-            self._file.write(memoryview(flat.view(torch.uint8).numpy()))
+            buf = memoryview(flat.view(torch.uint8).numpy())
+            crc = zlib.crc32(buf)
+            self._file.write(buf)
+        self.tensor_crc32[name] = crc
         self._next += 1
+
+    def checksums(self) -> dict:
+        """What the manifest records for this file (read back by SafetensorsReader(checksums=...))."""
+        return {"algorithm": "crc32", "header": self.header_crc32, "tensors": dict(self.tensor_crc32)}
 
     def close(self) -> None:
         try:
@@ -142,8 +159,9 @@ class SafetensorsWriter:
 
 def write_safetensors(
     path: Path, tensors: Iterable[tuple[str, torch.Tensor]], metadata: dict[str, str] | None = None
-) -> None:
-    """Write (name, tensor) pairs that are all in memory already (small files: rank shards)."""
+) -> dict:
+    """Write (name, tensor) pairs that are all in memory already (small files: rank shards); returns the
+    file's checksums (SafetensorsWriter.checksums)."""
     items = list(tensors)
     writer = SafetensorsWriter(path, [(n, tuple(t.shape), t.dtype) for n, t in items], metadata)
     try:
@@ -153,13 +171,19 @@ def write_safetensors(
         writer.abort()
         raise
     writer.close()
+    return writer.checksums()
 
 
 class SafetensorsReader:
-    """Random access to the tensors of one safetensors file; reads only the bytes asked for."""
+    """Random access to the tensors of one safetensors file; reads only the bytes asked for.
 
-    def __init__(self, path: Path):
+    checksums (SafetensorsWriter.checksums of the file): verify the header at open and each tensor the first
+    time it is read; a mismatch raises CheckpointError naming the file and the tensor."""
+
+    def __init__(self, path: Path, checksums: dict | None = None):
         self.path = Path(path)
+        self._checksums = checksums
+        self._verified: set[str] = set()
         try:
             self._fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
@@ -183,8 +207,11 @@ class SafetensorsReader:
                 f"{self.path} is truncated or not a safetensors file "
                 f"(header says {header_len} bytes, file has {size})"
             )
+        raw = os.pread(self._fd, header_len, 8)
+        if self._checksums is not None:
+            self._check("the header", zlib.crc32(raw, zlib.crc32(head)), self._checksums.get("header"))
         try:
-            header = json.loads(os.pread(self._fd, header_len, 8))
+            header = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise CheckpointError(f"{self.path} has a corrupt safetensors header") from None
         if not isinstance(header, dict):
@@ -238,12 +265,35 @@ class SafetensorsReader:
             raise CheckpointError(
                 f"{self.path}: tensor {name!r} is {e.dtype}, cannot read it into {out.dtype}"
             )
+        whole = start == 0 and out.numel() == e.numel
+        if self._checksums is not None and name not in self._verified and not whole:
+            # the first read of a part: read (and so verify) the whole tensor once, serve the part from it
+            full = torch.empty(e.numel, dtype=e.dtype)
+            self.read_into(name, 0, full)
+            out.copy_(full[start:stop])
+            return
         nbytes = out.numel() * out.element_size()
+        buf = out.view(torch.uint8).numpy()
         if nbytes:
-            buf = out.view(torch.uint8).numpy()
             got = os.preadv(self._fd, [buf], e.begin + start * out.element_size())
             if got != nbytes:
                 raise CheckpointError(f"{self.path} is truncated: short read of tensor {name!r}")
+        if self._checksums is not None and name not in self._verified:
+            self._check(f"tensor {name!r}", zlib.crc32(buf), self._checksums.get("tensors", {}).get(name))
+            self._verified.add(name)
+
+    def _check(self, what: str, got: int, want) -> None:
+        if want is None:
+            raise CheckpointError(
+                f"{self.path}: {what} has no checksum in the manifest (was the manifest edited?); "
+                "pass --no-verify to read it unchecked"
+            )
+        if got != int(want):
+            raise CheckpointError(
+                f"{self.path} is damaged: {what} has crc32 {got:#010x}, the manifest recorded {int(want):#010x} "
+                "when it was written. Use another checkpoint (or a good copy of this file); --no-verify "
+                "reads it unchecked"
+            )
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -39,6 +39,11 @@ def register(app: typer.Typer) -> None:
         ),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+        verify: bool = typer.Option(
+            True,
+            "--verify/--no-verify",
+            help="Check each tensor against the manifest's crc32 while reading (zerolaunch checkpoints).",
+        ),
     ) -> None:
         """Convert a checkpoint to model.safetensors (or shards, or torch), or reshard it."""
         with user_errors():
@@ -66,6 +71,7 @@ def register(app: typer.Typer) -> None:
                 to_world_size=to_world_size,
                 force=force,
                 progress=progress and console.is_terminal,
+                verify=verify,
             )
             files = sorted(p.name for p in written.iterdir()) if written.is_dir() else [written.name]
             shown = ", ".join(files[:4]) + (f", ... ({len(files)} files)" if len(files) > 4 else "")

@@ -340,4 +340,11 @@ def resolve_train(
         activation_checkpointing=r.value(
             "train.activation_checkpointing", T + ("activation_checkpointing",), "bool", False
         ),
+        max_nonfinite_steps=r.value(
+            "train.max_nonfinite_steps",
+            T + ("max_nonfinite_steps",),
+            "int",
+            DEFAULTS.max_nonfinite_steps,
+            min=0,
+        ),
     )

@@ -78,6 +78,9 @@ class TrainSection:
     """Where the run writes recipe.resolved.json, metrics.jsonl and logs (relative to the working dir)."""
     activation_checkpointing: bool = False
     """Recompute each repeated block's activations in backward (saves memory, costs ~1/3 more compute)."""
+    max_nonfinite_steps: int = 3
+    """Stop the run (exit code 3) after this many optimizer steps in a row with a non-finite loss or grad
+    norm; each such step is skipped, not applied. 0 = never stop (the steps are still skipped)."""
 
 
 @dataclass(frozen=True)

@@ -190,6 +190,16 @@ def _run_agent(
         failed = {r for r, f in err.failures.items() if not failures.is_secondary(f)}
         hint = failures.timeout_hint(report, failed, set(logs.global_ranks.values()), req.timeout_seconds)
         report = dataclasses.replace(report, hint=hint)
+        from zerolaunch.train.nonfinite import NONFINITE_EXIT_CODE
+
+        if failure.exitcode == NONFINITE_EXIT_CODE:
+            # train.max_nonfinite_steps stopped the run on every rank: its message once, its own exit code
+            # (README "When things go wrong"), no traceback panel.
+            message = report.exception.removeprefix("NonFiniteStop: ")
+            console.print(
+                f"{message}\nfull log: {report.log_path}", markup=False, highlight=False, soft_wrap=True
+            )
+            return NONFINITE_EXIT_CODE
         console.print(failures.render(report, restarts_used=len(logs.attempts) - 1))
         return 1
     except SignalException as err:

@@ -32,7 +32,7 @@ class StepMetrics:
     loss_scale: float | None = None
     """fp16 dynamic loss scale after the step; None for bf16 / fp32."""
     skipped: bool = False
-    """True when the fp16 overflow check skipped this step's update."""
+    """True when the overflow check (inf/nan grads, any dtype) skipped this step's update."""
     step_seconds: float | None = None
     """Wall time of the whole step (all micro-batches, backward and optimizer)."""
     comm_seconds: float | None = None

@@ -237,5 +237,5 @@ def throughput_table(
     ratio = NA if summary.comm_ratio is None else f"{summary.comm_ratio:.2f}x"
     table.add_row("measured / theory", ratio)
     if summary.skipped_steps:
-        table.add_row("skipped steps", f"{summary.skipped_steps} (fp16 overflow)")
+        table.add_row("skipped steps", f"{summary.skipped_steps} (inf/nan grads)")
     return table

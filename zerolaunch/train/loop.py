@@ -32,6 +32,7 @@ from zerolaunch.train.batches import (
 from zerolaunch.train.checkpointing import CheckpointHook
 from zerolaunch.train.context import RunContext
 from zerolaunch.train.init_weights import load_initial_weights
+from zerolaunch.train.nonfinite import NonFiniteGuard
 from zerolaunch.train.reporting import StepReporter
 
 
@@ -119,6 +120,7 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
             start_step=start_step,
         )
     losses: list[float] = []
+    guard = NonFiniteGuard(recipe.train.max_nonfinite_steps)
     pending = first
     # the card's size, for "% of device" in the per-step line
     device_bytes = (
@@ -142,8 +144,11 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
                 loss_sum += loss.detach().float()
             _sync(ctx.device)
             step_seconds = time.perf_counter() - t0
-            (loss_total,) = _reduce([loss_sum.item()], ctx.device, ctx.group, dist.ReduceOp.SUM)
-            mean_loss = loss_total / (gas * ctx.world_size)
+            # one slot per rank in the same single all-reduce: every rank learns which rank's loss went bad
+            slots = [0.0] * ctx.world_size
+            slots[ctx.rank] = loss_sum.item()
+            rank_losses = [v / gas for v in _reduce(slots, ctx.device, ctx.group, dist.ReduceOp.SUM)]
+            mean_loss = sum(rank_losses) / ctx.world_size
             losses.append(mean_loss)
             mem_peaks = None
             if ctx.device.type == "cuda":
@@ -168,9 +173,20 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
                     mem_reserved_bytes=int(mem_peaks[1]) if mem_peaks else None,
                     mem_device_bytes=device_bytes,
                 )
-            hook.maybe_save(step)
-        if start_step < total_steps:
+            bad = guard.record(step, rank_losses, info.grad_norm)  # raises NonFiniteStop at the limit
+            if bad is not None and ctx.is_rank0:
+                print(
+                    f"non-finite {bad.describe()}: step skipped, no checkpoint until a finite step",
+                    flush=True,
+                )
+            if not guard.open:
+                hook.maybe_save(step)
+        if start_step < total_steps and not guard.open:
             hook.save(total_steps)
+        elif guard.open and ctx.is_rank0:
+            print(
+                "the run ended on non-finite steps: no final checkpoint (the newest one is the last good one)"
+            )
         memory_by_rank = [None] * ctx.world_size
         dist.all_gather_object(memory_by_rank, _memory_now(engine, ctx.device), group=ctx.group)
         if reporter is not None:

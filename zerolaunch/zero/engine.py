@@ -42,11 +42,12 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 @dataclass(frozen=True)
 class StepInfo:
     stepped: bool
-    """True when the optimizer stepped (an accumulation boundary without fp16 overflow)."""
+    """True when the optimizer stepped (an accumulation boundary with finite grads)."""
     skipped: bool
-    """True at a boundary whose step was skipped (fp16 overflow on some rank)."""
+    """True at a boundary whose step was skipped: an inf/nan grad on some rank (every dtype; under fp16 the
+    loss scale also backs off). Every rank skips the same steps."""
     grad_norm: float | None
-    """Global grad norm before clipping; None off the boundary, inf on overflow."""
+    """Global grad norm before clipping; None off the boundary, the non-finite norm (inf or nan) on a skip."""
     loss_scale: float
     lr: float
 
@@ -341,7 +342,6 @@ class Engine(EngineStateMixin):
             self.group,
             sharded=self.stage > 0,
             loss_scale=loss_scale,
-            fp16=self.scaler.enabled,
             clip_norm=self.options.gradient_clipping,
             comm_device=self.device,
             stats=self.comm_stats,
@@ -352,7 +352,7 @@ class Engine(EngineStateMixin):
         if self.reducer is not None:
             self.reducer.reset_accumulation()
         if skipped:
-            return StepInfo(False, True, float("inf"), loss_scale, self._lr)
+            return StepInfo(False, True, float(scaling.grad_norm), loss_scale, self._lr)
         self._lr = self.scheduler.lr_at(self.global_steps)
         if self._step_executor is not None:
             self._in_flight = self._start_overlapped_step(scaling.multiplier)

@@ -3,7 +3,7 @@
 This module owns the loss-scale value and how it moves: static when `loss_scale > 0`, dynamic otherwise
 (start at 2**initial_scale_power; an overflow consumes one unit of hysteresis, and when none is left halves
 the scale, never below min_loss_scale; after `loss_scale_window` steps without overflow the scale doubles and
-the hysteresis is refilled). fp32 and bf16 need no scaling: the scale is 1 and never moves. The overflow
+the hysteresis is refilled). fp32 and bf16 need no scaling: the scale is 1 and never moves, but an overflow still skips the step. The overflow
 check itself (an all-reduced inf/nan flag) is the engine's; this module only hears its result.
 """
 
@@ -39,9 +39,10 @@ class LossScaler:
         self.last_overflow_iter = -1
 
     def update(self, overflow: bool) -> bool:
-        """Record one optimizer step's overflow result; returns True when that step must be skipped."""
+        """Record one optimizer step's overflow result; returns True when that step must be skipped (every
+        dtype: fp32 and bf16 skip a non-finite step too, with a scale that never moves)."""
         if not self.enabled:
-            return False
+            return overflow
         if not self.dynamic:
             return overflow
         if overflow:

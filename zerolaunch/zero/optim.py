@@ -108,7 +108,6 @@ def check_and_scale(
     *,
     sharded: bool,
     loss_scale: float,
-    fp16: bool,
     clip_norm: float,
     comm_device: torch.device,
     stats: comm.CommStats | None = None,
@@ -116,9 +115,10 @@ def check_and_scale(
     """The common part of every step, from the sum of squares of this rank's (still loss-scaled) grads.
 
     sharded=True: each rank holds a disjoint piece (its owned shards; padding is zero), so the global sum is
-    all_reduce(local sums); sharded=False: every rank holds the full gradient (stage 0). fp16: a non-finite
-    sum means an inf/nan somewhere (the squares of finite fp16-range values cannot overflow fp32 at any real
-    model size), the same on every rank after the all-reduce, so every rank skips together. The norm is
+    all_reduce(local sums); sharded=False: every rank holds the full gradient (stage 0). Every dtype: a
+    non-finite sum means an inf/nan somewhere (or a grad past 1.8e19, whose square overflows fp32), the same
+    on every rank after the all-reduce, so every rank skips together: DeepSpeed's bf16 rule (an all-reduced
+    inf/nan flag, then an invalid global norm) and its fp16 one; grad_norm is then that non-finite value. The norm is
     reported before clipping, as DeepSpeed does; clipping is torch's rule, min(1, clip / (norm + 1e-6)).
     Nothing is written to the grads: the multiplier is applied by the step (shard_optim.py).
     `comm_device`: where the group can reduce (the accelerator when the grads were offloaded under nccl).
@@ -128,8 +128,8 @@ def check_and_scale(
     if sharded:
         comm.all_reduce(sq, group, op="sum", stats=stats)
     sq = sq.to(home)
-    if fp16 and not bool(torch.isfinite(sq)):
-        return GradScaling(True, torch.tensor(float("inf")), None)
+    if not bool(torch.isfinite(sq)):
+        return GradScaling(True, sq.sqrt(), None)
     norm = sq.sqrt()
     multiplier = None
     if loss_scale != 1.0:

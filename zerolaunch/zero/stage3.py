@@ -309,7 +309,6 @@ class Stage3Engine(Stage3StateMixin):
             self.group,
             sharded=True,
             loss_scale=loss_scale,
-            fp16=self.scaler.enabled,
             clip_norm=self.options.gradient_clipping,
             comm_device=self.device,
             stats=self.comm_stats,
@@ -318,7 +317,7 @@ class Stage3Engine(Stage3StateMixin):
         # the next window's first reduce-scatter of each unit overwrites its grad shard: no zeroing pass.
         self.schedule.reset_accumulation()
         if skipped:
-            return StepInfo(False, True, float("inf"), loss_scale, self._lr)
+            return StepInfo(False, True, float(scaling.grad_norm), loss_scale, self._lr)
         self._lr = self.scheduler.lr_at(self.global_steps)
         self._step_and_publish(scaling.multiplier)
         self.global_steps += 1

@@ -1,0 +1,68 @@
+"""A NaN or inf in ONE rank's gradient skips the step on EVERY rank for fp32 and bf16 (DeepSpeed 0.19.8's
+bf16 rule: an all-reduced inf/nan flag, then an invalid global norm -> "OVERFLOW! Skipping step"), stages 1-3,
+on 2 gloo ranks: the weights do not move on either rank, StepInfo says skipped with the non-finite norm, the
+step counter and the lr schedule do not advance, and the next finite step trains again.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from _spawn import run_ranks
+from _zero_models import Net, micro_batch, rank_rows
+
+from zerolaunch.zero import Engine
+from zerolaunch.zero.options import EngineOptions, OptimizerOptions, PrecisionOptions, ZeroOptions
+
+
+def _weights(engine) -> list[torch.Tensor]:
+    return [t.detach().float().clone() for _, t in engine.full_state_dict()]
+
+
+def _run(rank, world_size):
+    out = {}
+    for dtype in ("fp32", "bf16"):
+        for stage in (1, 2, 3):
+            options = EngineOptions(
+                zero=ZeroOptions(stage=stage, reduce_bucket_size=100),
+                precision=PrecisionOptions(dtype=dtype),
+                optimizer=OptimizerOptions(lr=1e-2, weight_decay=0.1),
+            )
+            engine = Engine(Net(0), options)
+            rows = []
+            for step in range(4):
+                before = _weights(engine)
+                x, y = micro_batch(step, 0, world_size)
+                x = rank_rows(x, rank).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
+                loss = F.mse_loss(engine(x).float(), rank_rows(y, rank))
+                if rank == 1 and step in (1, 2):
+                    # step 1: NaN, step 2: inf, on rank 1 only
+                    loss = loss * (float("nan") if step == 1 else float("inf"))
+                engine.backward(loss)
+                info = engine.step()
+                after = _weights(engine)
+                moved = any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+                finite = all(bool(torch.isfinite(t).all()) for t in after)
+                rows.append((info.stepped, info.skipped, info.grad_norm, moved, finite))
+            out[(dtype, stage)] = {"rows": rows, "steps": engine.global_steps}
+            engine.close()
+    return out
+
+
+def test_nonfinite_grad_skips_on_every_rank():
+    results = run_ranks(_run, 2, timeout_s=300)
+    for rank, res in enumerate(results):
+        for key, r in res.items():
+            rows = r["rows"]
+            assert [row[1] for row in rows] == [False, True, True, False], (rank, key, rows)
+            assert [row[0] for row in rows] == [True, False, False, True], (rank, key, rows)
+            assert [row[3] for row in rows] == [True, False, False, True], (rank, key, rows)
+            assert all(row[4] for row in rows), (rank, key, rows)
+            assert math.isfinite(rows[0][2]) and math.isfinite(rows[3][2])
+            assert not math.isfinite(rows[1][2]) and not math.isfinite(rows[2][2])
+            assert r["steps"] == 2
+    # both ranks made the same decisions at every step
+    for key in results[0]:
+        assert [row[:2] for row in results[0][key]["rows"]] == [row[:2] for row in results[1][key]["rows"]]
