@@ -55,7 +55,33 @@ def _attempt_store(restart_count: int, timeout: datetime.timedelta):
     return dist.PrefixStore(f"zerolaunch/attempt_{restart_count}", client)
 
 
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal this process gets when the thread that started it exits."""
+
+
+def die_with_parent() -> None:
+    """Arm SIGKILL for this worker when its parent (the launcher, which runs the elastic agent) dies.
+
+    A `kill -9` of the launcher otherwise leaves the workers training as orphans, writing checkpoints a
+    re-launch would share. Armed before torch is imported; a parent that died before that is caught by
+    comparing getppid() with the pid the launcher left in ZEROLAUNCH_LAUNCHER_PID. Linux only (a no-op
+    elsewhere).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return  # cannot arm it (seccomp etc.): the worker still runs, as before
+    expected = os.environ.get("ZEROLAUNCH_LAUNCHER_PID")
+    if expected and expected.isdigit() and os.getppid() != int(expected):
+        os._exit(1)  # the launcher died before the signal was armed
+
+
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from zerolaunch.train.nonfinite import NONFINITE_EXIT_CODE, NonFiniteStop

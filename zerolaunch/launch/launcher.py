@@ -20,6 +20,8 @@ from pathlib import Path
 
 from zerolaunch.launch.devices import Workers, choose_workers
 from zerolaunch.launch.ports import LOOPBACK, LaunchError, free_port, parse_endpoint
+from zerolaunch.launch.runlock import RunLock, lock_name
+from zerolaunch.launch.writable import check_writable
 
 RDZV_BACKENDS = ("c10d", "static")
 MONITOR_INTERVAL_SECONDS = 0.1
@@ -97,6 +99,8 @@ def _worker_args(req: LaunchRequest, resolved: Path, workers: Workers) -> list[s
 
 
 def _prepare_env(workers: Workers) -> None:
+    # The workers' parent: each worker checks it is still there after arming PR_SET_PDEATHSIG (worker.py).
+    os.environ["ZEROLAUNCH_LAUNCHER_PID"] = str(os.getpid())
     # pytorch issue 135712: a c10d restart reuses the rendezvous store and fails or hangs without this.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     # Worker stdout goes to log files; unbuffered, rank 0's progress reaches the terminal as it happens.
@@ -111,7 +115,7 @@ def _prepare_env(workers: Workers) -> None:
 
 def launch(req: LaunchRequest, console) -> int:
     """Run the job; returns the process exit code (0 ok, 1 training failed, 130 interrupted)."""
-    from zerolaunch.config import load_recipe, render_recipe_table, save_resolved
+    from zerolaunch.config import load_recipe
 
     if req.max_restarts < 0:
         raise LaunchError(f"--max-restarts must be >= 0, got {req.max_restarts}")
@@ -124,6 +128,21 @@ def launch(req: LaunchRequest, console) -> int:
         req.recipe, overrides=overrides, world_size=req.nnodes * workers.nproc_per_node, check_builders=True
     )
     run_dir = Path(recipe.train.run_dir)
+    # before anything is written or started: a folder the run cannot write fails here, not in a worker
+    check_writable(run_dir, "run_dir")
+    check_writable(recipe.checkpoint.dir or run_dir / "checkpoints", "checkpoint.dir")
+    lock = RunLock(run_dir, lock_name(req.nnodes, req.node_rank)).acquire()
+    try:
+        if lock.note:
+            console.print(lock.note, markup=False, highlight=False, soft_wrap=True)
+        return _launch_locked(req, recipe, rdzv, workers, run_dir, console)
+    finally:
+        lock.release()
+
+
+def _launch_locked(req: LaunchRequest, recipe, rdzv: Rendezvous, workers: Workers, run_dir: Path, console):
+    from zerolaunch.config import render_recipe_table, save_resolved
+
     resolved = save_resolved(recipe, run_dir)
     console.print(render_recipe_table(recipe))
     where = f"{req.nnodes} node(s) x " if req.nnodes > 1 else ""
