@@ -393,3 +393,10 @@ def test_keys_deepspeed_removed_are_refused_as_removed():
     with pytest.raises(RecipeError, match="DeepSpeed 0.19.8 removed Progressive Layer Dropping") as err:
         load_recipe({"deepspeed": {"progressive_layer_drop": {"enabled": False}}})
     assert "silently ignore" not in str(err.value)
+
+
+def test_warmup_shorter_than_deepspeeds_minimum_is_noted():
+    recipe = load_recipe(
+        {"deepspeed": {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}}}
+    )
+    assert "at least 2 steps" in recipe.notes["engine.scheduler.warmup_num_steps"]

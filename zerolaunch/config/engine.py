@@ -262,6 +262,12 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
         default_note="= train.steps" if wants_total else None,
         min=1,
     )
+    if kind != "cosine" and train.warmup_steps < 2:
+        # DeepSpeed clamps warmup to 2 steps (log(1) = 0); 0.19.8's WarmupLR/WarmupCosineLR raise for 0.
+        r.notes[k + "warmup_num_steps"] = (
+            f"{train.warmup_steps}: DeepSpeed's schedules warm up over at least 2 steps (DeepSpeed 0.19.8 "
+            "refuses 0); the lr peaks at the 3rd step (log) or 4th (linear)"
+        )
     if total is not None and total < train.warmup_steps:
         # DeepSpeed only warns here; the decay part of the schedule is never reached.
         r.notes[k + "total_num_steps"] = f"fewer than the {train.warmup_steps} warmup steps: no decay phase"
