@@ -29,7 +29,7 @@ from . import comm, flat, offload, shard_optim
 from .engine_state import EngineStateMixin
 from .layout import Fragment, ParamSpec, TensorSpec, plan_layout
 from .loss_scale import LossScaler
-from .optim import STATE_KINDS, check_and_scale, sum_of_squares
+from .optim import STATE_KINDS, check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
 from .param_groups import collect_aliases, collect_params, split_decay_groups
 from .sched import LRSchedule
@@ -207,6 +207,8 @@ class Engine(EngineStateMixin):
         self.scaler = LossScaler(options.precision)
         self.global_steps = 0
         self.micro_steps = 0
+        self._loss_nonfinite: torch.Tensor | None = None
+        """Any inf/nan loss in this accumulation window (a device flag: no sync per micro-step)."""
         self._lr = self.scheduler.lr_at(0)
         self._in_flight: OverlappedStep | None = None
         """The step running in the background ([Note: overlapped step]); None when settled."""
@@ -285,6 +287,7 @@ class Engine(EngineStateMixin):
             )
         self.settle()
         self._reattach_grad_views()
+        self._loss_nonfinite = note_nonfinite_loss(self._loss_nonfinite, loss)
         scale = self.scaler.scale / self.options.gradient_accumulation_steps
         (loss * scale).backward()
         if self.reducer is not None:
@@ -314,6 +317,7 @@ class Engine(EngineStateMixin):
         self.micro_steps += 1
         if self.micro_steps % self.options.gradient_accumulation_steps != 0:
             return StepInfo(False, False, None, self.scaler.scale, self._lr)
+        loss_nonfinite, self._loss_nonfinite = self._loss_nonfinite, None
         device_sq = None
         if self.reducer is not None:
             if self.reducer.busy:
@@ -321,6 +325,10 @@ class Engine(EngineStateMixin):
             device_sq = self.reducer.take_grad_sq()
         else:
             self._reattach_grad_views()
+            if self.stage == 0 and loss_nonfinite is not None:
+                # stage 0 all-reduces no norm: a bad loss travels as an inf in the grads it all-reduces
+                first = self.full_grads[0][:1]
+                first.add_(torch.where(loss_nonfinite, float("inf"), 0.0).to(first.dtype))
             device_sq = flat.reduce_full_grads(
                 self.layout,
                 self.full_grads,
@@ -345,6 +353,7 @@ class Engine(EngineStateMixin):
             clip_norm=self.options.gradient_clipping,
             comm_device=self.device,
             stats=self.comm_stats,
+            loss_nonfinite=loss_nonfinite if self.stage > 0 else None,
         )
         skipped = self.scaler.update(scaling.overflow)
         # every grad shard element is overwritten by the next window's first reduction (stages 0/1 at the

@@ -102,6 +102,13 @@ class GradScaling:
     clip factor); None when that is exactly 1."""
 
 
+def note_nonfinite_loss(flag: torch.Tensor | None, loss: torch.Tensor) -> torch.Tensor:
+    """flag | (loss is inf/nan), on the loss's device with no host sync: a NaN loss whose grads came out
+    finite (a detached or masked term) must still skip the step (check_and_scale(loss_nonfinite=...))."""
+    bad = ~torch.isfinite(loss.detach())
+    return bad if flag is None else flag | bad
+
+
 def check_and_scale(
     local_sq: torch.Tensor,
     group,
@@ -111,6 +118,7 @@ def check_and_scale(
     clip_norm: float,
     comm_device: torch.device,
     stats: comm.CommStats | None = None,
+    loss_nonfinite: torch.Tensor | None = None,
 ) -> GradScaling:
     """The common part of every step, from the sum of squares of this rank's (still loss-scaled) grads.
 
@@ -122,9 +130,14 @@ def check_and_scale(
     reported before clipping, as DeepSpeed does; clipping is torch's rule, min(1, clip / (norm + 1e-6)).
     Nothing is written to the grads: the multiplier is applied by the step (shard_optim.py).
     `comm_device`: where the group can reduce (the accelerator when the grads were offloaded under nccl).
+    `loss_nonfinite` (note_nonfinite_loss over the window): a bad loss on this rank makes its sum inf, so
+    the all-reduce carries it to every rank (sharded only: stage 0 puts it in the grads before their
+    all-reduce instead).
     """
     home = local_sq.device
     sq = local_sq.to(comm_device, torch.float32)
+    if loss_nonfinite is not None:
+        sq = sq + torch.where(loss_nonfinite.to(comm_device), float("inf"), 0.0)
     if sharded:
         comm.all_reduce(sq, group, op="sum", stats=stats)
     sq = sq.to(home)

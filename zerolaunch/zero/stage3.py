@@ -28,7 +28,7 @@ from .engine import DTYPES, StepInfo, validate_options
 from .layout import ParamSpec
 from .loss_scale import LossScaler
 from .meta_init import materialize, param_sites, unit_seed
-from .optim import check_and_scale, sum_of_squares
+from .optim import check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
 from .param_groups import collect_aliases, collect_params, split_decay_groups
 from .sched import LRSchedule
@@ -146,6 +146,8 @@ class Stage3Engine(Stage3StateMixin):
         self.scaler = LossScaler(options.precision)
         self.global_steps = 0
         self.micro_steps = 0
+        self._loss_nonfinite: torch.Tensor | None = None
+        """Any inf/nan loss in this accumulation window (a device flag: no sync per micro-step)."""
         self._lr = self.scheduler.lr_at(0)
 
     # ---- construction --------------------------------------------------------------------------------------
@@ -287,6 +289,7 @@ class Stage3Engine(Stage3StateMixin):
                 f"engine.backward expects a scalar loss, got shape {tuple(loss.shape)}; "
                 "reduce it first (e.g. loss.mean())"
             )
+        self._loss_nonfinite = note_nonfinite_loss(self._loss_nonfinite, loss)
         scale = self.scaler.scale / self.options.gradient_accumulation_steps
         self.schedule.begin_backward()
         try:
@@ -301,6 +304,7 @@ class Stage3Engine(Stage3StateMixin):
         self.micro_steps += 1
         if self.micro_steps % self.options.gradient_accumulation_steps != 0:
             return StepInfo(False, False, None, self.scaler.scale, self._lr)
+        loss_nonfinite, self._loss_nonfinite = self._loss_nonfinite, None
         offload.sync(self.device)
         device_sq = self.schedule.take_grad_sq()
         loss_scale = self.scaler.scale
@@ -312,6 +316,7 @@ class Stage3Engine(Stage3StateMixin):
             clip_norm=self.options.gradient_clipping,
             comm_device=self.device,
             stats=self.comm_stats,
+            loss_nonfinite=loss_nonfinite if self.stage > 0 else None,
         )
         skipped = self.scaler.update(scaling.overflow)
         # the next window's first reduce-scatter of each unit overwrites its grad shard: no zeroing pass.
