@@ -48,7 +48,7 @@ def _worker(fn, rank, world_size, store_path, timeout_s, backend, results, args)
         results.put((rank, False, traceback.format_exc()))
 
 
-def run_ranks(fn, world_size: int, *args, timeout_s: float = 120.0, backend: str = "gloo") -> list:
+def run_ranks(fn, world_size: int, *args, timeout_s: float = 600.0, backend: str = "gloo") -> list:
     """fn(rank, world_size, *args) on `world_size` ranks; returns the per-rank results, in rank order.
 
     backend="nccl" (GPU machines only) pins rank r to cuda:r before the group is created.

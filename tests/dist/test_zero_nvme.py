@@ -110,7 +110,7 @@ def _cases(rank: int, world_size: int, root: str) -> dict:
 
 
 def test_nvme_offload_matches_no_offload_and_resumes(tmp_path):
-    results = run_ranks(_cases, 2, str(tmp_path), timeout_s=240)
+    results = run_ranks(_cases, 2, str(tmp_path), timeout_s=600)
     for rank, res in enumerate(results):
         for stage in (1, 2, 3):
             for optimizer in ("adamw", "sgd"):
