@@ -278,21 +278,19 @@ def hf_config_dict(model) -> dict | None:
 
     if not is_hf_model(model):
         return None
-    return json.loads(model.config.to_json_string(use_diff=False))
+    config = json.loads(model.config.to_json_string(use_diff=False))
+    # a model built from a config has architectures None; save_pretrained writes the class that saved it
+    config["architectures"] = [type(model).__name__]
+    return config
 
 
 def write_hf_config(config: dict, out_dir, dtype: torch.dtype | None = None) -> None:
-    """config.json from a config dict (e.g. a checkpoint's extra["hf_config"]), dtype set to the weights'."""
-    config = dict(config)
-    if dtype is not None:
-        name = str(dtype).removeprefix("torch.")
-        # transformers 5 writes "dtype", 4.x "torch_dtype"; set whichever this config has (both if neither).
-        keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["dtype", "torch_dtype"]
-        for k in keys:
-            config[k] = name
+    """config.json (and generation_config.json) from a config dict, as save_pretrained writes them."""
+    from zerolaunch.checkpoint.hf_out import write_side_files
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_side_files(out, config, dtype)
 
 
 def save_hf_pretrained(
@@ -316,47 +314,60 @@ def save_hf_pretrained(
             f"save_hf_pretrained needs a transformers PreTrainedModel, got {type(model).__name__}; "
             "use zerolaunch convert-checkpoint for other models"
         )
+    from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path
+    from zerolaunch.checkpoint.hf_out import write_side_files
+
     rank = comm.rank(inner.group)
     out = Path(out_dir)
+    # [Note: atomic save]: rank 0 builds the folder under a temp name and renames it into place, so a crash
+    # leaves the previous folder (or none), never a mix of old and new shards.
+    tmp = out.with_name(f"{TMP_PREFIX}{out.name}")
     persistent = set(model.state_dict().keys())
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        for stale in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
-            stale.unlink(missing_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_path(tmp)
+        tmp.mkdir()
     shards: list[list[str]] = []
     current: dict[str, torch.Tensor] = {}
-    current_bytes = total_bytes = 0
+    current_bytes = total_bytes = total_numel = 0
     written_dtype = None
 
     def flush():
         nonlocal current, current_bytes
         if current:
             shards.append(list(current))
-            write_safetensors(out / f".part-{len(shards)}.safetensors", current.items(), {"format": "pt"})
+            write_safetensors(tmp / f".part-{len(shards)}.safetensors", current.items(), {"format": "pt"})
             current, current_bytes = {}, 0
 
-    for name, tensor in inner.full_state_dict(dtype=dtype):
-        if rank != 0 or name not in persistent:
-            continue
-        # clone: gathered tensors may be views of one bucket, and safetensors stores each tensor on its own.
-        t = tensor.detach().to("cpu", copy=True).contiguous()
-        if t.is_floating_point():
-            written_dtype = t.dtype
-        nbytes = t.numel() * t.element_size()
-        if current and current_bytes + nbytes > max_shard_bytes:
+    try:
+        for name, tensor in inner.full_state_dict(dtype=dtype):
+            if rank != 0 or name not in persistent:
+                continue
+            # clone: gathered tensors may be views of one bucket, and safetensors stores each on its own.
+            t = tensor.detach().to("cpu", copy=True).contiguous()
+            if t.is_floating_point():
+                written_dtype = t.dtype
+            nbytes = t.numel() * t.element_size()
+            if current and current_bytes + nbytes > max_shard_bytes:
+                flush()
+            current[name] = t
+            current_bytes += nbytes
+            total_bytes += nbytes
+            total_numel += t.numel()
+        if rank == 0:
             flush()
-        current[name] = t
-        current_bytes += nbytes
-        total_bytes += nbytes
-    if rank == 0:
-        flush()
-        _publish_shards(out, shards, total_bytes)
-        write_hf_config(hf_config_dict(model), out, written_dtype)
+            _publish_shards(tmp, shards, total_bytes, total_numel)
+            write_side_files(tmp, hf_config_dict(model), written_dtype, live_model=model)
+            publish(tmp, out)
+    except BaseException:
+        if rank == 0:
+            remove_path(tmp)
+        raise
     comm.barrier(inner.group)
     return out
 
 
-def _publish_shards(out: Path, shards: list[list[str]], total_bytes: int) -> None:
+def _publish_shards(out: Path, shards: list[list[str]], total_bytes: int, total_numel: int) -> None:
     """Rename the written parts to HF's names; more than one part gets an index (name -> file)."""
     if len(shards) == 1:
         (out / ".part-1.safetensors").replace(out / "model.safetensors")
@@ -366,5 +377,7 @@ def _publish_shards(out: Path, shards: list[list[str]], total_bytes: int) -> Non
         final = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         (out / f".part-{i}.safetensors").replace(out / final)
         weight_map.update(dict.fromkeys(names, final))
-    index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
+    from zerolaunch.checkpoint.hf_out import index_dict
+
+    index = index_dict(weight_map, total_bytes, total_numel)
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")

@@ -37,8 +37,87 @@ def test_converted_hf_checkpoint_loads_with_from_pretrained(tmp_path):
         engine.step()
     engine.save_checkpoint(tmp_path / "ck")
     out = convert_checkpoint(tmp_path / "ck", tmp_path / "out")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
     model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     with torch.no_grad():
         assert torch.equal(model(input_ids=x).logits, engine.module(input_ids=x).logits)
+
+
+# ---- the folder equals what save_pretrained writes for the same model ------------------------------------
+GPT2 = dict(model_type="gpt2", vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=32)
+
+
+def _trained_engine(config):
+    engine = zerolaunch.initialize(
+        hf.build(config=config), {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 2}
+    )
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    engine.backward(engine(input_ids=x, labels=x).loss)
+    engine.step()
+    return engine
+
+
+def _reference(engine, config, out, dtype, shard):
+    """save_pretrained of a freshly built model of the same config (its defaults: use_cache on) holding the
+    engine's weights; written by transformers, not by the code under test."""
+    ref = transformers.AutoModelForCausalLM.from_config(hf.make_config(config))
+    ref.load_state_dict(engine.module.state_dict())
+    ref.to(dtype).save_pretrained(out, max_shard_size=shard)
+    return out
+
+
+def _folder(path):
+    import json
+
+    from safetensors.torch import load_file
+
+    files = sorted(p.name for p in path.iterdir())
+    tensors = {}
+    for f in files:
+        if f.endswith(".safetensors"):
+            tensors.update(load_file(path / f))
+    side = {f: json.loads((path / f).read_text()) for f in files if f.endswith(".json")}
+    return files, tensors, side
+
+
+@pytest.mark.parametrize("config", [CONFIG, GPT2], ids=["llama", "gpt2"])
+@pytest.mark.parametrize(("dtype", "shard"), [("fp32", None), ("bf16", 8_000)], ids=["fp32", "bf16-shards"])
+@pytest.mark.parametrize("writer", ["convert", "save_hf_pretrained"])
+def test_hf_folder_equals_save_pretrained(tmp_path, config, dtype, shard, writer):
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    engine = _trained_engine(config)
+    assert engine.module.config.use_cache is False  # the training-time flag the output must not keep
+    if writer == "convert":
+        engine.save_checkpoint(tmp_path / "ck")
+        ours = convert_checkpoint(tmp_path / "ck", tmp_path / "out", dtype=dtype, max_shard_bytes=shard)
+    else:
+        ours = zerolaunch.api.save_hf_pretrained(
+            engine, tmp_path / "out", dtype=torch_dtype, max_shard_bytes=shard or 10**12
+        )
+    ref = _reference(engine, config, tmp_path / "ref", torch_dtype, shard or "50GB")
+    (files, tensors, side), (ref_files, ref_tensors, ref_side) = _folder(ours), _folder(ref)
+    shard_count = sum(f.endswith(".safetensors") for f in ref_files)
+    assert (shard_count > 1) == (shard is not None)
+    # the side files are the same; the shard split may differ (ours streams in the checkpoint's tensor order,
+    # huggingface_hub bins in state_dict order), so shards are compared by their tensors, not file names.
+    shard_files = [f for f in files if f.endswith(".safetensors")]
+    assert [f for f in files if f not in shard_files] == [
+        f for f in ref_files if not f.endswith(".safetensors")
+    ]
+    assert (len(shard_files) > 1) == (shard is not None)
+    assert sorted(tensors) == sorted(ref_tensors)  # the tied lm_head stored once, as save_pretrained does
+    for name, t in ref_tensors.items():
+        assert tensors[name].dtype == t.dtype and torch.equal(tensors[name], t), name
+    for f in ("config.json", "generation_config.json"):
+        for key in sorted(set(ref_side[f]) | set(side[f])):
+            assert side[f].get(key, "<absent>") == ref_side[f].get(key, "<absent>"), (f, key)
+    if shard is not None:
+        index = "model.safetensors.index.json"
+        assert side[index]["metadata"] == ref_side[index]["metadata"]  # total_parameters and total_size
+        assert sorted(side[index]["weight_map"]) == sorted(ref_side[index]["weight_map"])
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())

@@ -146,3 +146,36 @@ def test_recipe_with_a_custom_model_counts_it_and_says_activations_are_unknown(t
     data = _json(str(recipe), "--gpus", "3")
     assert data["model"]["params"] == 17 * 29 + 29 + 29 * 5 + 5
     assert data["rows"][0]["activation_bytes"] is None
+
+
+def _tiny_hf_folder(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(cfg)
+    model.save_pretrained(tmp_path / "hf")
+    # counted independently: every parameter of the real model, each once
+    return tmp_path / "hf", sum(p.numel() for p in model.parameters())
+
+
+def test_hf_path_recipe_and_hf_model_option_are_built_on_meta(tmp_path):
+    folder, numel = _tiny_hf_folder(tmp_path)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model:\n  builder: zerolaunch.models.hf:build\n  args: {{path: {folder}}}\n"
+        "data:\n  builder: zerolaunch.data.synthetic:build\n  args: {vocab_size: 64, seq_len: 16}\n"
+    )
+    for args in ([str(recipe)], ["--model", str(folder)], ["--model", str(folder / "config.json")]):
+        data = _json(*args, "--gpu-memory", "1GiB")
+        assert data["model"]["params"] == numel and data["model"]["exact"], args
+    result = _run("--model", str(tmp_path / "nothing.json"))
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output

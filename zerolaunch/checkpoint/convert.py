@@ -189,6 +189,13 @@ def _write(
     tensors = source.tensors()
     if not tensors:
         raise CheckpointError(f"{source.description} holds no tensors")
+    config = None if single_file else getattr(source, "hf_config", lambda: None)()
+    if config is not None:
+        from zerolaunch.checkpoint import hf_out
+
+        # an HF folder stores a tied weight once, as save_pretrained does (from_pretrained re-ties it)
+        drop = hf_out.tied_aliases_to_drop(config, [t.name for t in tensors if t.source != t.name])
+        tensors = [t for t in tensors if t.name not in drop]
     sizes = [_numel(t.shape) * torch.empty((), dtype=_out_dtype(t, dtype)).element_size() for t in tensors]
     shards = plan_shards(sizes, max_shard_bytes)
     stem, ext = ("model", "safetensors") if fmt == "safetensors" else ("pytorch_model", "bin")
@@ -214,13 +221,17 @@ def _write(
                 _write_safetensors_shard(source, path, items, dtype, bar.advance)
             else:
                 _write_torch_shard(source, path, items, dtype, bar.advance)
-    config = getattr(source, "hf_config", lambda: None)()
-    if not single_file and config is not None:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    if config is not None:
+        floats = [_out_dtype(t, dtype) for t in tensors if t.dtype.is_floating_point]
+        hf_out.write_side_files(tmp, config, floats[0] if floats else None)
     if not single_file and len(shards) > 1:
+        from zerolaunch.checkpoint.hf_out import index_dict
+
         weight_map = {tensors[i].name: paths[s].name for s, shard in enumerate(shards) for i in shard}
-        index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
-        (tmp / f"{stem}.{ext}.index.json").write_text(json.dumps(index, indent=2))
+        numel = sum(_numel(t.shape) for t in tensors)
+        (tmp / f"{stem}.{ext}.index.json").write_text(
+            json.dumps(index_dict(weight_map, sum(sizes), numel), indent=2)
+        )
 
 
 def _numel(shape) -> int:

@@ -160,8 +160,17 @@ def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, 
     if params:
         return synthetic_gpt(parse_count(params), vocab_size, seq_len or 1024), {}, {}
     if model:
-        from zerolaunch.memory.shape import from_gpt_size
+        from pathlib import Path
 
+        from zerolaunch.memory.shape import from_gpt_size, from_module, hf_model_on_meta
+
+        if Path(model).exists():
+            module = hf_model_on_meta(model)
+            return (
+                from_module(module, source=f"{model} (Hugging Face config)", stage3_units=stage3_units),
+                {},
+                {},
+            )
         return from_gpt_size(model, vocab_size, seq_len or 1024, stage3_units), {}, {}
     return _recipe_inputs(recipe, set_, world_size)
 
@@ -194,7 +203,11 @@ def register(app: typer.Typer) -> None:
         params: str | None = typer.Option(
             None, "--params", help="Parameter count instead, e.g. 7e9 or 1.3B."
         ),
-        model: str | None = typer.Option(None, "--model", help="A built-in GPT instead, e.g. gpt-1.3b."),
+        model: str | None = typer.Option(
+            None,
+            "--model",
+            help="A built-in GPT (e.g. gpt-1.3b), or an HF config.json / model folder (built on meta).",
+        ),
         gpus: int = typer.Option(1, "--gpus", help="GPUs per node."),
         nodes: int = typer.Option(1, "--nodes", help="Nodes."),
         gpu_memory: str | None = typer.Option(

@@ -207,8 +207,43 @@ def build_on_meta(builder, args: dict):
     """`builder(**args)` on the meta device: shapes only, no weights allocated."""
     import torch
 
+    meta_arg = getattr(builder, "meta_arg", None)
+    if meta_arg is not None:
+        # the builder builds on meta itself (models/hf.py: from_pretrained must not run under
+        # torch.device("meta"); with meta it builds from config.json and reads no weights)
+        return builder(**args, **{meta_arg: True})
     with torch.device("meta"):
         return builder(**args)
+
+
+def hf_model_on_meta(path: str):
+    """An HF causal LM on meta from a config.json file or a model folder: shapes only, no weights read."""
+    import os
+    from pathlib import Path
+
+    import torch
+
+    p = Path(path)
+    folder = p.parent if p.is_file() else p
+    if not (folder / "config.json").is_file() or (p.is_file() and p.name != "config.json"):
+        raise EstimateError(
+            f"--model {path}: not a built-in name and not an HF config.json or a folder holding one"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import transformers
+    except ImportError:
+        raise EstimateError(
+            f"--model {path}: reading an HF config needs transformers: pip install 'zerolaunch[hf]'"
+        ) from None
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except (ValueError, OSError) as exc:
+        raise EstimateError(
+            f"--model {path}: transformers cannot read {folder / 'config.json'}: {exc}"
+        ) from None
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config)
 
 
 def from_module(model, *, source: str, stage3_units: tuple[str, ...] = ()) -> ModelShape:

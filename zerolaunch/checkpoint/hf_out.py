@@ -1,0 +1,123 @@
+"""What a Hugging Face model folder holds besides the weights, as `model.save_pretrained` writes it.
+
+Shared by `convert-checkpoint` (from the config dict rank 0 saved) and `api.save_hf_pretrained` (from the live
+model): config.json with `architectures` and `dtype` set and the training-time `use_cache: false` (models/hf.py
+sets it for training) put back to the config class's default, generation_config.json for models that
+generate, which tied aliases to leave out (HF re-ties them on load, and save_pretrained stores them once), and
+the index's metadata. transformers is imported only when a folder is written.
+
+The weights are not written through huggingface_hub's `split_torch_state_dict_into_shards`: it needs every
+tensor in memory at once, while convert streams tensor by tensor (peak ~ the largest tensor); the shard plan
+is the same greedy rule (a new shard where the next tensor would overflow) and tied aliases are dropped here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from zerolaunch.checkpoint.atomic import write_text_atomic
+
+
+def _transformers():
+    from zerolaunch.models.hf import _transformers as load
+
+    return load()
+
+
+def _config_object(config: dict):
+    transformers = _transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        return None, transformers
+    return CONFIG_MAPPING[model_type], transformers
+
+
+def _causal_lm_class_name(model_type: str | None) -> str | None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) if model_type else None
+
+
+def output_config(config: dict, weights_dtype: torch.dtype | None, architecture: str | None = None) -> dict:
+    """config.json's dict: `architectures` (the live model's class, else the model type's causal LM class),
+    `dtype` of the written weights, and `use_cache` back at the config class's default. For a model type
+    this transformers knows, the dict goes through its config class and `to_json_string(use_diff=True)`, which
+    is what save_pretrained writes (it drops `_name_or_path` and the like)."""
+    out = dict(config)
+    config_class, _ = _config_object(out)
+    if architecture is not None:
+        out["architectures"] = [architecture]
+    elif not out.get("architectures"):
+        name = _causal_lm_class_name(out.get("model_type"))
+        if name is not None:
+            out["architectures"] = [name]
+    dtype_name = None if weights_dtype is None else str(weights_dtype).removeprefix("torch.")
+    if config_class is None:
+        if dtype_name is not None:
+            # transformers 5 writes "dtype", 4.x "torch_dtype"; set whichever this config has (both if neither).
+            for key in [k for k in ("dtype", "torch_dtype") if k in out] or ["dtype", "torch_dtype"]:
+                out[key] = dtype_name
+        return out
+    fields = {
+        k: v for k, v in out.items() if k not in ("model_type", "transformers_version", "_name_or_path")
+    }
+    if dtype_name is not None:
+        fields.pop("torch_dtype", None)
+        fields["dtype"] = dtype_name
+    default_use_cache = getattr(config_class(), "use_cache", None)
+    if default_use_cache is not None:
+        fields["use_cache"] = default_use_cache
+    return json.loads(config_class(**fields).to_json_string(use_diff=True))
+
+
+def generation_config_dict(config: dict, live_model=None) -> dict | None:
+    """generation_config.json's dict, as save_pretrained writes it for a model that can generate."""
+    config_class, transformers = _config_object(config)
+    if live_model is not None:
+        gen = getattr(live_model, "generation_config", None)
+        can = getattr(live_model, "can_generate", lambda: False)()
+        if gen is None or not can:
+            return None
+    else:
+        if config_class is None or _causal_lm_class_name(config.get("model_type")) is None:
+            return None
+        fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
+        gen = transformers.GenerationConfig.from_model_config(config_class(**fields))
+    return json.loads(gen.to_json_string(use_diff=True))
+
+
+def tied_aliases_to_drop(config: dict | None, aliases: list[str]) -> set[str]:
+    """Aliases of a tied weight (e.g. lm_head.weight) that save_pretrained leaves out; none for non-HF output
+    or a config that unties them (then HF would not re-tie on load, so the copy must stay)."""
+    if config is None or not config.get("tie_word_embeddings", True):
+        return set()
+    return set(aliases)
+
+
+def index_dict(weight_map: dict[str, str], total_bytes: int, total_numel: int) -> dict:
+    return {
+        "metadata": {"total_parameters": total_numel, "total_size": total_bytes},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
+
+
+def write_side_files(
+    folder: Path,
+    config: dict,
+    weights_dtype: torch.dtype | None,
+    *,
+    architecture: str | None = None,
+    live_model=None,
+) -> None:
+    """config.json and (when the model generates) generation_config.json into `folder`."""
+    folder = Path(folder)
+    out_config = output_config(config, weights_dtype, architecture)
+    write_text_atomic(folder / "config.json", json.dumps(out_config, indent=2, sort_keys=True) + "\n")
+    gen = generation_config_dict(out_config, live_model)
+    if gen is not None:
+        write_text_atomic(folder / "generation_config.json", json.dumps(gen, indent=2, sort_keys=True) + "\n")
