@@ -84,7 +84,11 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent()
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    record(_main)(sys.argv[1:] if argv is None else argv)
+    try:
+        record(_main)(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        # Ctrl-C: the agent forwards the launcher's SIGINT; the launcher prints the one line about it
+        sys.exit(130)
 
 
 def _main(argv: list[str]) -> None:
