@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> None:
         # record() wrote the message to the error file (the launcher prints it once); a distinct exit code,
         # and no traceback: the stop is the loop's decision, not a crash.
         sys.exit(NONFINITE_EXIT_CODE)
+    except KeyboardInterrupt:
+        # Ctrl-C: the agent forwards the launcher's SIGINT; the launcher prints the one line about it
+        sys.exit(130)
 
 
 def _main(argv: list[str]) -> None:

@@ -115,3 +115,19 @@ def test_a_folder_that_cannot_be_written_fails_before_any_worker(cli, tiny_recip
     assert f"{which} " in out and f"cannot be written: {reason}" in out
     assert str(blocked) in out
     assert "Traceback" not in out and "launching" not in out
+
+
+def test_ctrl_c_prints_one_line_and_no_worker_traceback(cli, tiny_recipe, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(cli, tiny_recipe(steps=100000), run_dir)
+    try:
+        _wait_for_a_step(cli, proc, run_dir)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130, out[-3000:]
+        after = out[out.index("launching") :]
+        assert "Traceback" not in after and "KeyboardInterrupt" not in after, after[-3000:]
+        assert "death signal" not in after
+        assert "interrupted by SIGINT: all workers stopped" in after
+    finally:
+        _stop(proc)

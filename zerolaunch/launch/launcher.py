@@ -170,6 +170,12 @@ def _run_agent(
     from zerolaunch.launch.logs import ALL_RANKS_PREFIX, ConsoleLines, RunLogsSpecs
     from zerolaunch.report import LiveProgress
 
+    # torch's elastic loggers set their own level (LOGLEVEL, default WARNING) at import: quiet each one,
+    # or "Received 2 death signal, shutting down workers" precedes the launcher's one line on Ctrl-C
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
     # A bar only when this terminal shows rank 0 alone; with --all-ranks torch's tee prints straight to it.
     progress = LiveProgress(
         run_dir, console, total_steps=total_steps, interactive=console.is_terminal and not req.all_ranks
