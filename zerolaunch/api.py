@@ -49,7 +49,15 @@ def _resolve_config(config, overrides, world_size: int):
         return recipe, recipe.engine
     if isinstance(config, dict | str | os.PathLike):
         recipe = zconfig.load_recipe(config, overrides=list(overrides), world_size=world_size)
-        return recipe, recipe.engine
+        options = recipe.engine
+        if (
+            recipe.origins.get("train.weight_decay_1d", "default") == "default"
+            and not options.optimizer.decay_1d
+        ):
+            # the library's default is DeepSpeed's (one group, every param decayed), whatever the built-in
+            # loop's default for a recipe without an entrypoint is; a value given in the recipe is kept.
+            options = replace(options, optimizer=replace(options.optimizer, decay_1d=True))
+        return recipe, options
     raise TypeError(
         f"zerolaunch.initialize: config must be a recipe/DeepSpeed dict, a path to a recipe or ds_config "
         f"file, a Recipe or EngineOptions, got {type(config).__name__}"
@@ -188,6 +196,7 @@ def initialize(
     *,
     overrides: list[str] | tuple[str, ...] = (),
     group=None,
+    model_parameters=None,
     device: torch.device | str | None = None,
     timeout_s: float = 1800.0,
 ) -> ZeroLaunchEngine:
@@ -196,6 +205,10 @@ def initialize(
     config: a recipe or DeepSpeed dict, a path to a recipe YAML/JSON or ds_config.json, a Recipe, EngineOptions,
     or None (the recipe of the `zerolaunch train` run that started this script, else the engine defaults).
     overrides: `--set`-style "key=value" strings applied to a dict/path config.
+    model_parameters: as DeepSpeed's, an iterable of params (one group) or of group dicts with `params` and any
+    of lr, weight_decay, betas, eps, name; its groups are the optimizer's (a group's lr follows the schedule in
+    proportion). None: one group of every trainable param, decayed (DeepSpeed with model.parameters()), unless
+    the recipe sets train.weight_decay_1d: false.
     Starts the process group from torchrun's env when none exists; device defaults to this rank's GPU or CPU.
     """
     init_process_group(timeout_s)
@@ -203,12 +216,19 @@ def initialize(
     recipe, options = _resolve_config(config, overrides, world_size)
     options = _hf_stage3_units(model, options)
     device = torch.device(device) if device else _default_device()
+    param_groups = None
+    if model_parameters is not None:
+        from zerolaunch.zero.param_groups import client_groups, collect_params
+
+        param_groups = client_groups(collect_params(model), model_parameters, options.optimizer.weight_decay)
     init_fn = meta_init_fn(model, options)
     if init_fn is not None:
         from zerolaunch.zero.stage3 import Stage3Engine
 
-        return ZeroLaunchEngine(Stage3Engine(model, options, group, device, init_fn=init_fn), recipe)
-    return ZeroLaunchEngine(Engine(model, options, group=group, device=device), recipe)
+        stage3 = Stage3Engine(model, options, group, device, init_fn=init_fn, param_groups=param_groups)
+        return ZeroLaunchEngine(stage3, recipe)
+    engine = Engine(model, options, group=group, device=device, param_groups=param_groups)
+    return ZeroLaunchEngine(engine, recipe)
 
 
 def meta_init_fn(model, options: EngineOptions):
