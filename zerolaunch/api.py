@@ -27,6 +27,8 @@ from zerolaunch.zero import Engine, EngineOptions, comm
 
 RECIPE_ENV = "ZEROLAUNCH_RECIPE"
 """Path of the resolved recipe JSON of the run that started this process; `initialize(model)` reads it."""
+BACKEND_ENV = "ZEROLAUNCH_BACKEND"
+"""The process-group backend `zerolaunch train --device` chose for an entrypoint script (gloo / nccl)."""
 HF_CONFIG_EXTRA_KEY = "hf_config"
 """Key of rank 0's checkpoint `extra` holding the HF model's config dict (convert writes it as config.json)."""
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
@@ -78,7 +80,7 @@ def init_process_group(timeout_s: float = 1800.0) -> bool:
     """
     if dist.is_initialized() or not _launched_by_torchrun():
         return False
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = os.environ.get(BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
@@ -259,12 +261,14 @@ def _hf_stage3_units(model, options: EngineOptions) -> EngineOptions:
 
 
 # ---- entrypoint scripts -------------------------------------------------------------------------------------
-def run_entrypoint(recipe, resolved_path) -> None:
+def run_entrypoint(recipe, resolved_path, backend: str | None = None) -> None:
     """Run the recipe's `entrypoint:` script in this worker instead of the built-in loop.
 
     The script runs as `__main__` (runpy) with sys.argv = the entrypoint split shell-style, its folder first on
     sys.path (as `python script.py` would), and ZEROLAUNCH_RECIPE = resolved_path so that
-    `zerolaunch.initialize(model)` with no config uses this run's recipe.
+    `zerolaunch.initialize(model)` with no config uses this run's recipe. No process group is started here:
+    the script starts its own (plain torchrun style) or initialize() does; `backend` (the run's --device
+    choice) is the one initialize() then uses.
     """
     entry = str(recipe.entrypoint or "").strip()
     # the resolved recipe holds an absolute script path (maybe with spaces); else "script.py --arg value".
@@ -277,18 +281,22 @@ def run_entrypoint(recipe, resolved_path) -> None:
             f"entrypoint: {script} is not a file (relative paths are taken from {Path.cwd()}); "
             "give the path of your training script"
         )
-    saved_argv, saved_path, saved_env = sys.argv, list(sys.path), os.environ.get(RECIPE_ENV)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    saved_env = {k: os.environ.get(k) for k in (RECIPE_ENV, BACKEND_ENV)}
     sys.argv = [str(script), *argv[1:]]
     sys.path.insert(0, str(script.resolve().parent))
     os.environ[RECIPE_ENV] = str(Path(resolved_path).resolve())
+    if backend:
+        os.environ[BACKEND_ENV] = backend
     try:
         runpy.run_path(str(script), run_name="__main__")
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-        if saved_env is None:
-            os.environ.pop(RECIPE_ENV, None)
-        else:
-            os.environ[RECIPE_ENV] = saved_env
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 # ---- Hugging Face output ------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def reference_weights(options: EngineOptions, world_size: int, steps: int):
         opt = torch.optim.SGD(torch_groups, lr=o.lr, momentum=o.momentum)
     sched = LRSchedule(options.scheduler, o.lr)
     gas = options.gradient_accumulation_steps
-    params = [p for g in groups for p in g["params"]]
+    params = [p for g in torch_groups for p in g["params"]]
     norms = []
     for step in range(steps):
         opt.zero_grad()

@@ -125,7 +125,7 @@ def reference(options, mode: dict, init: dict, world_size: int, steps: int, dtyp
         opt = torch.optim.SGD(torch_groups, lr=o.lr, momentum=o.momentum)
     else:
         opt = torch.optim.AdamW(torch_groups, lr=o.lr, betas=o.betas, eps=o.eps)
-    params = [p for g in groups for p in g["params"]]
+    params = [p for g in torch_groups for p in g["params"]]
     gas = options.gradient_accumulation_steps
     norms = []
     for step in range(steps):
