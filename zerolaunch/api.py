@@ -27,6 +27,8 @@ from zerolaunch.zero import Engine, EngineOptions, comm
 
 RECIPE_ENV = "ZEROLAUNCH_RECIPE"
 """Path of the resolved recipe JSON of the run that started this process; `initialize(model)` reads it."""
+BACKEND_ENV = "ZEROLAUNCH_BACKEND"
+"""The process-group backend `zerolaunch train --device` chose for an entrypoint script (gloo / nccl)."""
 HF_CONFIG_EXTRA_KEY = "hf_config"
 """Key of rank 0's checkpoint `extra` holding the HF model's config dict (convert writes it as config.json)."""
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
@@ -49,7 +51,15 @@ def _resolve_config(config, overrides, world_size: int):
         return recipe, recipe.engine
     if isinstance(config, dict | str | os.PathLike):
         recipe = zconfig.load_recipe(config, overrides=list(overrides), world_size=world_size)
-        return recipe, recipe.engine
+        options = recipe.engine
+        if (
+            recipe.origins.get("train.weight_decay_1d", "default") == "default"
+            and not options.optimizer.decay_1d
+        ):
+            # the library's default is DeepSpeed's (one group, every param decayed), whatever the built-in
+            # loop's default for a recipe without an entrypoint is; a value given in the recipe is kept.
+            options = replace(options, optimizer=replace(options.optimizer, decay_1d=True))
+        return recipe, options
     raise TypeError(
         f"zerolaunch.initialize: config must be a recipe/DeepSpeed dict, a path to a recipe or ds_config "
         f"file, a Recipe or EngineOptions, got {type(config).__name__}"
@@ -70,7 +80,7 @@ def init_process_group(timeout_s: float = 1800.0) -> bool:
     """
     if dist.is_initialized() or not _launched_by_torchrun():
         return False
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = os.environ.get(BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
@@ -188,6 +198,7 @@ def initialize(
     *,
     overrides: list[str] | tuple[str, ...] = (),
     group=None,
+    model_parameters=None,
     device: torch.device | str | None = None,
     timeout_s: float = 1800.0,
 ) -> ZeroLaunchEngine:
@@ -196,6 +207,10 @@ def initialize(
     config: a recipe or DeepSpeed dict, a path to a recipe YAML/JSON or ds_config.json, a Recipe, EngineOptions,
     or None (the recipe of the `zerolaunch train` run that started this script, else the engine defaults).
     overrides: `--set`-style "key=value" strings applied to a dict/path config.
+    model_parameters: as DeepSpeed's, an iterable of params (one group) or of group dicts with `params` and any
+    of lr, weight_decay, betas, eps, name; its groups are the optimizer's (a group's lr follows the schedule in
+    proportion). None: one group of every trainable param, decayed (DeepSpeed with model.parameters()), unless
+    the recipe sets train.weight_decay_1d: false.
     Starts the process group from torchrun's env when none exists; device defaults to this rank's GPU or CPU.
     """
     init_process_group(timeout_s)
@@ -203,12 +218,19 @@ def initialize(
     recipe, options = _resolve_config(config, overrides, world_size)
     options = _hf_stage3_units(model, options)
     device = torch.device(device) if device else _default_device()
+    param_groups = None
+    if model_parameters is not None:
+        from zerolaunch.zero.param_groups import client_groups, collect_params
+
+        param_groups = client_groups(collect_params(model), model_parameters, options.optimizer.weight_decay)
     init_fn = meta_init_fn(model, options)
     if init_fn is not None:
         from zerolaunch.zero.stage3 import Stage3Engine
 
-        return ZeroLaunchEngine(Stage3Engine(model, options, group, device, init_fn=init_fn), recipe)
-    return ZeroLaunchEngine(Engine(model, options, group=group, device=device), recipe)
+        stage3 = Stage3Engine(model, options, group, device, init_fn=init_fn, param_groups=param_groups)
+        return ZeroLaunchEngine(stage3, recipe)
+    engine = Engine(model, options, group=group, device=device, param_groups=param_groups)
+    return ZeroLaunchEngine(engine, recipe)
 
 
 def meta_init_fn(model, options: EngineOptions):
@@ -239,12 +261,14 @@ def _hf_stage3_units(model, options: EngineOptions) -> EngineOptions:
 
 
 # ---- entrypoint scripts -------------------------------------------------------------------------------------
-def run_entrypoint(recipe, resolved_path) -> None:
+def run_entrypoint(recipe, resolved_path, backend: str | None = None) -> None:
     """Run the recipe's `entrypoint:` script in this worker instead of the built-in loop.
 
     The script runs as `__main__` (runpy) with sys.argv = the entrypoint split shell-style, its folder first on
     sys.path (as `python script.py` would), and ZEROLAUNCH_RECIPE = resolved_path so that
-    `zerolaunch.initialize(model)` with no config uses this run's recipe.
+    `zerolaunch.initialize(model)` with no config uses this run's recipe. No process group is started here:
+    the script starts its own (plain torchrun style) or initialize() does; `backend` (the run's --device
+    choice) is the one initialize() then uses.
     """
     entry = str(recipe.entrypoint or "").strip()
     # the resolved recipe holds an absolute script path (maybe with spaces); else "script.py --arg value".
@@ -257,18 +281,22 @@ def run_entrypoint(recipe, resolved_path) -> None:
             f"entrypoint: {script} is not a file (relative paths are taken from {Path.cwd()}); "
             "give the path of your training script"
         )
-    saved_argv, saved_path, saved_env = sys.argv, list(sys.path), os.environ.get(RECIPE_ENV)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    saved_env = {k: os.environ.get(k) for k in (RECIPE_ENV, BACKEND_ENV)}
     sys.argv = [str(script), *argv[1:]]
     sys.path.insert(0, str(script.resolve().parent))
     os.environ[RECIPE_ENV] = str(Path(resolved_path).resolve())
+    if backend:
+        os.environ[BACKEND_ENV] = backend
     try:
         runpy.run_path(str(script), run_name="__main__")
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-        if saved_env is None:
-            os.environ.pop(RECIPE_ENV, None)
-        else:
-            os.environ[RECIPE_ENV] = saved_env
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 # ---- Hugging Face output ------------------------------------------------------------------------------------

@@ -113,6 +113,22 @@ def _main(argv: list[str]) -> None:
     failure_hook = FailureHook.from_env(dict(os.environ))
     recipe = load_resolved(args.recipe)
 
+    if recipe.entrypoint:
+        # a user script replaces the built-in loop. No group is started for it: a plain torchrun script calls
+        # init_process_group itself (a second one would fail), and zerolaunch.initialize() starts one from
+        # torchrun's env when the script did not. The backend follows --device.
+        from zerolaunch.api import run_entrypoint
+
+        if args.device == "cuda":
+            torch.cuda.set_device(local_rank)
+        try:
+            run_entrypoint(recipe, args.recipe, backend="nccl" if args.device == "cuda" else "gloo")
+        except BaseException:
+            comm.destroy_default_group(every_rank_finished=False)
+            raise
+        comm.destroy_default_group(every_rank_finished=True)
+        return
+
     timeout = datetime.timedelta(seconds=args.timeout)
     store = _attempt_store(restart_count, timeout)
     if args.device == "cuda":
@@ -136,17 +152,10 @@ def _main(argv: list[str]) -> None:
         failure_hook=failure_hook,
     )
     try:
-        if recipe.entrypoint:
-            # a user script replaces the built-in loop; zerolaunch.initialize() in it reuses this group
-            from zerolaunch.api import run_entrypoint
-
-            run_entrypoint(recipe, args.recipe)
-        else:
-            run_training(recipe, ctx)
+        run_training(recipe, ctx)
     except BaseException:
         comm.destroy_default_group(every_rank_finished=False)
         raise
-    # a user script may have destroyed the group already (then this does nothing)
     comm.destroy_default_group(every_rank_finished=True)
 
 

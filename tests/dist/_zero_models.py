@@ -67,8 +67,14 @@ def train_engine(engine, rank: int, world_size: int, steps: int) -> list:
 def reference_weights(options: EngineOptions, world_size: int, steps: int):
     """(final weights {name: tensor}, [grad norm before clipping per step])."""
     model = Net(0)
-    groups = split_decay_groups(collect_params(model), options.optimizer.weight_decay)
-    torch_groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in groups]
+    wd = options.optimizer.weight_decay
+    if options.optimizer.decay_1d:  # DeepSpeed's rule: one group, every trainable param decayed
+        torch_groups = [
+            {"params": [p for _, p in collect_params(model) if p.requires_grad], "weight_decay": wd}
+        ]
+    else:
+        groups = split_decay_groups(collect_params(model), wd)
+        torch_groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in groups]
     o = options.optimizer
     if o.name == "adamw":
         opt = torch.optim.AdamW(torch_groups, lr=o.lr, betas=o.betas, eps=o.eps)
@@ -78,7 +84,7 @@ def reference_weights(options: EngineOptions, world_size: int, steps: int):
         opt = torch.optim.SGD(torch_groups, lr=o.lr, momentum=o.momentum)
     sched = LRSchedule(options.scheduler, o.lr)
     gas = options.gradient_accumulation_steps
-    params = [p for g in groups for p in g["params"]]
+    params = [p for g in torch_groups for p in g["params"]]
     norms = []
     for step in range(steps):
         opt.zero_grad()

@@ -112,14 +112,20 @@ def reference(options, mode: dict, init: dict, world_size: int, steps: int, dtyp
     with torch.no_grad():
         for name, t in list(model.named_parameters()) + list(model.named_buffers()):
             t.copy_(init[name])
-    groups = split_decay_groups(collect_params(model), options.optimizer.weight_decay)
-    torch_groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in groups]
+    wd = options.optimizer.weight_decay
+    if options.optimizer.decay_1d:  # DeepSpeed's rule: one group, every trainable param decayed
+        torch_groups = [
+            {"params": [p for _, p in collect_params(model) if p.requires_grad], "weight_decay": wd}
+        ]
+    else:
+        groups = split_decay_groups(collect_params(model), wd)
+        torch_groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in groups]
     o = options.optimizer
     if o.name == "sgd":
         opt = torch.optim.SGD(torch_groups, lr=o.lr, momentum=o.momentum)
     else:
         opt = torch.optim.AdamW(torch_groups, lr=o.lr, betas=o.betas, eps=o.eps)
-    params = [p for g in groups for p in g["params"]]
+    params = [p for g in torch_groups for p in g["params"]]
     gas = options.gradient_accumulation_steps
     norms = []
     for step in range(steps):

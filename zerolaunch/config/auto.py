@@ -268,6 +268,15 @@ def resolve_train(
         "engine.optimizer.weight_decay",
         min=0,
     )
+    # DeepSpeed's rule where the run is DeepSpeed's (a bare ds_config, or a script calling initialize()).
+    ds_groups = r.tree.bare_deepspeed or r.tree.has(("entrypoint",))
+    weight_decay_1d = r.value(
+        "train.weight_decay_1d",
+        T + ("weight_decay_1d",),
+        "bool",
+        ds_groups,
+        default_note="DeepSpeed's: every param decayed" if ds_groups else "no decay on 1-D params",
+    )
     betas, _ = spelled_twice(
         r, "betas", opt + ("betas",) if adam_like else None, "betas", DEFAULTS.betas, "engine.optimizer.betas"
     )
@@ -328,6 +337,7 @@ def resolve_train(
         global_batch_size=global_,
         lr=lr,
         weight_decay=weight_decay,
+        weight_decay_1d=weight_decay_1d,
         betas=betas,
         eps=eps,
         gradient_clipping=clip,

@@ -72,6 +72,7 @@ def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
         betas=train.betas,
         eps=train.eps,
         weight_decay=train.weight_decay,
+        decay_1d=train.weight_decay_1d,
         momentum=momentum,
     )
     return EngineOptions(

@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import re
+import shlex
 from collections.abc import Iterable
 from pathlib import Path as FsPath
 from typing import Any
@@ -34,7 +35,7 @@ from .schema import (
     TrainSection,
     section_keys,
 )
-from .tree import Path, RawTree
+from .tree import MISSING, Path, RawTree
 from .values import DS, Resolver
 
 RESOLVED_NAME = "recipe.resolved.json"
@@ -320,8 +321,44 @@ def _sections(
         every=r.value("checkpoint.every", c + ("every",), "int", 0, default_note="only at the end", min=0),
         keep=r.value("checkpoint.keep", c + ("keep",), "int", 3, min=0),
     )
-    entrypoint = _local_path(r, "entrypoint", ("entrypoint",), base_dir, must_be_file=True)
+    entrypoint = _entrypoint(r, base_dir)
     return model, data, checkpoint, entrypoint
+
+
+def _entrypoint(r: Resolver, base_dir: FsPath) -> str | None:
+    """`entrypoint:` a script path, a command line ("train.py --foo 1", split like a shell) or a list.
+
+    Resolved to one string: the script's absolute path alone, or shell-quoted with its arguments
+    (api.run_entrypoint splits it back). The script must be a file now, before any worker starts."""
+    path: Path = ("entrypoint",)
+    raw = r.raw(path)
+    if raw is MISSING or raw is None:
+        r.record("entrypoint", "default")
+        return None
+    if isinstance(raw, list) and raw and all(isinstance(a, str | int | float) for a in raw):
+        argv = [str(a) for a in raw]
+    elif isinstance(raw, str):
+        whole = (base_dir / os.path.expanduser(raw.strip())).resolve()
+        try:  # a path with spaces that exists as written is one path, not a command line
+            argv = [raw.strip()] if whole.is_file() else shlex.split(raw)
+        except ValueError as err:
+            raise r.fail(
+                path, f"cannot be split like a shell command line ({err})", "Fix the quoting"
+            ) from None
+    else:
+        raise r.fail(path, f"is {raw!r}", 'Give a script path, a command line ("train.py --lr 1") or a list')
+    if not argv:
+        raise r.fail(path, "is empty", "Give the path of your training script, e.g. entrypoint: train.py")
+    script = (base_dir / os.path.expanduser(argv[0])).resolve()
+    if not script.is_file():
+        raise r.fail(
+            path,
+            f"names {script}, which does not exist" + ("" if not script.exists() else " as a file"),
+            "Fix the script path (relative paths start at the recipe's folder); arguments follow it, "
+            'e.g. entrypoint: "train.py --lr 1"',
+        )
+    r.record("entrypoint", r.tree.origin(path))
+    return str(script) if len(argv) == 1 else shlex.join([str(script), *argv[1:]])
 
 
 def load_recipe(

@@ -57,6 +57,10 @@ class TrainSection:
     """Peak learning rate (DeepSpeed: optimizer.params.lr)."""
     weight_decay: float = 0.0
     """Decoupled weight decay of AdamW (DeepSpeed: optimizer.params.weight_decay)."""
+    weight_decay_1d: bool = False
+    """Decay 1-D params (biases, norm gains) too. false: the built-in loop's rule (nanoGPT's split); true:
+    DeepSpeed's, every param of model.parameters() decayed (the default for a bare DeepSpeed config and for
+    an entrypoint script; a script's own model_parameters groups replace both)."""
     betas: tuple[float, float] = (0.9, 0.999)
     """Adam betas (DeepSpeed: optimizer.params.betas)."""
     eps: float = 1e-8

@@ -31,7 +31,7 @@ from .layout import Fragment, ParamSpec, TensorSpec, plan_layout
 from .loss_scale import LossScaler
 from .optim import STATE_KINDS, check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
-from .param_groups import collect_aliases, collect_params, split_decay_groups
+from .param_groups import collect_aliases, collect_params, optimizer_groups
 from .sched import LRSchedule
 from .shard_optim import Chunk, ShardOptimizer, split_chunks
 from .step_overlap import OverlappedStep
@@ -97,13 +97,14 @@ class Engine(EngineStateMixin):
         group=None,
         device: torch.device = torch.device("cpu"),
         init_fn=None,
+        param_groups: list[dict] | None = None,
     ):
         validate_options(options)
         if options.zero.stage == 3:
             from .stage3 import Stage3Engine
 
             # init_fn(module) initializes a unit built on the meta device (stage 3 materializes one at a time).
-            return Stage3Engine(model, options, group, device, init_fn=init_fn)
+            return Stage3Engine(model, options, group, device, init_fn=init_fn, param_groups=param_groups)
         return super().__new__(cls)
 
     def __init__(
@@ -114,7 +115,10 @@ class Engine(EngineStateMixin):
         group=None,
         device: torch.device = torch.device("cpu"),
         init_fn=None,
+        param_groups: list[dict] | None = None,
     ):
+        """param_groups: the client's optimizer groups (param_groups.client_groups); None = the default
+        groups of options.optimizer (decay_1d)."""
         self.options = options
         self.group = group
         self.device = torch.device(device)
@@ -138,7 +142,8 @@ class Engine(EngineStateMixin):
         self._aliases = collect_aliases(self.module)
         self._frozen = [(n, p) for n, p in named if not p.requires_grad]
         self._buffers = list(self.module.named_buffers())
-        self._groups = split_decay_groups(named, options.optimizer.weight_decay)
+        o = options.optimizer
+        self._groups = optimizer_groups(named, o.weight_decay, o.decay_1d, param_groups)
         specs = [
             ParamSpec(name, tuple(p.shape), g)
             for g, grp in enumerate(self._groups)
@@ -165,7 +170,7 @@ class Engine(EngineStateMixin):
             options.optimizer,
             options.zero.offload_optimizer,
             shard_numels,
-            [grp["weight_decay"] for grp in self._groups],
+            self._groups,
             split_chunks(
                 [
                     Chunk(b.group, self.layout.bucket_shard_offset(b), b.shard_numel, owner=b.index)

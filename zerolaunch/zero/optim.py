@@ -33,13 +33,19 @@ def _implementation(device: torch.device) -> dict:
 def build_optimizer(
     options: OptimizerOptions, groups: list[dict], device: torch.device
 ) -> torch.optim.Optimizer:
-    """A torch optimizer over `groups` (dicts with params=[flat fp32 tensor], weight_decay=float).
+    """A torch optimizer over `groups` (dicts with params=[flat fp32 tensor], weight_decay=float and optional
+    betas / eps overriding the options'; a group's lr is set per step by the caller).
 
     `device` is where the params (the fp32 master shards) live: the accelerator, or the CPU when offloaded.
     """
     if options.lr < 0:
         raise ValueError(f"optimizer.lr must be >= 0, got {options.lr}")
-    torch_groups = [{"params": list(g["params"]), "weight_decay": float(g["weight_decay"])} for g in groups]
+    torch_groups = []
+    for g in groups:
+        tg = {"params": list(g["params"]), "weight_decay": float(g["weight_decay"])}
+        if options.name in ("adamw", "adam"):
+            tg.update({k: g[k] for k in ("betas", "eps") if g.get(k) is not None})
+        torch_groups.append(tg)
     impl = _implementation(device)
     if options.name == "adamw":
         return torch.optim.AdamW(

@@ -106,7 +106,10 @@ class OptimizerOptions:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
-    """Applied to params of 2+ dims; biases, norms and embeddings-by-1D get none (nanoGPT's grouping)."""
+    """Decay of every group that does not set its own (client groups) or of the default groups."""
+    decay_1d: bool = True
+    """Default groups only: True = one group, every param decayed (DeepSpeed with model.parameters());
+    False = nanoGPT's split, no decay on 1-D params (biases, norm gains)."""
     momentum: float = 0.0
     """SGD only."""
 

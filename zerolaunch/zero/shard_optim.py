@@ -84,7 +84,7 @@ class ShardOptimizer:
         options: OptimizerOptions,
         offload_options: OffloadOptions,
         group_numels: list[int],
-        group_weight_decays: list[float],
+        groups: list[dict] | list[float],
         chunks: list[Chunk],
         *,
         device: torch.device,
@@ -123,12 +123,19 @@ class ShardOptimizer:
                 {k: torch.zeros(n, dtype=torch.float32, device=self.device) for k in self.kinds}
                 for n in group_numels
             ]
-        # one torch optimizer per param group (its weight decay), whose single param is swapped for each
-        # chunk's master view; the placeholder only satisfies the constructor and is never stepped.
-        self._placeholders = [torch.zeros(1, device=self.device) for _ in group_weight_decays]
+        # one torch optimizer per param group (its weight decay, lr, betas, eps), whose single param is swapped
+        # for each chunk's master view; the placeholder only satisfies the constructor and is never stepped.
+        # A bare float is a group's weight decay with the optimizer's other options.
+        groups = [g if isinstance(g, dict) else {"weight_decay": g} for g in groups]
+        self._placeholders = [torch.zeros(1, device=self.device) for _ in groups]
         self._optimizers = [
-            build_optimizer(options, [{"params": [p], "weight_decay": wd}], self.device)
-            for p, wd in zip(self._placeholders, group_weight_decays, strict=True)
+            build_optimizer(options, [{**g, "params": [p]}], self.device)
+            for p, g in zip(self._placeholders, groups, strict=True)
+        ]
+        # a group's own lr follows the schedule in proportion (torch LambdaLR's rule): lr_t * group lr / lr.
+        self._lr_ratio = [
+            (float(g["lr"]) / options.lr if options.lr > 0 else 1.0) if g.get("lr") is not None else 1.0
+            for g in groups
         ]
         self._fused = bool(self._optimizers and self._optimizers[0].defaults.get("fused"))
 
@@ -218,7 +225,7 @@ class ShardOptimizer:
             step_device = master.device if self._fused else torch.device("cpu")
             state["step"] = torch.full((), float(self.step_count), dtype=torch.float32, device=step_device)
         master.grad = grad
-        param_group["params"], param_group["lr"] = [master], lr
+        param_group["params"], param_group["lr"] = [master], lr * self._lr_ratio[group]
         opt.state[master] = state
         opt.grad_scale = divisor  # read by torch's fused optimizers (None: no scaling)
         try:

@@ -30,7 +30,7 @@ from .loss_scale import LossScaler
 from .meta_init import materialize, param_sites, unit_seed
 from .optim import check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
-from .param_groups import collect_aliases, collect_params, split_decay_groups
+from .param_groups import collect_aliases, collect_params, optimizer_groups
 from .sched import LRSchedule
 from .shard_optim import Chunk, ShardOptimizer, split_chunks
 from .stage3_flat import UnitFlat
@@ -48,6 +48,7 @@ class Stage3Engine(Stage3StateMixin):
         device: torch.device = torch.device("cpu"),
         *,
         init_fn=None,
+        param_groups: list[dict] | None = None,
     ):
         validate_options(options)
         z = options.zero
@@ -73,7 +74,8 @@ class Stage3Engine(Stage3StateMixin):
         self._aliases = collect_aliases(model)
         named = dict(collect_params(model))
         group_of = {}
-        groups = split_decay_groups(list(named.items()), options.optimizer.weight_decay)
+        o = options.optimizer
+        groups = optimizer_groups(list(named.items()), o.weight_decay, o.decay_1d, param_groups)
         for g, grp in enumerate(groups):
             group_of.update(dict.fromkeys(grp["names"], g))
         part = partition(model, z.stage3_units, z.stage3_param_persistence_threshold)
@@ -119,7 +121,7 @@ class Stage3Engine(Stage3StateMixin):
             for c, flat in enumerate(swapped):
                 flat.attach_swap(self.param_swap, c)
         self.num_groups = len(groups)
-        self._allocate_shards([grp["weight_decay"] for grp in groups])
+        self._allocate_shards(groups)
         self._materialize(part, named, init_fn)
 
         self._named = dict(collect_params(model))
@@ -151,7 +153,7 @@ class Stage3Engine(Stage3StateMixin):
         self._lr = self.scheduler.lr_at(0)
 
     # ---- construction --------------------------------------------------------------------------------------
-    def _allocate_shards(self, weight_decays: list[float]) -> None:
+    def _allocate_shards(self, groups: list[dict]) -> None:
         """Per param group one fp32 grad shard and (shard_optim) master + optimizer state: the concatenation
         of every unit bucket's shard. One step chunk per unit bucket (cut smaller for a cpu-offloaded step)."""
         z = self.options.zero
@@ -173,7 +175,7 @@ class Stage3Engine(Stage3StateMixin):
             self.options.optimizer,
             z.offload_optimizer,
             cursor,
-            weight_decays,
+            groups,
             split_chunks(
                 pieces, shard_optim.HOST_CHUNK_NUMEL if z.offload_optimizer.device == "cpu" else None
             ),
