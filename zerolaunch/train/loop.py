@@ -21,12 +21,12 @@ from zerolaunch.config import import_builder
 from zerolaunch.train import seeding
 from zerolaunch.train.batches import (
     BatchSource,
+    PrefetchingSource,
     TrainError,
     build_data,
     build_model,
     forward,
     loss_of,
-    to_device,
     tokens_in,
 )
 from zerolaunch.train.checkpointing import CheckpointHook
@@ -95,13 +95,16 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
     engine = Engine(
         model, recipe.engine, group=ctx.group, device=ctx.device, init_fn=meta_init_fn(model, recipe.engine)
     )
-    source = BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder)
+    # batches drawn, pinned and copied ahead of the step; the checkpoint counts the consumed ones
+    source = PrefetchingSource(
+        BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder), ctx.device
+    )
     hook = CheckpointHook(recipe, engine, ctx, source)
     start_step = hook.resume()
 
     total_steps = recipe.train.steps
     gas = recipe.engine.gradient_accumulation_steps
-    first = to_device(source.next(), ctx.device)
+    first = source.next()
     seq_tokens = tokens_in(first)
     seq_len = first["input_ids"].shape[-1] if seq_tokens is not None else None
     tokens_per_step = (seq_tokens or recipe.train.micro_batch_size) * gas * ctx.world_size
@@ -131,10 +134,11 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
                 torch.cuda.reset_peak_memory_stats(ctx.device)
             comm_before = (engine.comm_stats.total_seconds(), engine.comm_stats.total_bytes())
             t0 = time.perf_counter()
+            wait_before = source.wait_seconds
             loss_sum = torch.zeros((), device=ctx.device)
             info = None
             for _ in range(gas):
-                batch = pending if pending is not None else to_device(source.next(), ctx.device)
+                batch = pending if pending is not None else source.next()
                 pending = None
                 loss = loss_of(forward(engine, batch))
                 engine.backward(loss)
@@ -167,6 +171,7 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
                     mem_allocated_bytes=int(mem_peaks[0]) if mem_peaks else None,
                     mem_reserved_bytes=int(mem_peaks[1]) if mem_peaks else None,
                     mem_device_bytes=device_bytes,
+                    data_wait_ms=(source.wait_seconds - wait_before) * 1000.0,
                 )
             hook.maybe_save(step)
         if start_step < total_steps:
@@ -185,6 +190,7 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
             )
             reporter = None
     finally:
+        source.close()
         if reporter is not None:
             reporter.close()
         engine.close()  # deletes an nvme swap file now rather than at interpreter exit
