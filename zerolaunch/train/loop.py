@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from zerolaunch.api import meta_init_fn
 from zerolaunch.config import import_builder
+from zerolaunch.report.mfu import hf_flops_per_token
 from zerolaunch.train import seeding
 from zerolaunch.train.batches import (
     BatchSource,
@@ -52,10 +53,17 @@ def _memory_now(engine, device: torch.device) -> dict:
 
 
 def _flops_per_token(model, seq_len: int | None) -> float | None:
-    fn = getattr(model, "flops_per_token", None)
-    if fn is None or seq_len is None:
+    if seq_len is None:
         return None
-    return float(fn(seq_len))
+    fn = getattr(model, "flops_per_token", None)
+    if fn is not None:
+        return float(fn(seq_len))
+    # a Hugging Face model: count from its config (None, so MFU "n/a", for shapes the count does not know)
+    to_dict = getattr(getattr(model, "config", None), "to_dict", None)
+    if to_dict is None:
+        return None
+    flops = hf_flops_per_token(to_dict(), seq_len)
+    return None if flops is None else float(flops)
 
 
 def _sync(device: torch.device) -> None:
