@@ -45,6 +45,8 @@ class StepMetrics:
     """Peak reserved (cached) device memory during the step, max over ranks (CUDA only)."""
     mem_device_bytes: int | None = None
     """Total memory of one device, for the percentages (CUDA only)."""
+    data_wait_ms: float | None = None
+    """Milliseconds the step's micro-batches waited for input (rank 0); near 0 when input keeps up."""
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,37 @@ def gpt_flops_per_token(n_params: int, n_layer: int, n_head: int, d_head: int, s
     return 6 * n_params + 12 * n_layer * n_head * d_head * seq_len
 
 
+# Hugging Face model types whose decoder layer is q/k/v/o projections plus a gated MLP (gate, up, down), the
+# shape `hf_flops_per_token` counts. Others get None (MFU "n/a") rather than a count of a different network.
+GATED_MLP_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2"})
+
+
+def hf_flops_per_token(config: dict, seq_len: int) -> int | None:
+    """Training FLOPs per token of a Hugging Face decoder from its config dict: 6*N_matmul + 12*L*H*d_head*T.
+
+    N_matmul per layer: q and o (hidden x heads*d_head each), k and v (hidden x kv_heads*d_head each, so
+    grouped-query attention counts what it computes) and the gated MLP's three hidden x intermediate
+    matrices; plus the lm_head (hidden x vocab, tied or not: it is a matmul either way). The token embedding is
+    a lookup and norms / biases are not matmuls. None for a model type outside GATED_MLP_MODEL_TYPES or a
+    config without the sizes.
+    """
+    if config.get("model_type") not in GATED_MLP_MODEL_TYPES:
+        return None
+    try:
+        layers = int(config["num_hidden_layers"])
+        hidden = int(config["hidden_size"])
+        inter = int(config["intermediate_size"])
+        heads = int(config["num_attention_heads"])
+        vocab = int(config["vocab_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    d_head = int(config.get("head_dim") or hidden // heads)
+    per_layer = 2 * hidden * heads * d_head + 2 * hidden * kv_heads * d_head + 3 * hidden * inter
+    n_matmul = layers * per_layer + hidden * vocab
+    return gpt_flops_per_token(n_matmul, layers, heads, d_head, seq_len)
+
+
 def flops_per_second(flops_per_token: float, tokens: float, seconds: float) -> float | None:
     """Achieved FLOP/s for `tokens` processed in `seconds`, or None when the time is not positive."""
     if not seconds > 0 or not math.isfinite(seconds):

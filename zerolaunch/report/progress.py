@@ -64,6 +64,8 @@ def format_step_line(
         )
     if metrics.comm_seconds is not None:
         parts.append(f"comm {fmt_seconds(metrics.comm_seconds)}")
+    if metrics.data_wait_ms is not None:
+        parts.append(f"data wait {metrics.data_wait_ms:.1f} ms")
     if show_loss_scale and metrics.loss_scale is not None:
         parts.append(f"scale {metrics.loss_scale:g}")
     if skipped_total or metrics.skipped:

@@ -7,6 +7,9 @@ the loss in what it returns (a scalar tensor, or an object / dict with `loss`). 
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from collections.abc import Iterator
 
 import torch
@@ -90,13 +93,146 @@ class BatchSource:
         consumed = int(state.get("consumed", 0))
         if "data" in state and hasattr(self.data, "load_state_dict"):
             self.data.load_state_dict(state["data"])
+            self._it = None
         elif hasattr(self.data, "skip"):
             self.data.skip(consumed)
+            self._it = None
         else:
+            # keep the iterator these reads advanced: a fresh one would start the epoch over
+            self._it = None
             for _ in range(consumed):
                 self.next()
         self.consumed = consumed
-        self._it = None
+
+
+_FAILED = object()
+_POLL_SECONDS = 0.1
+
+
+class PrefetchingSource:
+    """Batches `depth` ahead of the loop: a background thread draws them from a `BatchSource` (and pins them
+    when the device is CUDA); `next()` copies one with `non_blocking` on a side stream and makes the current
+    stream wait on that copy's event, so neither the batch's construction nor its copy holds up the step.
+
+    The data position is counted in batches CONSUMED by the loop, not produced by the thread: `state()`
+    returns the consumed count and the data iterable's `state_dict()` as it was right after the last consumed
+    batch was drawn, so a checkpoint resumes bit-exactly however far ahead the thread had got. The thread
+    starts on the first `next()`, after any `restore()`.
+    """
+
+    def __init__(self, source: BatchSource, device: torch.device, depth: int = 2):
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"prefetch depth must be an int >= 1, got {depth!r}")
+        self.source = source
+        self.device = device
+        self.depth = depth
+        self.consumed = source.consumed
+        self.wait_seconds = 0.0
+        """Total time `next()` blocked waiting for the thread (the loop's "data wait")."""
+        self._data_state = self._snapshot()
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue | None = None
+        self._stop: threading.Event | None = None
+        self._cuda = device.type == "cuda"
+        self._copy_stream = torch.cuda.Stream(device) if self._cuda else None
+
+    def _snapshot(self):
+        data = self.source.data
+        return data.state_dict() if hasattr(data, "state_dict") else None
+
+    def _start(self) -> None:
+        self._queue = queue.Queue(maxsize=self.depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._produce, args=(self._queue, self._stop), name="zerolaunch-data", daemon=True
+        )
+        self._thread.start()
+
+    def _produce(self, q: queue.Queue, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                batch = self.source.next()
+                item = (_pin(batch) if self._cuda else batch, self._snapshot())
+            except BaseException as exc:  # handed to the loop's thread, which raises it
+                item = (_FAILED, exc)
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=_POLL_SECONDS)
+                    break
+                except queue.Full:
+                    continue
+            if item[0] is _FAILED:
+                return
+
+    def next(self):
+        """The next batch, on the device."""
+        if self._thread is None:
+            self._start()
+        t0 = time.perf_counter()
+        while True:
+            try:
+                batch, data_state = self._queue.get(timeout=_POLL_SECONDS)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the data prefetch thread ended without a batch or an error") from None
+        self.wait_seconds += time.perf_counter() - t0
+        if batch is _FAILED:
+            raise data_state
+        self.consumed += 1
+        self._data_state = data_state
+        if not self._cuda:
+            return to_device(batch, self.device)
+        with torch.cuda.stream(self._copy_stream):
+            on_device = to_device(batch, self.device)
+            copied = self._copy_stream.record_event()
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(copied)
+        # allocated on the copy stream, used on the current one: keep the allocator from reusing it early
+        _record_stream(on_device, current)
+        return on_device
+
+    def state(self) -> dict:
+        state = {"consumed": self.consumed}
+        if self._data_state is not None:
+            state["data"] = self._data_state
+        return state
+
+    def restore(self, state: dict) -> None:
+        self.close()
+        self.source.restore(state)
+        self.consumed = self.source.consumed
+        self._data_state = self._snapshot()
+
+    def close(self) -> None:
+        """Stop the thread (any batches it drew ahead are dropped; the position is the consumed one)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = self._queue = self._stop = None
+
+
+def _pin(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory() if batch.device.type == "cpu" else batch
+    if isinstance(batch, dict):
+        return {k: _pin(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_pin(v) for v in batch)
+    return batch
+
+
+def _record_stream(batch, stream) -> None:
+    if isinstance(batch, torch.Tensor):
+        if batch.device.type == "cuda":
+            batch.record_stream(stream)
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            _record_stream(v, stream)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            _record_stream(v, stream)
 
 
 def to_device(batch, device: torch.device):

@@ -18,15 +18,16 @@ import torch.distributed as dist
 
 from zerolaunch.api import meta_init_fn
 from zerolaunch.config import import_builder
+from zerolaunch.report.mfu import hf_flops_per_token
 from zerolaunch.train import seeding
 from zerolaunch.train.batches import (
     BatchSource,
+    PrefetchingSource,
     TrainError,
     build_data,
     build_model,
     forward,
     loss_of,
-    to_device,
     tokens_in,
 )
 from zerolaunch.train.checkpointing import CheckpointHook
@@ -53,10 +54,17 @@ def _memory_now(engine, device: torch.device) -> dict:
 
 
 def _flops_per_token(model, seq_len: int | None) -> float | None:
-    fn = getattr(model, "flops_per_token", None)
-    if fn is None or seq_len is None:
+    if seq_len is None:
         return None
-    return float(fn(seq_len))
+    fn = getattr(model, "flops_per_token", None)
+    if fn is not None:
+        return float(fn(seq_len))
+    # a Hugging Face model: count from its config (None, so MFU "n/a", for shapes the count does not know)
+    to_dict = getattr(getattr(model, "config", None), "to_dict", None)
+    if to_dict is None:
+        return None
+    flops = hf_flops_per_token(to_dict(), seq_len)
+    return None if flops is None else float(flops)
 
 
 def _sync(device: torch.device) -> None:
@@ -96,13 +104,16 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
     engine = Engine(
         model, recipe.engine, group=ctx.group, device=ctx.device, init_fn=meta_init_fn(model, recipe.engine)
     )
-    source = BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder)
+    # batches drawn, pinned and copied ahead of the step; the checkpoint counts the consumed ones
+    source = PrefetchingSource(
+        BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder), ctx.device
+    )
     hook = CheckpointHook(recipe, engine, ctx, source)
     start_step = hook.resume()
 
     total_steps = recipe.train.steps
     gas = recipe.engine.gradient_accumulation_steps
-    first = to_device(source.next(), ctx.device)
+    first = source.next()
     seq_tokens = tokens_in(first)
     seq_len = first["input_ids"].shape[-1] if seq_tokens is not None else None
     tokens_per_step = (seq_tokens or recipe.train.micro_batch_size) * gas * ctx.world_size
@@ -133,10 +144,11 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
                 torch.cuda.reset_peak_memory_stats(ctx.device)
             comm_before = (engine.comm_stats.total_seconds(), engine.comm_stats.total_bytes())
             t0 = time.perf_counter()
+            wait_before = source.wait_seconds
             loss_sum = torch.zeros((), device=ctx.device)
             info = None
             for _ in range(gas):
-                batch = pending if pending is not None else to_device(source.next(), ctx.device)
+                batch = pending if pending is not None else source.next()
                 pending = None
                 loss = loss_of(forward(engine, batch))
                 engine.backward(loss)
@@ -172,6 +184,7 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
                     mem_allocated_bytes=int(mem_peaks[0]) if mem_peaks else None,
                     mem_reserved_bytes=int(mem_peaks[1]) if mem_peaks else None,
                     mem_device_bytes=device_bytes,
+                    data_wait_ms=(source.wait_seconds - wait_before) * 1000.0,
                 )
             bad = guard.record(step, rank_losses, info.grad_norm)  # raises NonFiniteStop at the limit
             if bad is not None and ctx.is_rank0:
@@ -201,6 +214,7 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
             )
             reporter = None
     finally:
+        source.close()
         if reporter is not None:
             reporter.close()
         engine.close()  # deletes an nvme swap file now rather than at interpreter exit
