@@ -18,7 +18,9 @@ def main() -> None:
     p.add_argument("run_dir")
     p.add_argument("--skip", type=int, default=5)
     args = p.parse_args()
-    rows = [json.loads(line) for line in (Path(args.run_dir) / "metrics.jsonl").read_text().splitlines() if line]
+    rows = [
+        json.loads(line) for line in (Path(args.run_dir) / "metrics.jsonl").read_text().splitlines() if line
+    ]
     steps = [r for r in rows if r.get("step_seconds") and r.get("step", 0) > args.skip]
     ms = [1e3 * r["step_seconds"] for r in steps]
     waits = [r["data_wait_ms"] for r in steps if r.get("data_wait_ms") is not None]

@@ -106,7 +106,11 @@ def _trained(tie: bool, steps: int = 3):
 def test_save_hf_pretrained_reloads_with_identical_logits(tmp_path, tie):
     engine, x = _trained(tie)
     out = save_hf_pretrained(engine, tmp_path / "hf")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
     reloaded = AutoModelForCausalLM.from_pretrained(out)
     assert (reloaded.lm_head.weight is reloaded.model.embed_tokens.weight) == tie
     with torch.no_grad():
