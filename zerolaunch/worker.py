@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import signal
 import sys
+import time
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -80,8 +82,35 @@ def die_with_parent() -> None:
         os._exit(1)  # the launcher died before the signal was armed
 
 
+class _Interrupt:
+    """Whether this worker got Ctrl-C's SIGINT (forwarded by the agent to every worker)."""
+
+    seen = False
+
+
+def _on_sigint(signum, frame) -> None:
+    _Interrupt.seen = True
+    raise KeyboardInterrupt
+
+
+def _interrupted_within(wait_s: float) -> bool:
+    """True once SIGINT has arrived, waiting up to `wait_s` for it.
+
+    On Ctrl-C the first worker to stop breaks the collective its peers are in, so a peer can raise gloo's
+    "Connection closed by peer" a moment before its own SIGINT is handled; that peer is interrupted, not crashed.
+    """
+    deadline = time.monotonic() + wait_s
+    try:
+        while not _Interrupt.seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass
+    return _Interrupt.seen
+
+
 def main(argv: list[str] | None = None) -> None:
     die_with_parent()
+    signal.signal(signal.SIGINT, _on_sigint)
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from zerolaunch.train.nonfinite import NONFINITE_EXIT_CODE, NonFiniteStop
@@ -95,6 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         # Ctrl-C: the agent forwards the launcher's SIGINT; the launcher prints the one line about it
         sys.exit(130)
+    except Exception:
+        if _interrupted_within(2.0):
+            sys.exit(130)  # a collective broken by a peer that stopped first on the same Ctrl-C
+        raise
 
 
 def _main(argv: list[str]) -> None:
