@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerolaunch.zero import Engine, EngineOptions, comm
+from zerolaunch.zero import Engine, EngineOptions, OptimizerOptions, comm
 
 RECIPE_ENV = "ZEROLAUNCH_RECIPE"
 """Path of the resolved recipe JSON of the run that started this process; `initialize(model)` reads it."""
@@ -46,7 +46,8 @@ def _resolve_config(config, overrides, world_size: int):
     if config is None:
         resolved = os.environ.get(RECIPE_ENV)
         if not resolved:
-            return None, EngineOptions()
+            # the library's default is DeepSpeed's: one group, every param decayed (see below)
+            return None, EngineOptions(optimizer=OptimizerOptions(decay_1d=True))
         recipe = zconfig.load_resolved(resolved)
         return recipe, recipe.engine
     if isinstance(config, dict | str | os.PathLike):

@@ -66,6 +66,11 @@ def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
         momentum = r.value("engine.optimizer.momentum", params + ("momentum",), "float", 0.0, min=0)
     else:
         r.record("engine.optimizer.momentum", "default", "SGD only")
+    r.record(
+        "engine.optimizer.decay_1d",
+        r.origins.get("train.weight_decay_1d", "default"),
+        "= train.weight_decay_1d",
+    )
     optimizer = OptimizerOptions(
         name=name,
         lr=train.lr,

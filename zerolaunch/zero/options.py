@@ -107,7 +107,7 @@ class OptimizerOptions:
     eps: float = 1e-8
     weight_decay: float = 0.0
     """Decay of every group that does not set its own (client groups) or of the default groups."""
-    decay_1d: bool = True
+    decay_1d: bool = False
     """Default groups only: True = one group, every param decayed (DeepSpeed with model.parameters());
     False = nanoGPT's split, no decay on 1-D params (biases, norm gains)."""
     momentum: float = 0.0
