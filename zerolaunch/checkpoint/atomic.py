@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import uuid
 from pathlib import Path
 
 TMP_PREFIX = ".tmp-"
@@ -29,10 +31,21 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def writer_unique_name(name: str) -> str:
+    """A temp name no other writer uses: host, pid and a random part.
+
+    Two writers of one file (the launchers of a multi-node run share run_dir) must not share a temp name,
+    or the first rename takes the second writer's temp file away and that writer's rename fails with
+    FileNotFoundError -- the cause of the two-node test's hang under load (issue 16).
+    """
+    return f"{TMP_PREFIX}{name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that a reader sees the old or the new content, never a mix."""
+    """Replace `path` with `text` so that a reader sees the old or the new content, never a mix; safe with
+    several writers at once (the last rename wins, each writer's content is whole)."""
     path = Path(path)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    tmp = path.with_name(writer_unique_name(path.name))
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()

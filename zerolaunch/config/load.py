@@ -424,13 +424,17 @@ def load_recipe(
 
 
 def save_resolved(recipe: Recipe, run_dir: str | os.PathLike[str]) -> FsPath:
-    """Write run_dir/recipe.resolved.json (via a temp file + rename, so a reader never sees half a file)."""
+    """Write run_dir/recipe.resolved.json (via a temp file + rename, so a reader never sees half a file).
+
+    Every node of a multi-node run writes it into the shared run_dir at about the same moment: each writer
+    uses its own temp name (see checkpoint.atomic.writer_unique_name), or one node's rename fails and that
+    launcher dies before the rendezvous while its peers wait for it."""
+    from zerolaunch.checkpoint.atomic import write_text_atomic
+
     folder = FsPath(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / RESOLVED_NAME
-    temp = folder / f".{RESOLVED_NAME}.tmp"
-    temp.write_text(json.dumps(recipe.to_json(), indent=2) + "\n", encoding="utf-8")
-    os.replace(temp, target)
+    write_text_atomic(target, json.dumps(recipe.to_json(), indent=2) + "\n")
     return target
 
 

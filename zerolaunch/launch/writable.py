@@ -8,6 +8,7 @@ message names the path and the OS's own error text.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 from zerolaunch.config.errors import UserError
@@ -19,7 +20,8 @@ class NotWritable(UserError):
 
 def check_writable(path: str | os.PathLike[str], what: str) -> None:
     folder = Path(path)
-    probe = folder / f".zerolaunch-write-test-{os.getpid()}"
+    # host and pid: the launchers of a multi-node run probe the same shared run_dir at once
+    probe = folder / f".zerolaunch-write-test-{socket.gethostname()}-{os.getpid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with open(probe, "wb") as f:
