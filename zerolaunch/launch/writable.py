@@ -8,9 +8,9 @@ message names the path and the OS's own error text.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
+from zerolaunch.checkpoint.atomic import writer_unique_name
 from zerolaunch.config.errors import UserError
 
 
@@ -20,8 +20,8 @@ class NotWritable(UserError):
 
 def check_writable(path: str | os.PathLike[str], what: str) -> None:
     folder = Path(path)
-    # host and pid: the launchers of a multi-node run probe the same shared run_dir at once
-    probe = folder / f".zerolaunch-write-test-{socket.gethostname()}-{os.getpid()}"
+    # a per-writer name: the launchers of a multi-node run probe the same shared run_dir at once
+    probe = folder / writer_unique_name("zerolaunch-write-test")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with open(probe, "wb") as f:
