@@ -36,6 +36,8 @@ ENGINES = {
     "zl-z2-off": "zerolaunch ZeRO-2 + CPU optimizer offload",
     "zl-z2-off-ovl": "zerolaunch ZeRO-2 + CPU optimizer offload, step overlapping the next forward",
     "zl-z3-off": "zerolaunch ZeRO-3 + CPU optimizer offload",
+    "zl-z2-compile": "zerolaunch ZeRO-2, each block compiled in place (block.compile()) before the engine",
+    "zl-z3-compile": "zerolaunch ZeRO-3, each block compiled in place (block.compile()) before the engine",
 }
 PEERS = ("torch", "fsdp2", "torch-compile", "fsdp2-compile", "ds-z1", "ds-z2", "ds-z3")
 OFFLOAD_PEERS = ("ds-z2-off", "fsdp2-off")
@@ -213,6 +215,10 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
                 model = make()
         else:
             model = make()
+        if engine.endswith("-compile"):
+            # in place, so parameter names (and the stage 3 units) stay those of the eager model
+            for block in model.transformer.h:
+                block.compile()
         eng = Engine(model, opts, device=device)
 
         def step(b):
