@@ -23,6 +23,8 @@ import time
 ENGINES = {
     "torch": "plain torch, fused AdamW",
     "fsdp2": "FSDP2 fully_shard per block, bf16 params / fp32 reduce",
+    "torch-compile": "plain torch, fused AdamW, torch.compile(model)",
+    "fsdp2-compile": "FSDP2 as above, each block torch.compile'd before fully_shard (torchtitan's order)",
     "ds-z1": "DeepSpeed ZeRO-1",
     "ds-z2": "DeepSpeed ZeRO-2",
     "ds-z3": "DeepSpeed ZeRO-3",
@@ -34,8 +36,10 @@ ENGINES = {
     "zl-z2-off": "zerolaunch ZeRO-2 + CPU optimizer offload",
     "zl-z2-off-ovl": "zerolaunch ZeRO-2 + CPU optimizer offload, step overlapping the next forward",
     "zl-z3-off": "zerolaunch ZeRO-3 + CPU optimizer offload",
+    "zl-z2-compile": "zerolaunch ZeRO-2, each block compiled in place (block.compile()) before the engine",
+    "zl-z3-compile": "zerolaunch ZeRO-3, each block compiled in place (block.compile()) before the engine",
 }
-PEERS = ("torch", "fsdp2", "ds-z1", "ds-z2", "ds-z3")
+PEERS = ("torch", "fsdp2", "torch-compile", "fsdp2-compile", "ds-z1", "ds-z2", "ds-z3")
 OFFLOAD_PEERS = ("ds-z2-off", "fsdp2-off")
 
 
@@ -123,8 +127,10 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
     batches = _batches(vocab, seq_len, micro_batch, steps + warmup, device)
     make = lambda: build_gpt(size=size, vocab_size=vocab, seq_len=seq_len)  # noqa: E731
 
-    if engine == "torch":
+    if engine in ("torch", "torch-compile"):
         model = make().to(device=device, dtype=torch.bfloat16)
+        if engine == "torch-compile":
+            model = torch.compile(model)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
 
         def step(b):
@@ -142,6 +148,10 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
         kw = {"mp_policy": mp}
         if engine.endswith("off"):
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+        if engine == "fsdp2-compile":
+            # torchtitan: replace each block by its compiled wrapper, then shard it; FSDP2's hooks stay outside
+            for i, block in enumerate(model.transformer.h):
+                model.transformer.h[i] = torch.compile(block)
         for block in model.transformer.h:
             fully_shard(block, **kw)
         fully_shard(model, **kw)
@@ -205,6 +215,10 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
                 model = make()
         else:
             model = make()
+        if engine.endswith("-compile"):
+            # in place, so parameter names (and the stage 3 units) stay those of the eager model
+            for block in model.transformer.h:
+                block.compile()
         eng = Engine(model, opts, device=device)
 
         def step(b):
@@ -216,7 +230,7 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
         raise SystemExit(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
 
     times_ms = []
-    loss = None
+    loss = first_ms = None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for i, b in enumerate(batches):
         if i == warmup:
@@ -227,6 +241,8 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
         torch.cuda.synchronize()
         if i >= warmup:
             times_ms.append(start.elapsed_time(end))
+        if i == 0:
+            first_ms = start.elapsed_time(end)  # includes torch.compile's warm-up on the compiled rows
     with torch.device("meta"):
         ref = make()
     return {
@@ -234,6 +250,7 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
         "size": size,
         "step_ms": statistics.median(times_ms),
         "step_ms_all": times_ms,
+        "first_step_ms": first_ms,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
         "final_loss": float(loss.detach().float().item()),
         "tokens_per_step": micro_batch * seq_len,

@@ -136,3 +136,41 @@ def test_model_never_imports_torch_distributed():
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
     assert not [n for n in names if n.startswith("torch.distributed")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_cross_entropy_equals_full_fp32_cross_entropy(monkeypatch, dtype):
+    # 7 elements per chunk at vocab 3 -> 2 rows a chunk over 11 rows: several chunks and a ragged last one
+    monkeypatch.setattr(gpt, "CE_CHUNK_ELEMENTS", 7)
+    torch.manual_seed(0)
+    base = torch.randn(11, 3).to(dtype)
+    labels = torch.tensor([0, 2, -100, 1, 1, -100, 0, 2, 2, 1, -100])
+    a, b = base.clone().requires_grad_(), base.clone().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(a.float(), labels, ignore_index=-100)
+    got = gpt.chunked_cross_entropy(b, labels)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
+    ref.backward()
+    got.backward()
+    assert b.grad.dtype == dtype
+    torch.testing.assert_close(
+        b.grad.float(), a.grad.float(), rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-2
+    )
+
+
+def test_gpt_loss_and_grads_unchanged_by_chunking(monkeypatch):
+    ids = torch.randint(0, 97, (2, 16))
+    labels = ids.clone()
+    labels[0, :3] = -100
+    grads, losses = [], []
+    for elements in (1 << 27, 97 * 5):  # one chunk vs 7 chunks of 5 rows over 32 rows
+        monkeypatch.setattr(gpt, "CE_CHUNK_ELEMENTS", elements)
+        m = _tiny()
+        out = m(ids, labels=labels)
+        ref = torch.nn.functional.cross_entropy(out.logits.float().view(-1, 97), labels.view(-1))
+        torch.testing.assert_close(out.loss, ref, rtol=0, atol=1e-6)
+        out.loss.backward()
+        losses.append(out.loss.item())
+        grads.append([p.grad.clone() for p in m.parameters()])
+    assert abs(losses[0] - losses[1]) < 1e-6
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
