@@ -77,11 +77,11 @@ def test_several_tags_without_latest_ask_which(tmp_path):
         convert_checkpoint(root, tmp_path / "o")
 
 
-def test_resuming_from_a_deepspeed_checkpoint_points_to_convert(tmp_path):
+def test_resuming_from_a_deepspeed_checkpoint_points_to_init_from(tmp_path):
     from zerolaunch.checkpoint.fake_engine import FakeEngine
 
     engine = FakeEngine([], rank=0, world_size=1, bucket_numel=10)
-    with pytest.raises(CheckpointError, match="is a DeepSpeed checkpoint.*convert-checkpoint"):
+    with pytest.raises(CheckpointError, match="is a DeepSpeed checkpoint.*model.init_from: .*no conversion"):
         load_checkpoint(engine, FIXTURES / "zero2_fp32")
 
 

@@ -52,8 +52,9 @@ def load_checkpoint(engine, path_or_root, *, group=None, verify: bool = True) ->
 
     if find_deepspeed_checkpoint(Path(path_or_root)) is not None:
         raise CheckpointError(
-            f"{path_or_root} is a DeepSpeed checkpoint, which holds no zerolaunch optimizer layout: convert "
-            f"it with `zerolaunch convert-checkpoint {path_or_root} OUT` and start from OUT with model.init_from"
+            f"{path_or_root} is a DeepSpeed checkpoint: --resume continues zerolaunch checkpoints only (their "
+            f"optimizer layout). Start from its weights with `model.init_from: {path_or_root}` (read directly, "
+            "no conversion; the optimizer starts fresh)"
         )
     folder = resolve_checkpoint(Path(path_or_root))
     with CheckpointReader(folder, verify=verify) as reader:

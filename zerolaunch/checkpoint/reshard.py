@@ -37,8 +37,8 @@ def reshard_checkpoint(src, out, world_size: int, *, progress: bool = False, ver
     if find_deepspeed_checkpoint(Path(src)) is not None:
         raise CheckpointError(
             f"{src} is a DeepSpeed checkpoint: --to-world-size needs a zerolaunch "
-            "checkpoint; convert it to model.safetensors and start from it with "
-            "model.init_from"
+            f"checkpoint; start a run from its weights with `model.init_from: {src}` "
+            "(any world size), or convert it to model.safetensors without --to-world-size"
         )
     out = Path(out)
     with CheckpointReader(resolve_checkpoint(src), verify=verify) as reader:

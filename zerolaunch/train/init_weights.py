@@ -1,10 +1,13 @@
 """`model.init_from`: start training from saved weights instead of the builder's initialisation.
 
-Owns reading model weights (no optimizer state) into the freshly built model, before the engine wraps it:
-a `.safetensors` file, a folder with `model.safetensors` or HF-style shards (`model.safetensors.index.json`,
-what `zerolaunch convert-checkpoint` writes), or a torch state-dict file (loaded with weights_only=True:
-never unpickles code). Names must match exactly; a tied parameter may be stored under any one of its
-names. A zerolaunch or DeepSpeed checkpoint folder is not read here: resume it with --resume, or convert it.
+Owns reading model weights (no optimizer state: the optimizer starts fresh) into the freshly built model,
+before the engine wraps it. Accepted: a `.safetensors` file, a folder with `model.safetensors` or HF-style
+shards (`model.safetensors.index.json`, what `zerolaunch convert-checkpoint` writes), a torch state-dict
+file (loaded with weights_only=True: never unpickles code), and a checkpoint -- a DeepSpeed ZeRO save dir or
+tag folder (stages 1-3, any world size) or a zerolaunch checkpoint (folder or root with `latest`). A
+checkpoint is read through convert-checkpoint's sources (checkpoint/convert.py, checkpoint/deepspeed.py):
+one consolidated fp32 tensor at a time straight into the model, with no converted copy on disk. Names must
+match exactly; a tied parameter may be stored under any one of its names.
 """
 
 from __future__ import annotations
@@ -19,22 +22,21 @@ from zerolaunch.train.batches import TrainError
 INDEX_NAME = "model.safetensors.index.json"
 
 
+def _is_weights_folder(path: Path) -> bool:
+    return (path / "model.safetensors").is_file() or (path / INDEX_NAME).is_file()
+
+
 def _read_state(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     if path.is_dir():
         if (path / "model.safetensors").is_file():
             return load_file(str(path / "model.safetensors"))
-        if (path / INDEX_NAME).is_file():
-            shards = sorted(set(json.loads((path / INDEX_NAME).read_text())["weight_map"].values()))
-            state: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                state.update(load_file(str(path / shard)))
-            return state
-        raise TrainError(
-            f"model.init_from {str(path)!r} is a folder without model.safetensors or {INDEX_NAME}; for a "
-            "zerolaunch / DeepSpeed checkpoint use --resume PATH, or `zerolaunch convert-checkpoint` it first"
-        )
+        shards = sorted(set(json.loads((path / INDEX_NAME).read_text())["weight_map"].values()))
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            state.update(load_file(str(path / shard)))
+        return state
     if path.suffix == ".safetensors":
         return load_file(str(path))
     try:
@@ -50,30 +52,89 @@ def _read_state(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+class _StateSource:
+    """A loaded {name: tensor} state dict behind the tensors()/read() interface of convert's sources."""
+
+    def __init__(self, state: dict[str, torch.Tensor]):
+        self._state = state
+
+    def names(self) -> list[str]:
+        return list(self._state)
+
+    def read(self, name: str) -> torch.Tensor:
+        return self._state[name]
+
+    def close(self) -> None:
+        self._state = {}
+
+
+class _CheckpointSource:
+    """A DeepSpeed or zerolaunch checkpoint, read tensor by tensor (convert-checkpoint's sources)."""
+
+    def __init__(self, source):
+        self._source = source
+        self._by_name = {t.name: t.source for t in source.tensors()}
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def read(self, name: str) -> torch.Tensor:
+        return self._source.read(self._by_name[name])
+
+    def close(self) -> None:
+        self._source.close()
+
+
+def _open(path: Path, init_from: str):
+    if path.is_dir() and not _is_weights_folder(path):
+        from zerolaunch.checkpoint.convert import open_source
+        from zerolaunch.checkpoint.errors import CheckpointError
+
+        try:
+            return _CheckpointSource(open_source(path))
+        except CheckpointError as err:
+            raise TrainError(
+                f"model.init_from {init_from!r} is a folder without model.safetensors or {INDEX_NAME}, and "
+                f"not a readable DeepSpeed / zerolaunch checkpoint: {err}"
+            ) from None
+    return _StateSource(_read_state(path))
+
+
 def load_initial_weights(model: torch.nn.Module, init_from: str) -> None:
     """Copy the weights at `init_from` into `model` (all of them, shapes checked) in place."""
     path = Path(init_from)
     if not path.exists():
         raise TrainError(f"model.init_from {init_from!r} does not exist; give a weights file or folder")
-    state = _read_state(path)
+    source = _open(path, init_from)
+    try:
+        _copy_into(model, source, init_from)
+    finally:
+        source.close()
+
+
+def _copy_into(model: torch.nn.Module, source, init_from: str) -> None:
+    names = source.names()
+    available = set(names)
     names_of: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(name)
     targets = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
     missing = [
-        names[0]
-        for names in names_of.values()
-        if not any(n in state for n in names)  # a tied param needs any one of its names
+        group[0]
+        for group in names_of.values()
+        if not any(n in available for n in group)  # a tied param needs any one of its names
     ]
-    missing += [n for n, _ in model.named_buffers() if n not in state and n in model.state_dict()]
-    unexpected = [n for n in state if n not in targets]
+    persistent = model.state_dict().keys()
+    missing += [n for n, _ in model.named_buffers() if n not in available and n in persistent]
+    unexpected = [n for n in names if n not in targets]
     if missing or unexpected:
         raise TrainError(
             f"model.init_from {init_from!r} does not match the model: missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}; is model.args the same as for the model that saved it?"
         )
     with torch.no_grad():
-        for name, tensor in state.items():
+        for name in names:  # one tensor in memory at a time (checkpoint sources read on demand)
+            tensor = source.read(name)
             target = targets[name]
             if tuple(target.shape) != tuple(tensor.shape):
                 raise TrainError(
