@@ -38,7 +38,8 @@ def test_params_prints_the_table_and_a_recommendation():
     assert result.exit_code == 0, result.output
     out = result.output
     assert "per GPU, GiB" in out and "per CPU node" in out and "DS GPU" in out
-    assert "Recommended: zero stage 1" in out  # stage 0 needs ~156 GiB per GPU for 7B
+    # stage 0 needs ~156 GiB per GPU for 7B; stages 1 and 2 communicate the same, stage 2 leaves more room
+    assert "Recommended: zero stage 2 (" in out and "10% headroom" in out
 
 
 def test_params_json_has_every_stage_and_offload_row():
@@ -47,7 +48,7 @@ def test_params_json_has_every_stage_and_offload_row():
     labels = [r["label"] for r in data["rows"]]
     assert labels[0] == "stage 0" and "stage 3 + optimizer+params-cpu" in labels
     assert {r["stage"] for r in data["rows"]} == {0, 1, 2, 3}
-    assert data["recommended"]["stage"] == 1
+    assert data["recommended"]["stage"] == 2
     s3 = next(r for r in data["rows"] if r["label"] == "stage 3")
     assert s3["gpu_total_bytes"] < next(r for r in data["rows"] if r["label"] == "stage 0")["gpu_total_bytes"]
 
@@ -66,11 +67,16 @@ def test_model_counts_the_builtin_gpt_exactly():
     assert data["recommended"] is None  # no GPU here and no --gpu-memory given
 
 
+def _peak(row):
+    return row["gpu_total_bytes"]
+
+
 def test_recipe_takes_its_batch_and_sequence_and_builds_on_meta():
     data = _json(str(ROOT / "recipes" / "tiny-gpt.yaml"), "--gpus", "2", "--gpu-memory", "1GiB")
     assert data["setup"]["micro_batch"] == 8 and data["setup"]["seq_len"] == 64
+    roomiest = min((r for r in data["rows"] if r["offload"] == "none" and r["stage"] < 3), key=_peak)
     assert data["model"]["exact"] and data["recommended"] == {
-        "stage": 0,
+        "stage": roomiest["stage"],
         "offload": "none",
         "activation_checkpointing": False,
     }
@@ -97,6 +103,8 @@ def test_recipe_set_override_reaches_the_estimate():
         (["--params", "1e9", "--model", "gpt-tiny"], "got --params and --model"),
         (["no/such/recipe.yaml"], "no/such/recipe.yaml"),
         (["--params", "1e9", "--measure"], "--measure"),
+        (["--params", "1e9", "--headroom", "1.5"], "--headroom must be a fraction"),
+        (["--params", "1e9", "--cpu-memory", "24G"], "ambiguous"),
     ],
 )
 def test_bad_input_is_one_clear_error_and_exit_2(args, message):
@@ -129,7 +137,8 @@ def test_gpu_memory_defaults_to_the_visible_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     data = _json("--params", "1e9")
     assert data["setup"]["gpu_memory_bytes"] == 81559 * 2**20
-    assert data["recommended"]["stage"] == 0
+    roomiest = min((r for r in data["rows"] if r["offload"] == "none" and r["stage"] < 3), key=_peak)
+    assert data["recommended"]["stage"] == roomiest["stage"]
 
 
 def test_recipe_with_a_custom_model_counts_it_and_says_activations_are_unknown(tmp_path):
@@ -179,3 +188,45 @@ def test_hf_path_recipe_and_hf_model_option_are_built_on_meta(tmp_path):
     result = _run("--model", str(tmp_path / "nothing.json"))
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
+
+
+def test_host_ram_defaults_to_this_machine_and_is_named_when_short():
+    with open("/proc/meminfo") as f:
+        total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    data = _json("--params", "1e9", "--gpu-memory", "80GiB")
+    assert data["setup"]["cpu_memory_bytes"] == total and data["setup"]["headroom"] == 0.1
+    result = _run("--params", "7e9", "--gpu-memory", "80GiB", "--cpu-memory", "24GiB")
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())  # rich wraps lines
+    assert "Nothing fits with 10% headroom: host RAM: needs" in out and "has 24.0 GiB" in out
+    assert "Nothing fits in" not in out and "GPU: needs" not in out
+
+
+def test_headroom_option_decides_what_fits():
+    loose = _json("--params", "7e9", "--gpu-memory", "80GiB", "--cpu-memory", "1TiB", "--headroom", "0")
+    row = next(r for r in loose["rows"] if r["label"] == "stage 2 + optimizer-cpu")
+    # a GPU exactly the size of the row's peak: fits with no headroom, not with 5%
+    size = str(row["gpu_total_bytes"])
+    exact = _json("--params", "7e9", "--gpu-memory", size, "--cpu-memory", "1TiB", "--headroom", "0")
+    assert next(r for r in exact["rows"] if r["label"] == row["label"])["fits"] is True
+    tight = _json("--params", "7e9", "--gpu-memory", size, "--cpu-memory", "1TiB", "--headroom", "0.05")
+    tight_row = next(r for r in tight["rows"] if r["label"] == row["label"])
+    assert tight_row["fits"] is False and tight_row["misfit"] == "GPU"
+
+
+def test_table_has_the_param_nvme_row_and_largest_micro_batch():
+    result = _run("--params", "7e9", "--gpu-memory", "80GiB", "--cpu-memory", "1TiB")
+    assert result.exit_code == 0, result.output
+    assert "opt+p:nvme" in result.output and "mb*" in result.output
+    data = _json("--params", "7e9", "--gpu-memory", "80GiB", "--cpu-memory", "1TiB")
+    row = next(r for r in data["rows"] if r["label"] == "stage 3 + optimizer+params-nvme")
+    # one rank: fp32 master + two Adam moments (12 bytes/param) + the 16-bit unit shards (2), less the small
+    # persistent params, which stay in memory
+    assert 13.99 * 7e9 < row["nvme_bytes"] <= 14 * 7e9
+    assert row["max_micro_batch_ckpt"] > row["max_micro_batch"] > 0
+
+
+def test_help_states_the_recommendation_rule():
+    result = runner.invoke(app, ["estimate-memory", "--help"], terminal_width=200)
+    text = " ".join(result.output.split())
+    assert "least offload" in text and "most GPU memory left" in text and "--headroom" in text

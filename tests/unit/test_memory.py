@@ -151,29 +151,97 @@ def test_stage2_staging_buffers_follow_the_reducer_policy():
 
 
 def _est(gpu_memory, **kw):
-    return estimate(synthetic_gpt(1_300_000_000), Setup(gpus_per_node=8, gpu_memory_bytes=gpu_memory, **kw))
+    setup = Setup(gpus_per_node=8, gpu_memory_bytes=gpu_memory, **kw)
+    return estimate(synthetic_gpt(1_300_000_000), setup)
 
 
-def test_recommendation_takes_the_fastest_configuration_that_fits():
+def test_recommendation_among_equal_communication_takes_the_one_with_margin():
     everything = _est(10**15)
-    assert everything.recommended == (0, "none", False)
-    s0 = everything.row(0).gpu_total_bytes
-    s1 = everything.row(1).gpu_total_bytes
-    assert s1 < s0
-    assert _est(s1).recommended == (1, "none", False)
-    assert _est(s1 - 1).recommended[0] >= 2
+    # stages 0-2 communicate the same (2x the params per step): the lowest peak of them wins, here stage 2
+    plain = {s: everything.row(s).gpu_total_bytes for s in (0, 1, 2)}
+    assert min(plain, key=plain.get) == 2 and everything.recommended == (2, "none", False)
+    s2 = plain[2]
+    # fits only within (1 - headroom): at exactly s2 / 0.9 it fits, one byte less it does not
+    assert _est(int(s2 / 0.9) + 1).recommended == (2, "none", False)
+    tight = _est(int(s2 / 0.9) - 2)
+    assert tight.recommended != (2, "none", False) and not tight.row(2).fits and tight.row(2).misfit == "GPU"
+    assert _est(s2, headroom=0.0).recommended == (2, "none", False)
+    assert _est(s2).recommended != (2, "none", False)  # 100% use is not a fit under the default 10%
+
+
+def test_seven_b_on_one_80gb_gpu_takes_stage_2_offload_not_stage_1_at_the_limit():
+    shape = synthetic_gpt(7 * 10**9)
+    for headroom in (0.0, 0.1):
+        setup = Setup(gpu_memory_bytes=80 * GIB, cpu_memory_bytes=512 * GIB, headroom=headroom)
+        est = estimate(shape, setup)
+        s1, s2 = est.row(1, "optimizer-cpu"), est.row(2, "optimizer-cpu")
+        assert s2.gpu_total_bytes < s1.gpu_total_bytes / 3  # the issue: 18.9 vs 75.3 GiB
+        assert est.recommended == (2, "optimizer-cpu", False), (headroom, est.recommendation)
+
+
+def test_host_ram_is_named_when_it_is_what_does_not_fit():
+    shape = synthetic_gpt(7 * 10**9)
+    est = estimate(shape, Setup(gpu_memory_bytes=80 * GIB, cpu_memory_bytes=24 * GIB))
+    assert est.recommended is None
+    on_gpu = [r for r in est.rows if r.supported and r.gpu_total_bytes <= 0.9 * 80 * GIB]
+    assert on_gpu and all(r.misfit == "host RAM" for r in on_gpu)
+    least = min(r.cpu_node_bytes for r in on_gpu)
+    assert f"host RAM: needs {least / GIB:.1f} GiB per node" in est.recommendation
+    assert "has 24.0 GiB" in est.recommendation and "GPU:" not in est.recommendation
+    # the same model with the RAM it needs: recommended
+    roomy = estimate(shape, Setup(gpu_memory_bytes=80 * GIB, cpu_memory_bytes=int(least / 0.9) + 1))
+    assert roomy.recommended is not None
 
 
 def test_recommendation_falls_back_to_checkpointing_then_offload():
     base = _est(10**15, micro_batch=16, seq_len=2048)
     smallest_plain = min(r.gpu_total_bytes for r in base.rows if r.supported and r.offload == "none")
-    got = _est(smallest_plain - 1, micro_batch=16, seq_len=2048).recommended
+    got = _est(smallest_plain - 1, micro_batch=16, seq_len=2048, headroom=0.0).recommended
     assert got is not None and got[1] == "none" and got[2] is True  # checkpointing before any offload
 
 
 def test_nothing_fits_says_what_to_change():
     est = _est(1)
     assert est.recommended is None and "Nothing fits" in est.recommendation and "--gpus" in est.recommendation
+    assert "GPU: needs" in est.recommendation and "host RAM" not in est.recommendation
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 2, True])
+def test_headroom_must_be_a_fraction(bad):
+    with pytest.raises(EstimateError, match="--headroom"):
+        Setup(headroom=bad)
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_largest_micro_batch_fits_and_one_more_does_not(ckpt):
+    gpu = 40 * GIB
+    shape = synthetic_gpt(1_300_000_000)
+    est = estimate(shape, Setup(gpus_per_node=8, gpu_memory_bytes=gpu, seq_len=2048))
+    checked = 0
+    for row in est.rows:
+        if not row.supported:
+            continue
+        mb = row.max_micro_batch_ckpt if ckpt else row.max_micro_batch
+        assert mb is not None
+
+        def peak(micro_batch, row=row):
+            setup = Setup(gpus_per_node=8, gpu_memory_bytes=gpu, seq_len=2048, micro_batch=micro_batch)
+            r = estimate(shape, setup).row(row.stage, row.offload)
+            return r.gpu_total_ckpt_bytes if ckpt else r.gpu_total_bytes
+
+        if mb:
+            assert peak(mb) <= 0.9 * gpu
+            checked += 1
+        assert peak(mb + 1) > 0.9 * gpu
+    assert checked >= 5
+    if not ckpt:
+        assert est.row(3, "optimizer+params-cpu").max_micro_batch > est.row(0).max_micro_batch
+
+
+def test_largest_micro_batch_is_unknown_without_gpu_memory_or_model_sizes():
+    assert all(r.max_micro_batch is None for r in _est(None).rows)
+    flat = estimate(synthetic_gpt(1000), Setup(gpu_memory_bytes=GIB))  # one flat tensor: no decoder sizes
+    assert all(r.max_micro_batch is None for r in flat.rows)
 
 
 def test_no_gpu_memory_means_no_fit_column():
@@ -197,6 +265,21 @@ def test_nvme_rows_are_priced(stage):
     assert [r.offload for r in est.rows if r.stage == 0] == ["none"]
 
 
+def test_param_nvme_row_keeps_the_unit_shards_on_disk():
+    est = _est(10**15)
+    nvme, cpu, opt_nvme = (
+        est.row(3, o) for o in ("optimizer+params-nvme", "optimizer+params-cpu", "optimizer-nvme")
+    )
+    assert nvme.supported and nvme.gpu == cpu.gpu  # the GPU holds the same with params on the host or disk
+    # the host keeps only the persistent params' shard; the units' 16-bit shards join the optimizer swap file
+    swapped = cpu.host["params"] - nvme.host["params"]
+    assert swapped > 0 and nvme.nvme_bytes == opt_nvme.nvme_bytes + swapped
+    assert (
+        nvme.host["grads"] == opt_nvme.host["grads"] and nvme.host["optimizer"] == opt_nvme.host["optimizer"]
+    )
+    assert [r.offload for r in est.rows if r.stage < 3 and r.offload.startswith("optimizer+params")] == []
+
+
 def test_params_path_imports_no_torch():
     code = (
         "import sys\n"
@@ -218,3 +301,39 @@ def test_gated_mlp_keeps_two_more_d_ff_wide_tensors_per_layer():
         plain, setup, checkpointing=False
     )
     assert extra == 3 * 2 * 176 * 16 * 2  # layers x tensors x d_ff x tokens x bf16 bytes
+
+
+def test_memory_package_has_no_import_cycle():
+    """Every import between zerolaunch/memory modules (also the lazy ones inside functions) forms no cycle."""
+    import ast
+    from pathlib import Path
+
+    import zerolaunch.memory as pkg
+
+    folder = Path(pkg.__file__).parent
+    edges = {}
+    for path in folder.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("zerolaunch.memory.")
+            ):
+                names.add(node.module.rsplit(".", 1)[1])
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "zerolaunch.memory"
+                and path.stem != "__init__"
+            ):
+                names.update(a.name for a in node.names if (folder / f"{a.name}.py").exists())
+        edges[path.stem] = names
+
+    def reaches(start, goal, seen=()):
+        return any(
+            n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in edges.get(start, ())
+        )
+
+    cyclic = sorted(m for m in edges if m != "__init__" and reaches(m, m))
+    assert not cyclic, f"import cycle through {cyclic}"
+    assert "shape" not in edges["modules"]

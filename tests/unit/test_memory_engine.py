@@ -4,7 +4,7 @@ Tests: stages 0-3, 1 and 3 ranks (3: padding, numel not divisible), fp32 and bf1
 buckets, padding, numel not divisible by the world size), stage 2 with and without overlap (the staging
 buffer count), Adam / SGD state, the awkward test net (tied, frozen, 1-D params) and the built-in GPT, CPU
 optimizer offload (on CPU the "host" is the device, so gpu + host per key is compared), nvme optimizer offload
-(the swap file's bytes too). Each case runs one real step first, so optimizer state and staging buffers exist.
+and nvme param offload (the swap files' bytes too). Each case runs one real step first, so optimizer state and staging buffers exist.
 Leaves out: activations and the peak (they need a GPU: `estimate-memory --measure`).
 """
 
@@ -52,6 +52,8 @@ CASES = [
     ("net", 1, "bf16", 64, None, "sgd", "optimizer-nvme"),
     ("net", 2, "fp32", 100, True, "adamw", "optimizer-nvme"),
     ("gpt", 3, "bf16", 100, None, "adamw", "optimizer-nvme"),
+    ("gpt", 3, "bf16", 100, None, "adamw", "optimizer+params-nvme"),
+    ("net", 3, "fp32", 100, None, "sgd", "optimizer+params-nvme"),
 ]
 
 
@@ -82,8 +84,12 @@ def _one_step(name, engine) -> None:
 
 
 def _options(stage, dtype, bucket, overlap, optimizer, offload) -> EngineOptions:
-    if offload == "optimizer-nvme":
-        opt_offload = OffloadOptions(device="nvme", nvme_path=tempfile.mkdtemp(prefix="zl-nvme-"))
+    param_offload = OffloadOptions(device="cpu" if offload == "optimizer+params-cpu" else "none")
+    if offload.endswith("nvme"):
+        folder = tempfile.mkdtemp(prefix="zl-nvme-")
+        opt_offload = OffloadOptions(device="nvme", nvme_path=folder)
+        if offload == "optimizer+params-nvme":
+            param_offload = OffloadOptions(device="nvme", nvme_path=folder)
     else:
         opt_offload = OffloadOptions(device="cpu" if offload != "none" else "none")
     return EngineOptions(
@@ -93,7 +99,7 @@ def _options(stage, dtype, bucket, overlap, optimizer, offload) -> EngineOptions
             stage3_param_persistence_threshold=bucket if stage == 3 else 100_000,
             overlap_comm=overlap,
             offload_optimizer=opt_offload,
-            offload_param=OffloadOptions(device="cpu" if offload == "optimizer+params-cpu" else "none"),
+            offload_param=param_offload,
         ),
         precision=PrecisionOptions(dtype=dtype),
         optimizer=OptimizerOptions(name=optimizer, lr=1e-3, momentum=0.9 if optimizer == "sgd" else 0.0),

@@ -11,6 +11,7 @@ typer + rich only: the arithmetic is zerolaunch/memory/; torch is imported only 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from typing import TYPE_CHECKING
@@ -30,6 +31,7 @@ _OFFLOAD_SHORT = {
     "optimizer-cpu": "opt:cpu",
     "optimizer+params-cpu": "opt+p:cpu",
     "optimizer-nvme": "opt:nvme",
+    "optimizer+params-nvme": "opt+p:nvme",
 }
 
 
@@ -51,6 +53,21 @@ def visible_gpu_memory_bytes() -> int | None:
         return None
 
 
+def host_memory_bytes() -> int | None:
+    """This machine's total RAM (MemTotal of /proc/meminfo, else sysconf); None when neither answers."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _gib(nbytes: int | None) -> str:
     """GiB in at most 5 characters, so the table fits an 80-column terminal."""
     if nbytes is None:
@@ -69,6 +86,13 @@ def _table(title: str, columns: list[str]) -> Table:
     return table
 
 
+_SHORT_MISFIT = {"GPU": "GPU", "host RAM": "host", "GPU, host RAM": "both"}
+
+
+def _count(n: int | None) -> str:
+    return "-" if n is None else str(n)
+
+
 def render_gpu_table(est: Estimate) -> Table:
     """Per GPU (rank): the model states, buffers, activations, peak and whether it fits."""
     s = est.setup
@@ -82,7 +106,8 @@ def render_gpu_table(est: Estimate) -> Table:
             continue
         ckpt = s.activation_checkpointing
         fits = r.fits_ckpt if ckpt else r.fits
-        fit_text = "-" if fits is None else ("[green]yes[/]" if fits else "[red]no[/]")
+        misfit = r.misfit_ckpt if ckpt else r.misfit
+        fit_text = "-" if fits is None else ("[green]yes[/]" if fits else f"[red]{_SHORT_MISFIT[misfit]}[/]")
         g = r.gpu
         table.add_row(
             str(r.stage),
@@ -102,8 +127,8 @@ def render_gpu_table(est: Estimate) -> Table:
 def render_host_table(est: Estimate) -> Table:
     """Per node on the host, and DeepSpeed's published figures for the same configuration."""
     table = _table(
-        "per CPU node, and DeepSpeed's model-state estimate, GiB",
-        ["stage", "offload", "CPU/node", "nvme/rank", "DS GPU", "DS CPU/node"],
+        "per CPU node GiB, largest micro-batch, DeepSpeed's estimate GiB",
+        ["stage", "offload", "CPU/node", "nvme/rank", "mb", "mb*", "DS GPU", "DS CPU/node"],
     )
     for r in est.rows:
         if r.supported:
@@ -111,7 +136,9 @@ def render_host_table(est: Estimate) -> Table:
                 str(r.stage),
                 _OFFLOAD_SHORT[r.offload],
                 _gib(r.cpu_node_bytes),
-                _gib(r.nvme_bytes) if r.offload == "optimizer-nvme" else "-",
+                _gib(r.nvme_bytes) if r.offload.endswith("nvme") else "-",
+                _count(r.max_micro_batch),
+                _count(r.max_micro_batch_ckpt),
                 _gib(r.deepspeed_gpu_bytes),
                 _gib(r.deepspeed_cpu_node_bytes),
             )
@@ -119,6 +146,8 @@ def render_host_table(est: Estimate) -> Table:
 
 
 def print_estimate(est: Estimate, console) -> None:
+    from zerolaunch.memory.estimate import RECOMMENDATION_RULE
+
     exact = "" if est.exact else " [yellow](tensor shapes assumed)[/]"
     console.print(f"[bold]model[/]: {est.source}{exact}")
     console.print(
@@ -134,9 +163,20 @@ def print_estimate(est: Estimate, console) -> None:
     console.print(
         "[dim]optim = fp32 master + optimizer state; bufs = stage 2 reduce staging buckets, stage 3 gathered "
         "units + prefetch + staging; act* = with activation checkpointing; peak = resident + max(activations, "
-        "optimizer-step copies). DS = DeepSpeed's estimate_zero2/3_model_states_mem_needs (model states "
-        "only, 16-bit params, CPU x1.5).[/]"
+        "optimizer-step copies); fits = within (1 - headroom) of the GPU memory and of the host RAM "
+        "(else what is short: GPU, host or both); mb / mb* = the largest micro-batch whose peak fits the GPU with headroom, "
+        "without / with activation checkpointing. DS = DeepSpeed's estimate_zero2/3_model_states_mem_needs "
+        "(model states only, 16-bit params, CPU x1.5).[/]"
     )
+    s = est.setup
+    if s.gpu_memory_bytes is not None:
+        host = (
+            "unknown (not checked)" if s.cpu_memory_bytes is None else f"{s.cpu_memory_bytes / GIB:.1f} GiB"
+        )
+        console.print(
+            f"[dim]checked against {s.gpu_memory_bytes / GIB:.1f} GiB per GPU, host RAM {host} per node, "
+            f"{s.headroom:.0%} headroom. {RECOMMENDATION_RULE}[/]"
+        )
     skipped = [f"{r.label} ({r.note})" for r in est.rows if not r.supported]
     if skipped:
         console.print(f"[dim]not estimated: {'; '.join(skipped)}[/]")
@@ -196,8 +236,20 @@ def _recipe_inputs(path, set_, world_size):
     return shape, setup_fields_from_engine(rec.engine), defaults | {"_recipe": rec}
 
 
+HELP = (
+    "Estimate per-GPU and per-node memory for ZeRO stages 0-3 with and without offload.\n\n"
+    "A row fits when its GPU peak is within (1 - headroom) of --gpu-memory and its host bytes per node within "
+    "(1 - headroom) of --cpu-memory (default: this machine's RAM). The recommendation is, of the rows that "
+    "fit, the least offload (none < optimizer cpu < optimizer+params cpu < optimizer nvme < optimizer+params "
+    "nvme), then no activation checkpointing, then the least communication (stages 0-2 move 2x the params per "
+    "step, stage 3 3x), then the most GPU memory left. When nothing fits it names what is short (GPU or host "
+    "RAM) with the figures of the closest row.\n\n"
+    "Sizes: GB = 10^9 bytes, GiB = 2^30 bytes (also kB/MB/TB, KiB/MiB/TiB)."
+)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("estimate-memory")
+    @app.command("estimate-memory", help=HELP)
     def estimate_memory(
         recipe: str | None = typer.Argument(None, help="Recipe file: its model is built on the meta device."),
         params: str | None = typer.Option(
@@ -217,7 +269,14 @@ def register(app: typer.Typer) -> None:
             "default: the visible GPU's).",
         ),
         cpu_memory: str | None = typer.Option(
-            None, "--cpu-memory", help="Host RAM per node, e.g. 512GiB (GB = 10^9, GiB = 2^30 bytes)."
+            None,
+            "--cpu-memory",
+            help="Host RAM per node, e.g. 512GiB (GB = 10^9, GiB = 2^30 bytes; default: this machine's).",
+        ),
+        headroom: float = typer.Option(
+            0.1,
+            "--headroom",
+            help="Fraction of GPU memory and host RAM left free by a row that 'fits' (0.1 = 10%).",
         ),
         micro_batch: int | None = typer.Option(None, "--micro-batch", help="Samples per GPU per step."),
         seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sample."),
@@ -261,12 +320,13 @@ def register(app: typer.Typer) -> None:
             fields = fields | defaults | {k: v for k, v in flags.items() if v is not None}
             fields.setdefault("dtype", "bf16")
             gpu_bytes = parse_bytes(gpu_memory) if gpu_memory else visible_gpu_memory_bytes()
-            cpu_bytes = parse_bytes(cpu_memory, "--cpu-memory") if cpu_memory else None
+            cpu_bytes = parse_bytes(cpu_memory, "--cpu-memory") if cpu_memory else host_memory_bytes()
             setup = Setup(
                 gpus_per_node=gpus,
                 nodes=nodes,
                 gpu_memory_bytes=gpu_bytes,
                 cpu_memory_bytes=cpu_bytes,
+                headroom=headroom,
                 **fields,
             )
             est = estimate(shape, setup)

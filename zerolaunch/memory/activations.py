@@ -7,7 +7,7 @@ It ignores dropout masks (the built-in GPT defaults to dropout 0) and allocator 
 
 from __future__ import annotations
 
-from zerolaunch.memory.shape import Arch
+from zerolaunch.memory.arch import Arch
 
 
 def block_saved_bytes(arch: Arch, tokens: int, dtype_bytes: int, batch: int, seq_len: int) -> int:

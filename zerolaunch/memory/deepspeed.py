@@ -32,7 +32,7 @@ def deepspeed_bytes(
         if offload == "optimizer-cpu":
             return 2 * psi, int(psi * max(4 * n_gpus, 16) * BUFFER_FACTOR)
         return 2 * psi + int(18 * psi / n_gpus), int(psi * 4 * per_node * BUFFER_FACTOR)
-    if stage == 3 and offload != "optimizer-nvme":
+    if stage == 3 and not offload.endswith("nvme"):
         largest = 4 * largest_layer
         if offload == "optimizer+params-cpu":
             return largest, int(psi * 18 / nodes * BUFFER_FACTOR)

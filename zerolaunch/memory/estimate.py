@@ -16,6 +16,7 @@ publish copies all-gathered back into the params).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 from zerolaunch.memory import engine_layout as el
@@ -26,7 +27,7 @@ from zerolaunch.memory.stage3 import stage3_states
 from zerolaunch.memory.units import DTYPE_BYTES, EstimateError, normalize_dtype, positive_int
 from zerolaunch.zero.options import bucket_numel
 
-OFFLOADS = ("none", "optimizer-cpu", "optimizer+params-cpu", "optimizer-nvme")
+OFFLOADS = ("none", "optimizer-cpu", "optimizer+params-cpu", "optimizer-nvme", "optimizer+params-nvme")
 STATE_KEYS = ("params", "grads", "master", "optimizer", "buckets")
 # Per-element optimizer state (fp32): Adam keeps exp_avg + exp_avg_sq, SGD a momentum buffer if any.
 _STATE_TENSORS = {"adamw": 2, "adam": 2, "sgd": 1}
@@ -53,7 +54,10 @@ class Setup:
     nvme_buffer_count: int = 4
     gpu_memory_bytes: int | None = None
     cpu_memory_bytes: int | None = None
-    """Host RAM per node; when given, a row also has to fit there."""
+    """Host RAM per node; when known, a row also has to fit there."""
+    headroom: float = 0.1
+    """Fraction of GPU memory and host RAM a recommended row leaves free (fragmentation, CUDA context,
+    the allocator's cache, other processes)."""
 
     def __post_init__(self):
         positive_int(self.gpus_per_node, "--gpus")
@@ -63,6 +67,10 @@ class Setup:
         positive_int(self.reduce_bucket_size, "zero.reduce_bucket_size")
         positive_int(self.stage3_prefetch_bucket_size, "zero.stage3_prefetch_bucket_size")
         positive_int(self.nvme_buffer_count, "offload nvme buffer_count")
+        if isinstance(self.headroom, bool) or not 0 <= self.headroom < 1:
+            raise EstimateError(
+                f"--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%, got {self.headroom!r}"
+            )
         if self.stage3_param_persistence_threshold < 0:
             raise EstimateError("zero.stage3_param_persistence_threshold must be >= 0")
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
@@ -88,6 +96,17 @@ class Setup:
         if self.optimizer == "sgd" and self.momentum == 0:
             return 0
         return _STATE_TENSORS[self.optimizer]
+
+    @property
+    def usable_gpu_bytes(self) -> int | None:
+        """GPU memory a row may use: all of it less the headroom (None when unknown)."""
+        g = self.gpu_memory_bytes
+        return None if g is None else int(g * (1 - self.headroom))
+
+    @property
+    def usable_cpu_bytes(self) -> int | None:
+        c = self.cpu_memory_bytes
+        return None if c is None else int(c * (1 - self.headroom))
 
     def overlap(self, stage: int) -> bool:
         return stage == 3 if self.overlap_comm is None else self.overlap_comm
@@ -115,11 +134,20 @@ class Row:
     cpu_node_bytes: int
     """Host bytes of one node: gpus_per_node ranks' offloaded states (+ nvme staging)."""
     fits: bool | None
+    """Peak within the usable GPU memory and host bytes within the usable host RAM (None: GPU unknown)."""
     fits_ckpt: bool | None
     deepspeed_gpu_bytes: int | None = None
     deepspeed_cpu_node_bytes: int | None = None
     nvme_bytes: int = 0
-    """Per rank on disk: the swap file of offload_optimizer nvme (fp32 master + optimizer moments)."""
+    """Per rank on disk: the swap files (offload_optimizer nvme: fp32 master + optimizer moments;
+    offload_param nvme: the compute-dtype shards of the stage-3 units)."""
+    misfit: str = ""
+    """What does not fit without checkpointing: "", "GPU", "host RAM" or "GPU, host RAM"."""
+    misfit_ckpt: str = ""
+    max_micro_batch: int | None = None
+    """Largest micro-batch whose peak fits the usable GPU memory (0: not even 1; None: GPU memory or model
+    sizes unknown). Host bytes do not depend on it."""
+    max_micro_batch_ckpt: int | None = None
 
     @property
     def label(self) -> str:
@@ -215,7 +243,7 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
 def _supported(stage: int, offload: str) -> tuple[bool, str]:
     if stage == 0 and offload != "none":
         return False, "offload needs stage >= 1"
-    if offload == "optimizer+params-cpu" and stage != 3:
+    if offload.startswith("optimizer+params") and stage != 3:
         return False, "param offload needs stage 3"
     return True, ""
 
@@ -228,13 +256,13 @@ def _rows_wanted():
                 yield stage, offload
 
 
-def _fits(gpu_total: int, cpu_node: int, setup: Setup) -> bool | None:
-    if setup.gpu_memory_bytes is None:
+def _misfit(gpu_total: int, cpu_node: int, setup: Setup) -> str | None:
+    """What does not fit ("" = all fits); None when the GPU memory is unknown."""
+    gpu, cpu = setup.usable_gpu_bytes, setup.usable_cpu_bytes
+    if gpu is None:
         return None
-    ok = gpu_total <= setup.gpu_memory_bytes
-    if setup.cpu_memory_bytes is not None:
-        ok = ok and cpu_node <= setup.cpu_memory_bytes
-    return ok
+    short = (("GPU", gpu_total > gpu), ("host RAM", cpu is not None and cpu_node > cpu))
+    return ", ".join(name for name, over in short if over)
 
 
 def _peak(resident: int, profile, gathered: int, staging: int, step_transient: int) -> int:
@@ -243,30 +271,64 @@ def _peak(resident: int, profile, gathered: int, staging: int, step_transient: i
     return resident + max(at_loss + gathered, after_loss + gathered + staging, step_transient)
 
 
+_MAX_MICRO_BATCH = 1 << 20
+
+
+def _max_micro_batch(shape: ModelShape, setup: Setup, ckpt: bool, peak_of) -> int | None:
+    """Largest micro-batch whose peak (`peak_of(profile)`) fits the usable GPU memory: activations grow
+    monotonically with it, so double, then bisect. None when the GPU memory or the model sizes are unknown."""
+    usable = setup.usable_gpu_bytes
+    if usable is None or shape.arch is None:
+        return None
+
+    def fits(mb: int) -> bool:
+        profile = activation_profile(
+            shape.arch, dataclasses.replace(setup, micro_batch=mb), checkpointing=ckpt
+        )
+        return peak_of(profile) <= usable
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= _MAX_MICRO_BATCH and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > _MAX_MICRO_BATCH:
+        return lo
+    while hi - lo > 1:  # fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def _states(shape: ModelShape, setup: Setup, stage: int, offload: str):
+    """(gpu, host, step transient, gathered bytes, staging bytes, nvme bytes per rank) of one row."""
+    if stage == 3:
+        return stage3_states(shape, setup, offload)
+    gpu, host, transient = stage012_states(shape, setup, stage, offload)
+    nvme = 0
+    if offload == "optimizer-nvme":
+        # the swap file holds what optimizer-cpu keeps in host memory (and the engine asserts it)
+        in_memory = stage012_states(shape, setup, stage, "optimizer-cpu")[1]
+        nvme = in_memory["master"] + in_memory["optimizer"]
+    return gpu, host, transient, 0, 0, nvme
+
+
 def estimate(shape: ModelShape, setup: Setup) -> Estimate:
     profiles = {ckpt: activation_profile(shape.arch, setup, checkpointing=ckpt) for ckpt in (False, True)}
     act, act_ckpt = ((p[0] if p else None) for p in (profiles[False], profiles[True]))
     est = Estimate(shape.source, shape.exact, shape.numel, shape.largest_layer_numel, setup)
     for stage, offload in _rows_wanted():
         supported, note = _supported(stage, offload)
-
-        def states(offload, stage=stage):
-            if stage == 3:
-                return stage3_states(shape, setup, offload)
-            return (*stage012_states(shape, setup, stage, offload), 0, 0)
-
-        gpu, host, transient, gathered, staging = states(offload)
-        nvme = 0
-        if offload == "optimizer-nvme":
-            # the swap file holds what optimizer-cpu keeps in host memory (and the engine asserts it)
-            in_memory = states("optimizer-cpu")[1]
-            nvme = in_memory["master"] + in_memory["optimizer"]
+        gpu, host, transient, gathered, staging, nvme = _states(shape, setup, stage, offload)
         resident = sum(gpu.values())
-        total, total_ckpt = (
-            _peak(resident, profiles[ckpt], gathered, staging, transient) for ckpt in (False, True)
-        )
+
+        def peak_of(profile, resident=resident, gathered=gathered, staging=staging, transient=transient):
+            return _peak(resident, profile, gathered, staging, transient)
+
+        total, total_ckpt = (peak_of(profiles[ckpt]) for ckpt in (False, True))
         cpu_node = setup.gpus_per_node * sum(host.values())
         ds_gpu, ds_cpu = deepspeed_bytes(shape.numel, shape.largest_layer_numel, stage, offload, setup)
+        misfit, misfit_ckpt = (_misfit(t, cpu_node, setup) for t in (total, total_ckpt))
         est.rows.append(
             Row(
                 stage,
@@ -282,31 +344,61 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
                 total,
                 total_ckpt,
                 cpu_node,
-                _fits(total, cpu_node, setup) if supported else False,
-                _fits(total_ckpt, cpu_node, setup) if supported else False,
+                None if misfit is None else misfit == "",
+                None if misfit_ckpt is None else misfit_ckpt == "",
                 ds_gpu,
                 ds_cpu,
                 nvme,
+                misfit or "",
+                misfit_ckpt or "",
+                _max_micro_batch(shape, setup, False, peak_of),
+                _max_micro_batch(shape, setup, True, peak_of),
             )
         )
     _recommend(est)
     return est
 
 
-_OFFLOAD_SLOWNESS = {"none": 0, "optimizer-cpu": 1, "optimizer+params-cpu": 2, "optimizer-nvme": 3}
+# [Note: recommendation]
+# Among the rows that fit with headroom (GPU peak <= (1 - headroom) x GPU memory, host bytes per node <=
+# (1 - headroom) x host RAM), the cheapest by, in this order:
+#   1. offload: none < optimizer cpu < optimizer+params cpu < optimizer nvme < optimizer+params nvme
+#      (each moves more bytes over PCIe or to disk every step);
+#   2. no activation checkpointing before checkpointing (~30% more compute);
+#   3. communication per step: stages 0-2 move 2 x the params (all-reduce, or reduce-scatter + all-gather),
+#      stage 3 3 x (an all-gather in forward and again in backward, plus the reduce-scatter);
+#   4. the most GPU memory left (stages 0, 1 and 2 communicate the same, so the one with margin wins).
+OFFLOAD_COST = {
+    "none": 0,
+    "optimizer-cpu": 1,
+    "optimizer+params-cpu": 2,
+    "optimizer-nvme": 3,
+    "optimizer+params-nvme": 4,
+}
+RECOMMENDATION_RULE = (
+    "Recommendation: of the rows that fit with the headroom on GPU and host RAM, the least offload (none < "
+    "optimizer cpu < optimizer+params cpu < optimizer nvme < optimizer+params nvme), then no activation "
+    "checkpointing, then the least communication (stages 0-2: 2x the params per step, stage 3: 3x), then the "
+    "most GPU memory left."
+)
 
 
-def speed_order(rows: list[Row], ckpt_already_on: bool) -> list[tuple[Row, bool]]:
-    """Fastest first: no offload before offload (cpu, then cpu+params, then nvme), lower stage first, and a
-    configuration without activation checkpointing (~30% more compute) before the same one with it."""
-    plain = sorted(rows, key=lambda r: (_OFFLOAD_SLOWNESS[r.offload], r.stage))
+def _comm_volume(stage: int) -> int:
+    return 3 if stage == 3 else 2
+
+
+def candidates(rows: list[Row], ckpt_already_on: bool) -> list[tuple[Row, bool]]:
+    """Every (row, checkpointing) choice, cheapest first by [Note: recommendation] (fit not considered)."""
     out = []
-    for slowness in sorted(set(_OFFLOAD_SLOWNESS.values())):
-        group = [r for r in plain if _OFFLOAD_SLOWNESS[r.offload] == slowness]
-        out += [(r, ckpt_already_on) for r in group]
-        if not ckpt_already_on:
-            out += [(r, True) for r in group]
-    return out
+    for r in rows:
+        for ckpt in (True,) if ckpt_already_on else (False, True):
+            total = r.gpu_total_ckpt_bytes if ckpt else r.gpu_total_bytes
+            out.append(((OFFLOAD_COST[r.offload], ckpt, _comm_volume(r.stage), total), (r, ckpt)))
+    return [choice for _, choice in sorted(out, key=lambda kv: kv[0])]
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
 
 
 def _recommend(est: Estimate) -> None:
@@ -316,20 +408,58 @@ def _recommend(est: Estimate) -> None:
             "No GPU memory given (and no GPU visible): pass --gpu-memory 80GiB to check fits."
         )
         return
-    for row, ckpt in speed_order([r for r in est.rows if r.supported], setup.activation_checkpointing):
+    room = f"{setup.headroom:.0%} headroom"
+    choices = candidates([r for r in est.rows if r.supported], setup.activation_checkpointing)
+    for row, ckpt in choices:
         if row.fits_ckpt if ckpt else row.fits:
             est.recommended = (row.stage, row.offload, ckpt)
             extra = " with activation checkpointing" if ckpt and not setup.activation_checkpointing else ""
             total = row.gpu_total_ckpt_bytes if ckpt else row.gpu_total_bytes
+            host = ""
+            if row.cpu_node_bytes and setup.cpu_memory_bytes is not None:
+                host = f", host {_gib(row.cpu_node_bytes)} of {_gib(setup.cpu_memory_bytes)} per node"
             est.recommendation = (
                 f"Recommended: zero stage {row.stage}"
                 + ("" if row.offload == "none" else f", offload {row.offload}")
-                + f"{extra} ({total / 2**30:.1f} of {setup.gpu_memory_bytes / 2**30:.1f} GiB per GPU)."
+                + f"{extra} ({total / 2**30:.1f} of {setup.gpu_memory_bytes / 2**30:.1f} GiB per GPU{host}; "
+                f"{room})."
             )
             return
-    est.recommendation = (
-        f"Nothing fits in {setup.gpu_memory_bytes / 2**30:.1f} GiB per GPU: use more GPUs (--gpus/--nodes), "
-        "a smaller --micro-batch or --seq-len, or a smaller model."
+    est.recommendation = "Nothing fits with " + room + ": " + _what_is_short(choices, setup)
+
+
+def _what_is_short(choices: list[tuple[Row, bool]], setup: Setup) -> str:
+    """Name the resource that does not fit, with the figures of the row that comes closest."""
+
+    def gpu_total(choice):
+        row, ckpt = choice
+        return row.gpu_total_ckpt_bytes if ckpt else row.gpu_total_bytes
+
+    fix = "use more GPUs (--gpus/--nodes), a smaller --micro-batch or --seq-len, or a smaller model."
+    on_gpu = [c for c in choices if gpu_total(c) <= setup.usable_gpu_bytes]
+    if on_gpu:
+        # the GPU is not the limit: the rows that fit there all need more host RAM than this node has.
+        row, ckpt = min(on_gpu, key=lambda c: c[0].cpu_node_bytes)
+        return (
+            f"host RAM: needs {_gib(row.cpu_node_bytes)} per node ({row.label}"
+            + (" + activation checkpointing" if ckpt else "")
+            + f"), has {_gib(setup.cpu_memory_bytes)} ({_gib(setup.usable_cpu_bytes)} usable); "
+            + (
+                ""
+                if row.offload.endswith("nvme")
+                else "offload to nvme (zero.offload_optimizer.device: nvme), "
+            )
+            + "more nodes (each rank's host shard shrinks), or a node with more RAM (--cpu-memory)."
+        )
+    closest = min(choices, key=gpu_total)
+    row, ckpt = closest
+    also = ""
+    if setup.usable_cpu_bytes is not None and row.cpu_node_bytes > setup.usable_cpu_bytes:
+        also = f" (and host RAM: needs {_gib(row.cpu_node_bytes)}, has {_gib(setup.cpu_memory_bytes)})"
+    return (
+        f"GPU: needs {_gib(gpu_total(closest))} per GPU at least ({row.label}"
+        + (" + activation checkpointing" if ckpt else "")
+        + f"), has {_gib(setup.gpu_memory_bytes)} ({_gib(setup.usable_gpu_bytes)} usable){also}; {fix}"
     )
 
 

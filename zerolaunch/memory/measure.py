@@ -65,8 +65,14 @@ class MeasureReport:
 
 def recipe_row(est: Estimate, engine_options) -> Row:
     z = engine_options.zero
-    if z.offload_param.device == "cpu":
-        offload = "optimizer+params-cpu"
+    if z.offload_param.device != "none":
+        if z.offload_optimizer.device != z.offload_param.device:
+            raise EstimateError(
+                f"--measure: the estimate has rows for offload_param on the same device as offload_optimizer; "
+                f"the recipe has offload_param {z.offload_param.device}, offload_optimizer "
+                f"{z.offload_optimizer.device}: set both to {z.offload_param.device}"
+            )
+        offload = f"optimizer+params-{z.offload_param.device}"
     elif z.offload_optimizer.device != "none":
         offload = f"optimizer-{z.offload_optimizer.device}"
     else:

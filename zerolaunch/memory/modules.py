@@ -5,7 +5,7 @@ Imported only on the recipe / --model paths (it needs torch); `--params` never l
 
 from __future__ import annotations
 
-from zerolaunch.memory.shape import Arch, Unit
+from zerolaunch.memory.arch import Arch, Unit
 from zerolaunch.memory.units import EstimateError
 
 _ARCH_KEYS = {

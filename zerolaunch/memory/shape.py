@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from zerolaunch.memory.arch import Arch, Unit
 from zerolaunch.memory.engine_layout import ParamSpec
 from zerolaunch.memory.units import EstimateError
 
@@ -32,32 +33,6 @@ _GPT3_SHAPES = (
     (64, 8192, 64),
     (96, 12288, 96),
 )
-
-
-@dataclass(frozen=True)
-class Arch:
-    """Sizes of a GPT-style decoder; enough for the activation estimate."""
-
-    n_layer: int
-    d_model: int
-    n_head: int
-    vocab_size: int
-    d_ff: int
-    gated_mlp: bool = False
-    """A SwiGLU-style MLP (Llama, Mistral, Qwen): act(gate(x)) * up(x), which keeps 4 d_ff-wide tensors."""
-
-    def __post_init__(self):
-        for k in ("n_layer", "d_model", "n_head", "vocab_size", "d_ff"):
-            if getattr(self, k) < 1:
-                raise EstimateError(f"model {k} must be >= 1, got {getattr(self, k)}")
-
-
-@dataclass(frozen=True)
-class Unit:
-    """A stage-3 unit: the parameters gathered together (a transformer block; "" = everything else)."""
-
-    name: str
-    param_names: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -66,20 +66,31 @@ def gathered_peak_numel(units: list[int], prefetch_numel: int, max_live_numel: i
 
 
 def stage3_states(shape, setup, offload: str):
-    """(gpu, host, step transient, gathered bytes, staging bytes) of the stage 3 engine.
+    """(gpu, host, step transient, gathered bytes, staging bytes, nvme bytes) of the stage 3 engine.
 
     gpu/host are what `Stage3Engine.memory_bytes()` reports between steps (shards, the resident unit, fp32
     states; no unit gathered, no staging buffer). The gathered units and the staging buffers of the units
     being reduced exist only inside forward/backward: estimate.py adds them to the activations, the
-    staging ones only after the loss (a unit's staging buffer is taken at its first grad).
+    staging ones only after the loss (a unit's staging buffer is taken at its first grad). nvme bytes are
+    this rank's swap files.
     """
     b, c, world = setup.dtype_bytes, setup.comm_bytes, setup.world_size
     units, resident = unit_padded_numels(shape, world, setup.stage3_param_persistence_threshold)
     shard = (sum(units) + resident) // world
     gpu = dict.fromkeys(("params", "grads", "master", "optimizer", "buckets"), 0)
     host = dict(gpu)
-    params_home = host if offload == "optimizer+params-cpu" else gpu
-    params_home["params"] = b * (sum(units) // world + resident // world)
+    nvme = 0
+    unit_shards, resident_shard = b * (sum(units) // world), b * (resident // world)
+    if offload == "optimizer+params-nvme":
+        # stage3.py: the units' shards live in the param swap file (no streaming buffers: a unit's shard is
+        # read into a host copy when it is gathered); the persistent params' shard stays on the host.
+        nvme += unit_shards
+        host["params"] = resident_shard
+    elif offload == "optimizer+params-cpu":
+        host["params"] = unit_shards + resident_shard
+    else:
+        gpu["params"] = unit_shards + resident_shard
+    # the persistent params are also kept whole on every GPU, as are the frozen ones.
     gpu["params"] += b * resident + b * shape.frozen_numel
     gathered = gathered_peak_numel(units, setup.stage3_prefetch_bucket_size, setup.stage3_max_live_parameters)
     # stage3_hooks: a unit's staging buffer lives from its first grad until its reduce-scatter completes. The
@@ -90,15 +101,16 @@ def stage3_states(shape, setup, offload: str):
     staging = c * (units[0] + resident + in_flight * max(blocks, default=0))
     live = (b * gathered, staging)
     opt = 4 * shard * setup.optimizer_state_tensors
-    if offload == "optimizer-nvme":
+    if offload in ("optimizer-nvme", "optimizer+params-nvme"):
         # master + moments in the swap file (one chunk per unit bucket); the host keeps the fp32 grad shard and
         # buffer_count staging buffers of the largest chunk, reported as "optimizer" (nvme_staging_bytes).
         host["grads"] = 4 * shard
         threshold = setup.stage3_param_persistence_threshold
         host["optimizer"] = el.nvme_staging_bytes(setup, largest_bucket_shard(shape, world, threshold))
-        return gpu, host, 0, *live
+        nvme += 4 * shard + opt
+        return gpu, host, 0, *live, nvme
     states = gpu if offload == "none" else host
     states["grads"] = 4 * shard
     states["master"] = 4 * shard
     states["optimizer"] = opt
-    return gpu, host, 0, *live
+    return gpu, host, 0, *live, nvme
