@@ -127,6 +127,9 @@ def launch(req: LaunchRequest, console) -> int:
     recipe = load_recipe(
         req.recipe, overrides=overrides, world_size=req.nnodes * workers.nproc_per_node, check_builders=True
     )
+    from zerolaunch.launch.preflight import preflight
+
+    preflight(recipe, req.resume)  # bad input that every worker would meet: exit 2 before any starts
     run_dir = Path(recipe.train.run_dir)
     # before anything is written or started: a folder the run cannot write fails here, not in a worker
     check_writable(run_dir, "run_dir")
