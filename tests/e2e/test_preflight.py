@@ -95,3 +95,21 @@ def test_missing_hf_path_and_uncached_hub_id(cli, tmp_path):
     recipe.write_text(HF_RECIPE.format(path="zerolaunch-test-org/never-cached-model"))
     proc = cli.run(recipe, "--cpu", "1", "--run-dir", tmp_path / "run", HF_HUB_OFFLINE="1")
     _refused(proc, "is not cached", "never-cached-model")
+
+
+def test_resume_from_a_damaged_checkpoint_file_exits_2_naming_it(cli, tiny_recipe, tmp_path):
+    run_dir = tmp_path / "run"
+    first = cli.run(tiny_recipe(steps=2, every=2), "--cpu", "2", "--run-dir", run_dir, timeout=300)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    rank_file = run_dir / "checkpoints" / "step_000002" / "rank_0.safetensors"
+    data = bytearray(rank_file.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    rank_file.write_bytes(bytes(data))
+    proc = cli.run(
+        tiny_recipe(steps=4, every=2), "--cpu", "2", "--run-dir", run_dir, "--resume", "auto", timeout=300
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert "rank_0.safetensors is damaged" in out, out[-3000:]
