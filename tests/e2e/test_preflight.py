@@ -113,3 +113,6 @@ def test_resume_from_a_damaged_checkpoint_file_exits_2_naming_it(cli, tiny_recip
     assert proc.returncode == 2, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     assert "rank_0.safetensors is damaged" in out, out[-3000:]
+    # the full traceback stays in the rank's error record beside its log (rank 0's stderr reaches the console)
+    records = list((run_dir / "logs").glob("*/attempt_0/*/error.json"))
+    assert any("Traceback" in r.read_text() for r in records)
