@@ -113,7 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, _on_sigint)
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from zerolaunch.config.errors import UserError
     from zerolaunch.train.nonfinite import NONFINITE_EXIT_CODE, NonFiniteStop
+
+    USER_ERROR_EXIT_CODE = UserError.exit_code
 
     try:
         record(_main)(sys.argv[1:] if argv is None else argv)
@@ -121,6 +124,11 @@ def main(argv: list[str] | None = None) -> None:
         # record() wrote the message to the error file (the launcher prints it once); a distinct exit code,
         # and no traceback: the stop is the loop's decision, not a crash.
         sys.exit(NONFINITE_EXIT_CODE)
+    except UserError:
+        # bad input only a worker could meet (a damaged checkpoint, a builder's ValueError is not one):
+        # record() wrote the message and traceback to the error file; the launcher prints the message once
+        # and exits USER_ERROR_EXIT_CODE, as for bad input it catches itself.
+        sys.exit(USER_ERROR_EXIT_CODE)
     except KeyboardInterrupt:
         # Ctrl-C: the agent forwards the launcher's SIGINT; the launcher prints the one line about it
         sys.exit(130)

@@ -127,6 +127,9 @@ def launch(req: LaunchRequest, console) -> int:
     recipe = load_recipe(
         req.recipe, overrides=overrides, world_size=req.nnodes * workers.nproc_per_node, check_builders=True
     )
+    from zerolaunch.launch.preflight import preflight
+
+    preflight(recipe, req.resume)  # bad input that every worker would meet: exit 2 before any starts
     run_dir = Path(recipe.train.run_dir)
     # before anything is written or started: a folder the run cannot write fails here, not in a worker
     check_writable(run_dir, "run_dir")
@@ -225,6 +228,18 @@ def _run_agent(
                 f"{message}\nfull log: {report.log_path}", markup=False, highlight=False, soft_wrap=True
             )
             return NONFINITE_EXIT_CODE
+        from zerolaunch.config.errors import UserError
+
+        if failure.exitcode == UserError.exit_code:
+            # a UserError raised in a worker (worker.py): its message once, exit 2, as the launcher's own
+            message = report.exception.split(": ", 1)[-1] if ": " in report.exception else report.exception
+            console.print(
+                f"error: {message}\nfull log: {report.log_path}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+            return UserError.exit_code
         console.print(failures.render(report, restarts_used=len(logs.attempts) - 1))
         return 1
     except SignalException as err:
