@@ -153,13 +153,28 @@ def _launch_locked(req: LaunchRequest, recipe, rdzv: Rendezvous, workers: Worker
         highlight=False,
     )
     _prepare_env(workers)
+    checkpoint_root = Path(recipe.checkpoint.dir or run_dir / "checkpoints")
     return _run_agent(
-        req, rdzv, workers, _worker_args(req, resolved, workers), run_dir, console, recipe.train.steps
+        req,
+        rdzv,
+        workers,
+        _worker_args(req, resolved, workers),
+        run_dir,
+        console,
+        recipe.train.steps,
+        checkpoint_root,
     )
 
 
 def _run_agent(
-    req, rdzv: Rendezvous, workers: Workers, args: list[str], run_dir: Path, console, total_steps: int
+    req,
+    rdzv: Rendezvous,
+    workers: Workers,
+    args: list[str],
+    run_dir: Path,
+    console,
+    total_steps: int,
+    checkpoint_root: Path,
 ) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -168,6 +183,7 @@ def _run_agent(
 
     from zerolaunch.launch import failures
     from zerolaunch.launch.logs import ALL_RANKS_PREFIX, ConsoleLines, RunLogsSpecs
+    from zerolaunch.launch.restarts import RestartAnnouncer, failures_noted
     from zerolaunch.report import LiveProgress
 
     # torch's elastic loggers set their own level (LOGLEVEL, default WARNING) at import: quiet each one,
@@ -180,11 +196,19 @@ def _run_agent(
     progress = LiveProgress(
         run_dir, console, total_steps=total_steps, interactive=console.is_terminal and not req.all_ranks
     )
+    announcer = RestartAnnouncer(
+        console,
+        max_restarts=req.max_restarts,
+        metrics_path=run_dir / "metrics.jsonl",
+        checkpoint_root=checkpoint_root,
+        resume=req.resume,
+    )
     logs = RunLogsSpecs(
         run_dir / "logs",
         all_ranks=req.all_ranks,
         max_restarts=req.max_restarts,
         rank0_stdout=ConsoleLines(console) if progress.active else None,
+        announcer=announcer,
     )
     config = LaunchConfig(
         min_nodes=req.nnodes,
@@ -204,7 +228,7 @@ def _run_agent(
     try:
         # Workers write through pipes, never a terminal: the launcher owns it and draws the bar from
         # metrics.jsonl (a no-op when this console is not a terminal; rank 0's plain lines still arrive).
-        with progress:
+        with progress, failures_noted(announcer):
             elastic_launch(config, sys.executable)(*args)
     except ChildFailedError as err:
         logs.close()
