@@ -141,16 +141,18 @@ def launch(req: LaunchRequest, console) -> int:
 
 
 def _launch_locked(req: LaunchRequest, recipe, rdzv: Rendezvous, workers: Workers, run_dir: Path, console):
-    from zerolaunch.config import render_recipe_table, save_resolved
+    from zerolaunch.config import save_resolved
+    from zerolaunch.config.table import print_run_recipe
 
     resolved = save_resolved(recipe, run_dir)
-    console.print(render_recipe_table(recipe))
+    print_run_recipe(recipe, console)
     where = f"{req.nnodes} node(s) x " if req.nnodes > 1 else ""
     console.print(
         f"launching {where}{workers.nproc_per_node} {workers.device} worker(s); run dir {run_dir}; "
         f"logs {run_dir / 'logs'}",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     _prepare_env(workers)
     checkpoint_root = Path(recipe.checkpoint.dir or run_dir / "checkpoints")
@@ -249,7 +251,9 @@ def _run_agent(
                 f"{message}\nfull log: {report.log_path}", markup=False, highlight=False, soft_wrap=True
             )
             return NONFINITE_EXIT_CODE
-        console.print(failures.render(report, restarts_used=len(logs.attempts) - 1))
+        # in a log or a pipe the console is 80 columns: let the panel be as wide as its longest line
+        panel_width = None if console.is_terminal else 1000
+        console.print(failures.render(report, restarts_used=len(logs.attempts) - 1), width=panel_width)
         return 1
     except SignalException as err:
         logs.close()
