@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from zerolaunch.report import Reporter, StepMetrics
-from zerolaunch.report.metrics import read_metrics
+from zerolaunch.report.metrics import read_metrics, truncate_metrics
 
 H100 = "NVIDIA H100 80GB HBM3"
 GLOBAL_BATCH, SEQ_LEN = 8, 128
@@ -181,6 +181,46 @@ def test_resume_appends_fresh_run_overwrites(tmp_path):
     fresh.log(step(1))
     fresh.close()
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1]
+
+
+def test_resume_drops_steps_after_the_checkpoint_and_a_torn_line(tmp_path):
+    # a crashed attempt logged steps 1-5 and died mid-line in step 6; the restart resumes from step 3
+    console, _ = plain_console()
+    first = make_reporter(tmp_path, console)
+    for i in (1, 2, 3, 4, 5):
+        first.log(step(i))
+    first.close()
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "a") as f:
+        f.write('{"step": 6, "loss": 1.2')  # torn: no closing brace, no newline
+    resumed = make_reporter(tmp_path, console, start_step=3)
+    for i in (4, 5, 6):
+        resumed.log(step(i))
+    resumed.close()
+    lines = path.read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line is valid JSON
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]  # each step once
+    assert path.read_text().endswith("\n")
+
+
+def test_truncate_metrics_is_a_no_op_on_a_clean_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n')
+    inode = path.stat().st_ino
+    assert truncate_metrics(path, 2) == 0
+    assert path.stat().st_ino == inode
+    assert truncate_metrics(path, 1) == 1
+    assert path.read_text() == '{"step": 1}\n'
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n{"step": 3, "lo')
+    assert truncate_metrics(path, 10) == 2
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    assert truncate_metrics(tmp_path / "missing.jsonl", 3) == 0
+
+
+def test_read_metrics_skips_only_a_torn_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "lo')
+    assert [r["step"] for r in read_metrics(path)] == [1]
 
 
 @pytest.mark.parametrize(

@@ -102,29 +102,34 @@ class Manifest:
             )
         try:
             manifest = Manifest(
-                step=int(d["step"]),
-                world_size=int(d["world_size"]),
-                stage=None if d.get("stage") is None else int(d["stage"]),
-                kinds=tuple(d["kinds"]),
+                step=_int(d["step"]),
+                world_size=_int(d["world_size"]),
+                stage=None if d.get("stage") is None else _int(d["stage"]),
+                kinds=tuple(_str(k) for k in d["kinds"]),
                 params=tuple(
                     ParamEntry(
-                        p["name"],
-                        tuple(p["shape"]),
-                        p["dtype"],
+                        _str(p["name"]),
+                        tuple(_int(n) for n in p["shape"]),
+                        _str(p["dtype"]),
                         bool(p["trainable"]),
                         tuple(p.get("aliases", ())),
                     )
                     for p in d["params"]
                 ),
                 replicated=tuple(
-                    ReplicatedEntry(r["name"], tuple(r["shape"]), r["dtype"], bool(r.get("persistent", True)))
+                    ReplicatedEntry(
+                        _str(r["name"]),
+                        tuple(_int(n) for n in r["shape"]),
+                        _str(r["dtype"]),
+                        bool(r.get("persistent", True)),
+                    )
                     for r in d["replicated"]
                 ),
                 ranks=tuple(
                     RankEntry(
-                        r["file"],
-                        int(r["bytes"]),
-                        tuple((str(n), int(a), int(b)) for n, a, b in r["fragments"]),
+                        _str(r["file"]),
+                        _int(r["bytes"]),
+                        tuple((str(n), _int(a), _int(b)) for n, a, b in r["fragments"]),
                         dict(r.get("extra", {})),
                         tuple(r.get("extra_tensors", ())),
                         _checksums(r.get("checksums")),
@@ -166,6 +171,19 @@ class Manifest:
                 )
 
 
+def _int(value) -> int:
+    """A whole number as JSON writes one: int("7"), int(7.9) or int(True) would accept an edited manifest."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a whole number >= 0, got {value!r:.40}")
+    return value
+
+
+def _str(value) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r:.40}")
+    return value
+
+
 def _checksums(value) -> dict | None:
     if value is None:
         return None
@@ -194,6 +212,8 @@ def read_manifest(folder: Path) -> Manifest:
         ) from None
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path} is corrupt: not UTF-8 text ({e.reason} at byte {e.start})") from None
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:

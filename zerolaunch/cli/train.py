@@ -127,7 +127,9 @@ def train(
             console.print(render_origins(origins))
         code = launch(request, console)
     except UserError as err:
-        Console(stderr=True).print(f"error: {err.message}", markup=False, highlight=False, style="red")
+        from .errors import print_user_error
+
+        print_user_error(err)  # soft-wrapped: one paragraph, never cut at 80 columns in a log
         raise typer.Exit(err.exit_code) from None
     if code:
         raise typer.Exit(code)

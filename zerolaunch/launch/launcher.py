@@ -144,25 +144,42 @@ def launch(req: LaunchRequest, console) -> int:
 
 
 def _launch_locked(req: LaunchRequest, recipe, rdzv: Rendezvous, workers: Workers, run_dir: Path, console):
-    from zerolaunch.config import render_recipe_table, save_resolved
+    from zerolaunch.config import save_resolved
+    from zerolaunch.config.table import print_run_recipe
 
     resolved = save_resolved(recipe, run_dir)
-    console.print(render_recipe_table(recipe))
+    print_run_recipe(recipe, console)
     where = f"{req.nnodes} node(s) x " if req.nnodes > 1 else ""
     console.print(
         f"launching {where}{workers.nproc_per_node} {workers.device} worker(s); run dir {run_dir}; "
         f"logs {run_dir / 'logs'}",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     _prepare_env(workers)
+    checkpoint_root = Path(recipe.checkpoint.dir or run_dir / "checkpoints")
     return _run_agent(
-        req, rdzv, workers, _worker_args(req, resolved, workers), run_dir, console, recipe.train.steps
+        req,
+        rdzv,
+        workers,
+        _worker_args(req, resolved, workers),
+        run_dir,
+        console,
+        recipe.train.steps,
+        checkpoint_root,
     )
 
 
 def _run_agent(
-    req, rdzv: Rendezvous, workers: Workers, args: list[str], run_dir: Path, console, total_steps: int
+    req,
+    rdzv: Rendezvous,
+    workers: Workers,
+    args: list[str],
+    run_dir: Path,
+    console,
+    total_steps: int,
+    checkpoint_root: Path,
 ) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -171,6 +188,7 @@ def _run_agent(
 
     from zerolaunch.launch import failures
     from zerolaunch.launch.logs import ALL_RANKS_PREFIX, ConsoleLines, RunLogsSpecs
+    from zerolaunch.launch.restarts import RestartAnnouncer, failures_noted
     from zerolaunch.report import LiveProgress
 
     # torch's elastic loggers set their own level (LOGLEVEL, default WARNING) at import: quiet each one,
@@ -183,11 +201,19 @@ def _run_agent(
     progress = LiveProgress(
         run_dir, console, total_steps=total_steps, interactive=console.is_terminal and not req.all_ranks
     )
+    announcer = RestartAnnouncer(
+        console,
+        max_restarts=req.max_restarts,
+        metrics_path=run_dir / "metrics.jsonl",
+        checkpoint_root=checkpoint_root,
+        resume=req.resume,
+    )
     logs = RunLogsSpecs(
         run_dir / "logs",
         all_ranks=req.all_ranks,
         max_restarts=req.max_restarts,
         rank0_stdout=ConsoleLines(console) if progress.active else None,
+        announcer=announcer,
     )
     config = LaunchConfig(
         min_nodes=req.nnodes,
@@ -207,7 +233,7 @@ def _run_agent(
     try:
         # Workers write through pipes, never a terminal: the launcher owns it and draws the bar from
         # metrics.jsonl (a no-op when this console is not a terminal; rank 0's plain lines still arrive).
-        with progress:
+        with progress, failures_noted(announcer):
             elastic_launch(config, sys.executable)(*args)
     except ChildFailedError as err:
         logs.close()
@@ -240,7 +266,9 @@ def _run_agent(
                 soft_wrap=True,
             )
             return UserError.exit_code
-        console.print(failures.render(report, restarts_used=len(logs.attempts) - 1))
+        # in a log or a pipe the console is 80 columns: let the panel be as wide as its longest line
+        panel_width = None if console.is_terminal else 1000
+        console.print(failures.render(report, restarts_used=len(logs.attempts) - 1), width=panel_width)
         return 1
     except SignalException as err:
         logs.close()

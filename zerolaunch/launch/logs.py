@@ -20,7 +20,9 @@ ALL_RANKS_PREFIX = "[rank${rank}] "
 
 
 class RunLogsSpecs(DefaultLogsSpecs):
-    def __init__(self, log_dir: Path, *, all_ranks: bool, max_restarts: int = 0, rank0_stdout=None):
+    def __init__(
+        self, log_dir: Path, *, all_ranks: bool, max_restarts: int = 0, rank0_stdout=None, announcer=None
+    ):
         log_dir.mkdir(parents=True, exist_ok=True)
         # With --all-ranks torch's own tee prints every rank (prefixed through the agent's template);
         # otherwise nothing is tee'd and rank 0 is echoed by our TailLog, which can print without a prefix.
@@ -33,15 +35,19 @@ class RunLogsSpecs(DefaultLogsSpecs):
         self._tails: list[TailLog] = []
         self._rank0_stdout = rank0_stdout
         """Where rank 0's stdout is echoed: sys.stdout, or ConsoleLines while a progress bar owns the terminal."""
+        self._announcer = announcer
+        """restarts.RestartAnnouncer: says which rank failed and where the restart resumes."""
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         dest = super().reify(envs)
         self._stop_tails()
         if self.attempts:
             # reify runs once per attempt: a second call means the agent is restarting a failed group
+            if self._announcer is not None:
+                self._announcer.announce(len(self.attempts) + 1)
             print(
-                f"zerolaunch: worker group failed; restart {len(self.attempts)} of {self.max_restarts} "
-                f"(logs of the failed attempt: {Path(self.attempts[-1].error_files[0]).parent.parent})",
+                f"zerolaunch: logs of the failed attempt: "
+                f"{Path(self.attempts[-1].error_files[0]).parent.parent}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -108,22 +109,30 @@ def metrics_record(metrics: StepMetrics, rates: StepRates, tokens_seen: int) -> 
 
 class MetricsFile:
     """`run_dir/metrics.jsonl`: one JSON object per line, flushed after every line so a crash loses nothing
-    and `tail -f` follows a live run."""
+    and `tail -f` follows a live run.
+
+    A resume (`resume_step`) keeps the history up to the checkpoint it resumed from and drops the rest: the
+    crashed attempt's steps after that checkpoint are run again, so keeping them would log those steps twice.
+    A line a crash cut short (no newline, or not JSON) is dropped too, so every line of the file parses.
+    """
 
     FILENAME = "metrics.jsonl"
 
-    def __init__(self, run_dir: str | Path, *, append: bool):
+    def __init__(self, run_dir: str | Path, *, resume_step: int | None = None):
+        """`resume_step` None: a fresh run, the file starts anew; an int: continue after that step."""
         self.path = Path(run_dir) / self.FILENAME
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            # Append on resume so the history before the restart is kept; a fresh run starts the file anew.
-            self._file = open(self.path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
+            if resume_step is not None:
+                truncate_metrics(self.path, resume_step)
+            self._file = open(self.path, "a" if resume_step is not None else "w", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise ValueError(
                 f"cannot write metrics to {self.path}: {exc.strerror}; pick a writable run dir (--run-dir)"
             ) from exc
 
     def write(self, record: dict) -> None:
+        # one write call per line: a line is written whole or (killed mid-write) cut, never interleaved
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
 
@@ -132,7 +141,51 @@ class MetricsFile:
             self._file.close()
 
 
+def _parse_lines(data: bytes) -> list[tuple[bytes, dict]]:
+    """The complete, valid step records of a metrics file's bytes, each with its line."""
+    kept = []
+    for line in data.split(b"\n")[: -1 if not data.endswith(b"\n") else None]:
+        # the last piece without its newline is a line a crash cut short: dropped even if it parses
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            kept.append((line, record))
+    return kept
+
+
+def truncate_metrics(path: str | Path, last_step: int) -> int:
+    """Rewrite `path` to hold only its valid records with step <= `last_step`; returns how many lines went.
+
+    Atomic (a temp file, fsync, rename): a crash during the rewrite leaves the old file or the new one.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    kept = [line for line, record in _parse_lines(data) if record["step"] <= last_step]
+    lines = [piece for piece in data.split(b"\n") if piece.strip()]
+    if len(kept) == len(lines) and data.endswith(b"\n"):
+        return 0  # already clean: leave the file (and a follower's offset into it) alone
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(b"".join(line + b"\n" for line in kept))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
 def read_metrics(path: str | Path) -> list[dict]:
-    """Every step record of a metrics.jsonl file, in file order (used by tests and by later tooling)."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """Every step record of a metrics.jsonl file, in file order (used by tests and by later tooling).
+
+    A last line without its newline (the writer was killed mid-line) is left out; any other line that is
+    not JSON is an error, since the writer never leaves one.
+    """
+    data = Path(path).read_bytes()
+    lines = data.split(b"\n")
+    if not data.endswith(b"\n"):
+        lines = lines[:-1]
+    return [json.loads(line) for line in lines if line.strip()]

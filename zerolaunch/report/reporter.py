@@ -69,8 +69,8 @@ class Reporter:
     ):
         """`tokens_per_step` = global batch x seq len; `flops_per_token` from `mfu.gpt_flops_per_token` (None:
         no TFLOP/s, no MFU); `dtype` = the compute dtype, picks the peak; `interactive` None = a progress bar
-        only when the console is a terminal; `start_step` = steps already done (resume: metrics.jsonl is
-        appended to instead of overwritten)."""
+        only when the console is a terminal; `start_step` = steps already done (resume: metrics.jsonl keeps
+        its records up to that step and is appended to, instead of overwritten)."""
         _require_int("total_steps", total_steps, 1)
         _require_int("world_size", world_size, 1)
         _require_int("tokens_per_step", tokens_per_step, 1)
@@ -100,7 +100,7 @@ class Reporter:
             console = Console(file=console.file, width=console.width, force_terminal=False, color_system=None)
         self.console = console
         self.history: list[StepMetrics] = []
-        self.metrics_file = MetricsFile(self.run_dir, append=start_step > 0)
+        self.metrics_file = MetricsFile(self.run_dir, resume_step=start_step if start_step > 0 else None)
         self._display = ProgressDisplay(
             console,
             total_steps=total_steps,
