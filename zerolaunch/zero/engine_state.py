@@ -1,6 +1,6 @@
 """The engine meta and replicated tensors of a checkpoint, shared by the stage 0-2 and stage 3 engines.
 
-Owns: frozen params + buffers (identical on every rank), the JSON-able meta (steps, schedule, loss scale,
+Owns: the param specs, frozen params + buffers (identical on every rank), the JSON-able meta (steps, schedule, loss scale,
 the optimizer's step count), and the master + optimizer state of the fragments a rank owns, read from and
 written to the engine's `shards` (shard_optim.ShardOptimizer) wherever they live. It relies on attributes
 both engines set up the same way (`_frozen`, `_buffers`, `scheduler`, `scaler`, `shards`, and
@@ -12,10 +12,25 @@ from __future__ import annotations
 
 import torch
 
+from .layout import TensorSpec
+
 
 class EngineStateMixin:
     def settle(self) -> None:
         """Finish a step still running in the background (engines with an overlapped step override this)."""
+
+    def param_specs(self) -> list[TensorSpec]:
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        return [
+            TensorSpec(
+                name,
+                tuple(p.shape),
+                str(p.dtype).removeprefix("torch.") if not p.requires_grad else dtype_name,
+                p.requires_grad,
+                self._aliases.get(name, ()),
+            )
+            for name, p in self._named.items()
+        ]
 
     def replicated_state(self) -> dict[str, torch.Tensor]:
         return {name: t.detach() for name, t in self._frozen + self._buffers}

@@ -24,13 +24,13 @@ import torch
 from torch import nn
 
 from . import comm, nvme, offload, shard_optim
-from .engine import DTYPES, StepInfo, validate_options
 from .layout import ParamSpec
 from .loss_scale import LossScaler
 from .meta_init import materialize, param_sites, unit_seed
 from .optim import check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
 from .param_groups import collect_aliases, collect_params, optimizer_groups
+from .protocol import DTYPES, StepInfo, validate_options
 from .sched import LRSchedule
 from .shard_optim import Chunk, ShardOptimizer, split_chunks
 from .stage3_flat import UnitFlat
