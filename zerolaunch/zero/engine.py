@@ -27,12 +27,10 @@ from torch import nn
 from . import comm, flat, offload, shard_optim
 from .engine_state import EngineStateMixin
 from .layout import Fragment, ParamSpec, plan_layout
-from .loss_scale import LossScaler
 from .optim import check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
 from .param_groups import collect_aliases, collect_params, optimizer_groups
-from .protocol import DTYPES, StepInfo, validate_options
-from .sched import LRSchedule
+from .protocol import StepInfo, validate_options
 from .shard_optim import Chunk, ShardOptimizer, split_chunks
 from .step_overlap import OverlappedStep
 
@@ -68,17 +66,8 @@ class Engine(EngineStateMixin):
     ):
         """param_groups: the client's optimizer groups (param_groups.client_groups); None = the default
         groups of options.optimizer (decay_1d)."""
-        self.options = options
-        self.group = group
-        self.device = torch.device(device)
+        self._init_common(options, group, device)
         self.stage = options.zero.stage
-        self.rank = comm.rank(group)
-        self.world_size = comm.world_size(group)
-        self.comm_stats = comm.CommStats()
-        self.dtype = DTYPES[options.precision.dtype]
-        # grads are reduced in fp32 unless asked otherwise: exact sums, FSDP2's choice.
-        self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
-        self.master_device = offload.master_device(options.zero.offload_optimizer, self.device)
         pin = options.zero.offload_optimizer.pin_memory
 
         self.module = (
@@ -157,13 +146,7 @@ class Engine(EngineStateMixin):
                 for slot in self.layout.params
             ]
 
-        self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
-        self.scaler = LossScaler(options.precision)
-        self.global_steps = 0
-        self.micro_steps = 0
-        self._loss_nonfinite: torch.Tensor | None = None
-        """Any inf/nan loss in this accumulation window (a device flag: no sync per micro-step)."""
-        self._lr = self.scheduler.lr_at(0)
+        self._init_step_state()
         self._in_flight: OverlappedStep | None = None
         """The step running in the background ([Note: overlapped step]); None when settled."""
         self._step_executor: ThreadPoolExecutor | None = None

@@ -12,10 +12,37 @@ from __future__ import annotations
 
 import torch
 
+from . import comm, offload
 from .layout import TensorSpec
+from .loss_scale import LossScaler
+from .protocol import DTYPES
+from .sched import LRSchedule
 
 
 class EngineStateMixin:
+    def _init_common(self, options, group, device) -> None:
+        """The attributes both constructors set first (placement, dtypes, comm accounting)."""
+        self.options = options
+        self.group = group
+        self.device = torch.device(device)
+        self.rank = comm.rank(group)
+        self.world_size = comm.world_size(group)
+        self.comm_stats = comm.CommStats()
+        self.dtype = DTYPES[options.precision.dtype]
+        # grads are reduced in fp32 unless asked otherwise: exact sums, FSDP2's choice.
+        self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
+        self.master_device = offload.master_device(options.zero.offload_optimizer, self.device)
+
+    def _init_step_state(self) -> None:
+        """Schedule, loss scaler and step counters, set last by both constructors."""
+        self.scheduler = LRSchedule(self.options.scheduler, self.options.optimizer.lr)
+        self.scaler = LossScaler(self.options.precision)
+        self.global_steps = 0
+        self.micro_steps = 0
+        self._loss_nonfinite: torch.Tensor | None = None
+        """Any inf/nan loss in this accumulation window (a device flag: no sync per micro-step)."""
+        self._lr = self.scheduler.lr_at(0)
+
     def settle(self) -> None:
         """Finish a step still running in the background (engines with an overlapped step override this)."""
 
