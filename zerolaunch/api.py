@@ -224,13 +224,8 @@ def initialize(
         from zerolaunch.zero.param_groups import client_groups, collect_params
 
         param_groups = client_groups(collect_params(model), model_parameters, options.optimizer.weight_decay)
-    init_fn = meta_init_fn(model, options)
-    if init_fn is not None:
-        from zerolaunch.zero.stage3 import Stage3Engine
-
-        stage3 = Stage3Engine(model, options, group, device, init_fn=init_fn, param_groups=param_groups)
-        return ZeroLaunchEngine(stage3, recipe)
-    engine = Engine(model, options, group=group, device=device, param_groups=param_groups)
+    init_fn = meta_init_fn(model, options)  # None unless stage 3 on a meta-built model
+    engine = Engine(model, options, group=group, device=device, init_fn=init_fn, param_groups=param_groups)
     return ZeroLaunchEngine(engine, recipe)
 
 

@@ -48,9 +48,6 @@ class CommStats:
     def total_seconds(self) -> float:
         return sum(s.seconds for s in self.ops.values())
 
-    def snapshot(self) -> dict[str, dict[str, float]]:
-        return {k: {"count": v.count, "bytes": v.bytes, "seconds": v.seconds} for k, v in self.ops.items()}
-
     def reset(self) -> None:
         self.ops.clear()
 

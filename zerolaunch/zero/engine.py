@@ -19,7 +19,6 @@ implements the same API. The buffers and gradient buckets are flat.py's; see [No
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -27,65 +26,13 @@ from torch import nn
 
 from . import comm, flat, offload, shard_optim
 from .engine_state import EngineStateMixin
-from .layout import Fragment, ParamSpec, TensorSpec, plan_layout
-from .loss_scale import LossScaler
-from .optim import STATE_KINDS, check_and_scale, note_nonfinite_loss, sum_of_squares
+from .layout import Fragment, ParamSpec, plan_layout
+from .optim import check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
 from .param_groups import collect_aliases, collect_params, optimizer_groups
-from .sched import LRSchedule
+from .protocol import StepInfo, validate_options
 from .shard_optim import Chunk, ShardOptimizer, split_chunks
 from .step_overlap import OverlappedStep
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    stepped: bool
-    """True when the optimizer stepped (an accumulation boundary with finite grads)."""
-    skipped: bool
-    """True at a boundary whose step was skipped: an inf/nan grad on some rank (every dtype; under fp16 the
-    loss scale also backs off). Every rank skips the same steps."""
-    grad_norm: float | None
-    """Global grad norm before clipping; None off the boundary, the non-finite norm (inf or nan) on a skip."""
-    loss_scale: float
-    lr: float
-
-
-def validate_options(options: EngineOptions) -> None:
-    """Raise ValueError naming the bad option and the fix (the config layer shows the message)."""
-    z, p = options.zero, options.precision
-    if z.stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero.stage must be 0, 1, 2 or 3, got {z.stage}")
-    if z.reduce_bucket_size < 1:
-        raise ValueError(f"zero.reduce_bucket_size must be >= 1 element, got {z.reduce_bucket_size}")
-    if options.gradient_accumulation_steps < 1:
-        raise ValueError(
-            f"gradient_accumulation_steps must be >= 1, got {options.gradient_accumulation_steps}"
-        )
-    if options.gradient_clipping < 0:
-        raise ValueError(f"gradient_clipping must be >= 0 (0 = off), got {options.gradient_clipping}")
-    for key, value in (
-        ("precision.dtype", p.dtype),
-        ("precision.communication_dtype", p.communication_dtype),
-    ):
-        if value is not None and value not in DTYPES:
-            raise ValueError(f"{key} must be one of fp32, bf16, fp16, got {value!r}")
-    if options.optimizer.name not in STATE_KINDS:
-        raise ValueError(
-            f"optimizer.name {options.optimizer.name!r} is not supported; use one of: {', '.join(STATE_KINDS)}"
-        )
-    if z.stage == 0 and z.offload_optimizer.device != "none":
-        raise ValueError("zero.offload_optimizer needs zero.stage >= 1 (stage 0 keeps everything replicated)")
-    if z.offload_optimizer.overlap_step and (z.stage not in (1, 2) or z.offload_optimizer.device == "none"):
-        raise ValueError(
-            "zero.offload_optimizer.overlap_step needs zero.stage 1 or 2 with offload_optimizer.device cpu "
-            f"or nvme (got stage {z.stage}, device {z.offload_optimizer.device}); remove overlap_step"
-        )
-    if z.stage < 3 and z.offload_param.device != "none":
-        raise ValueError(
-            "zero.offload_param needs zero.stage 3 (stages 0-2 keep the parameters on the device)"
-        )
 
 
 class Engine(EngineStateMixin):
@@ -119,17 +66,8 @@ class Engine(EngineStateMixin):
     ):
         """param_groups: the client's optimizer groups (param_groups.client_groups); None = the default
         groups of options.optimizer (decay_1d)."""
-        self.options = options
-        self.group = group
-        self.device = torch.device(device)
+        self._init_common(options, group, device)
         self.stage = options.zero.stage
-        self.rank = comm.rank(group)
-        self.world_size = comm.world_size(group)
-        self.comm_stats = comm.CommStats()
-        self.dtype = DTYPES[options.precision.dtype]
-        # grads are reduced in fp32 unless asked otherwise: exact sums, FSDP2's choice.
-        self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
-        self.master_device = offload.master_device(options.zero.offload_optimizer, self.device)
         pin = options.zero.offload_optimizer.pin_memory
 
         self.module = (
@@ -208,13 +146,7 @@ class Engine(EngineStateMixin):
                 for slot in self.layout.params
             ]
 
-        self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
-        self.scaler = LossScaler(options.precision)
-        self.global_steps = 0
-        self.micro_steps = 0
-        self._loss_nonfinite: torch.Tensor | None = None
-        """Any inf/nan loss in this accumulation window (a device flag: no sync per micro-step)."""
-        self._lr = self.scheduler.lr_at(0)
+        self._init_step_state()
         self._in_flight: OverlappedStep | None = None
         """The step running in the background ([Note: overlapped step]); None when settled."""
         self._step_executor: ThreadPoolExecutor | None = None
@@ -477,19 +409,6 @@ class Engine(EngineStateMixin):
         return {**out, **self.shards.memory_bytes()}
 
     # ---- checkpoint contract: collective-free unless noted ---------------------------------------------
-    def param_specs(self) -> list[TensorSpec]:
-        dtype_name = str(self.dtype).removeprefix("torch.")
-        return [
-            TensorSpec(
-                name,
-                tuple(p.shape),
-                str(p.dtype).removeprefix("torch.") if not p.requires_grad else dtype_name,
-                p.requires_grad,
-                self._aliases.get(name, ()),
-            )
-            for name, p in self._named.items()
-        ]
-
     def owned_fragments(self) -> list[Fragment]:
         """Fragments this rank saves. Stage 0 replicates everything: rank 0 saves it all, the others none
         (each element is then written exactly once); every rank still loads the whole state."""

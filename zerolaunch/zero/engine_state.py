@@ -1,6 +1,6 @@
 """The engine meta and replicated tensors of a checkpoint, shared by the stage 0-2 and stage 3 engines.
 
-Owns: frozen params + buffers (identical on every rank), the JSON-able meta (steps, schedule, loss scale,
+Owns: the param specs, frozen params + buffers (identical on every rank), the JSON-able meta (steps, schedule, loss scale,
 the optimizer's step count), and the master + optimizer state of the fragments a rank owns, read from and
 written to the engine's `shards` (shard_optim.ShardOptimizer) wherever they live. It relies on attributes
 both engines set up the same way (`_frozen`, `_buffers`, `scheduler`, `scaler`, `shards`, and
@@ -12,10 +12,52 @@ from __future__ import annotations
 
 import torch
 
+from . import comm, offload
+from .layout import TensorSpec
+from .loss_scale import LossScaler
+from .protocol import DTYPES
+from .sched import LRSchedule
+
 
 class EngineStateMixin:
+    def _init_common(self, options, group, device) -> None:
+        """The attributes both constructors set first (placement, dtypes, comm accounting)."""
+        self.options = options
+        self.group = group
+        self.device = torch.device(device)
+        self.rank = comm.rank(group)
+        self.world_size = comm.world_size(group)
+        self.comm_stats = comm.CommStats()
+        self.dtype = DTYPES[options.precision.dtype]
+        # grads are reduced in fp32 unless asked otherwise: exact sums, FSDP2's choice.
+        self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
+        self.master_device = offload.master_device(options.zero.offload_optimizer, self.device)
+
+    def _init_step_state(self) -> None:
+        """Schedule, loss scaler and step counters, set last by both constructors."""
+        self.scheduler = LRSchedule(self.options.scheduler, self.options.optimizer.lr)
+        self.scaler = LossScaler(self.options.precision)
+        self.global_steps = 0
+        self.micro_steps = 0
+        self._loss_nonfinite: torch.Tensor | None = None
+        """Any inf/nan loss in this accumulation window (a device flag: no sync per micro-step)."""
+        self._lr = self.scheduler.lr_at(0)
+
     def settle(self) -> None:
         """Finish a step still running in the background (engines with an overlapped step override this)."""
+
+    def param_specs(self) -> list[TensorSpec]:
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        return [
+            TensorSpec(
+                name,
+                tuple(p.shape),
+                str(p.dtype).removeprefix("torch.") if not p.requires_grad else dtype_name,
+                p.requires_grad,
+                self._aliases.get(name, ()),
+            )
+            for name, p in self._named.items()
+        ]
 
     def replicated_state(self) -> dict[str, torch.Tensor]:
         return {name: t.detach() for name, t in self._frozen + self._buffers}

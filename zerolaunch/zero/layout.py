@@ -122,10 +122,6 @@ class Layout:
         return out
 
     @property
-    def total_numel(self) -> int:
-        return sum(p.numel for p in self.params)
-
-    @property
     def padded_numel(self) -> int:
         return sum(b.padded_numel for b in self.buckets)
 

@@ -24,14 +24,12 @@ import torch
 from torch import nn
 
 from . import comm, nvme, offload, shard_optim
-from .engine import DTYPES, StepInfo, validate_options
 from .layout import ParamSpec
-from .loss_scale import LossScaler
 from .meta_init import materialize, param_sites, unit_seed
 from .optim import check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
 from .param_groups import collect_aliases, collect_params, optimizer_groups
-from .sched import LRSchedule
+from .protocol import StepInfo, validate_options
 from .shard_optim import Chunk, ShardOptimizer, split_chunks
 from .stage3_flat import UnitFlat
 from .stage3_hooks import Stage3Schedule
@@ -57,16 +55,8 @@ class Stage3Engine(Stage3StateMixin):
             raise ValueError(
                 f"zero.stage3_max_live_parameters must be >= 0, got {z.stage3_max_live_parameters}"
             )
-        self.options = options
-        self.group = group
-        self.device = torch.device(device)
+        self._init_common(options, group, device)
         self.stage = 3
-        self.rank = comm.rank(group)
-        self.world_size = comm.world_size(group)
-        self.comm_stats = comm.CommStats()
-        self.dtype = DTYPES[options.precision.dtype]
-        self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
-        self.master_device = offload.master_device(z.offload_optimizer, self.device)
         # offload_param nvme: the shards of the units (not the small persistent params) live in a swap file.
         shard_device = {"cpu": torch.device("cpu"), "nvme": None}.get(z.offload_param.device, self.device)
         self.module = model
@@ -144,13 +134,7 @@ class Stage3Engine(Stage3StateMixin):
             # are the window's final values and would otherwise be summed again on the host.
             track_grad_sq=z.offload_optimizer.device != "none" and options.gradient_accumulation_steps == 1,
         )
-        self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
-        self.scaler = LossScaler(options.precision)
-        self.global_steps = 0
-        self.micro_steps = 0
-        self._loss_nonfinite: torch.Tensor | None = None
-        """Any inf/nan loss in this accumulation window (a device flag: no sync per micro-step)."""
-        self._lr = self.scheduler.lr_at(0)
+        self._init_step_state()
 
     # ---- construction --------------------------------------------------------------------------------------
     def _allocate_shards(self, groups: list[dict]) -> None:

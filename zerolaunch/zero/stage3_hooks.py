@@ -269,8 +269,3 @@ class Stage3Schedule:
     @property
     def staging_bytes(self) -> int:
         return sum(f.staging_bytes for f in self.flats if f is not None)
-
-    def remove_hooks(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []

@@ -13,24 +13,11 @@ import torch
 
 from . import comm
 from .engine_state import EngineStateMixin
-from .layout import Fragment, TensorSpec
+from .layout import Fragment
 from .stage3_flat import UnitFlat
 
 
 class Stage3StateMixin(EngineStateMixin):
-    def param_specs(self) -> list[TensorSpec]:
-        dtype_name = str(self.dtype).removeprefix("torch.")
-        return [
-            TensorSpec(
-                name,
-                tuple(p.shape),
-                str(p.dtype).removeprefix("torch.") if not p.requires_grad else dtype_name,
-                p.requires_grad,
-                self._aliases.get(name, ()),
-            )
-            for name, p in self._named.items()
-        ]
-
     def owned_fragments(self) -> list[Fragment]:
         return [frag for f in self.flats if f is not None for frag in f.fragments()]
 
