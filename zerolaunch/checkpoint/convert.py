@@ -28,8 +28,8 @@ from zerolaunch.checkpoint.manifest import MANIFEST_NAME
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import resolve_checkpoint
 from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
+from zerolaunch.dtypes import DTYPES, torch_dtype
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FORMATS = ("safetensors", "torch")
 HF_CONFIG_KEY = "hf_config"
 """Key of rank 0's `extra` that holds a Hugging Face config dict (set by zerolaunch.api)."""
@@ -167,7 +167,7 @@ def convert_checkpoint(
         remove_path(tmp)  # left by a killed conversion
         single_file = out.suffix in (".safetensors", ".bin", ".pt")
         try:
-            _write(source, tmp, single_file, fmt, DTYPES[dtype], max_shard_bytes, progress)
+            _write(source, tmp, single_file, fmt, torch_dtype(dtype), max_shard_bytes, progress)
         except BaseException:
             remove_path(tmp)
             raise

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from zerolaunch.dtypes import DTYPES, torch_dtype
 
 
 def _transformers():
@@ -129,11 +129,11 @@ def build(
         from zerolaunch.models.hf_load import build_meta
 
         # ZeRO-3: the engine fills each unit from the files through model.zerolaunch_init_fn.
-        model = build_meta(check_local_dir(path), transformers, DTYPES[dtype], extra)
+        model = build_meta(check_local_dir(path), transformers, torch_dtype(dtype), extra)
     elif path is not None:
         local = check_local_dir(path)
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(local), local_files_only=True, **_dtype_kwarg(transformers, DTYPES[dtype]), **extra
+            str(local), local_files_only=True, **_dtype_kwarg(transformers, torch_dtype(dtype)), **extra
         )
     else:
         cfg = make_config(config)
@@ -142,7 +142,7 @@ def build(
                 model = transformers.AutoModelForCausalLM.from_config(cfg, **extra)
         else:
             model = transformers.AutoModelForCausalLM.from_config(cfg, **extra)
-        model = model.to(DTYPES[dtype])
+        model = model.to(torch_dtype(dtype))
     # training: no KV cache (it only costs memory, and some models warn when it meets labels).
     model.config.use_cache = False
     # from_pretrained hands back eval mode (dropout off); this builder builds models to train.
