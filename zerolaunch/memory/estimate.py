@@ -125,9 +125,6 @@ class Row:
     def label(self) -> str:
         return f"stage {self.stage}" + ("" if self.offload == "none" else f" + {self.offload}")
 
-    def model_state_bytes(self, where: str = "gpu") -> int:
-        return sum(getattr(self, where)[k] for k in STATE_KEYS if k != "buckets")
-
 
 @dataclass
 class Estimate:
