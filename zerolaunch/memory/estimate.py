@@ -22,8 +22,8 @@ from zerolaunch.memory import engine_layout as el
 from zerolaunch.memory.activations import activation_profile
 from zerolaunch.memory.deepspeed import deepspeed_bytes
 from zerolaunch.memory.shape import ModelShape
+from zerolaunch.memory.sizes import DTYPE_BYTES, EstimateError, normalize_dtype, positive_int
 from zerolaunch.memory.stage3 import stage3_states
-from zerolaunch.memory.units import DTYPE_BYTES, EstimateError, normalize_dtype, positive_int
 from zerolaunch.zero.options import bucket_numel
 
 OFFLOADS = ("none", "optimizer-cpu", "optimizer+params-cpu", "optimizer-nvme")

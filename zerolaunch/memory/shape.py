@@ -13,7 +13,7 @@ import difflib
 from dataclasses import dataclass
 
 from zerolaunch.memory.engine_layout import ParamSpec
-from zerolaunch.memory.units import EstimateError
+from zerolaunch.memory.sizes import EstimateError
 
 DEFAULT_VOCAB = 50304
 DEFAULT_SEQ_LEN = 1024
