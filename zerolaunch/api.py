@@ -23,14 +23,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
 from zerolaunch.zero import Engine, EngineOptions, OptimizerOptions, comm
 
 RECIPE_ENV = "ZEROLAUNCH_RECIPE"
 """Path of the resolved recipe JSON of the run that started this process; `initialize(model)` reads it."""
 BACKEND_ENV = "ZEROLAUNCH_BACKEND"
 """The process-group backend `zerolaunch train --device` chose for an entrypoint script (gloo / nccl)."""
-HF_CONFIG_EXTRA_KEY = "hf_config"
-"""Key of rank 0's checkpoint `extra` holding the HF model's config dict (convert writes it as config.json)."""
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 
 
@@ -169,10 +168,10 @@ class ZeroLaunchEngine:
         from zerolaunch.checkpoint import save_checkpoint
 
         extra = dict(extra or {})
-        if self.rank == 0 and HF_CONFIG_EXTRA_KEY not in extra:
+        if self.rank == 0 and HF_CONFIG_KEY not in extra:
             hf_config = hf_config_dict(self.module)
             if hf_config is not None:
-                extra[HF_CONFIG_EXTRA_KEY] = hf_config
+                extra[HF_CONFIG_KEY] = hf_config
         return save_checkpoint(
             self.engine,
             Path(save_dir),

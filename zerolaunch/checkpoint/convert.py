@@ -22,6 +22,7 @@ import torch
 
 from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path
 from zerolaunch.checkpoint.errors import CheckpointError
+from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
 from zerolaunch.checkpoint.manifest import MANIFEST_NAME
 from zerolaunch.checkpoint.outputs import ByteProgress, OutTensor
 from zerolaunch.checkpoint.reader import CheckpointReader
@@ -30,8 +31,6 @@ from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
 from zerolaunch.dtypes import DTYPES, torch_dtype
 
 FORMATS = ("safetensors", "torch")
-HF_CONFIG_KEY = "hf_config"
-"""Key of rank 0's `extra` that holds a Hugging Face config dict (set by zerolaunch.api)."""
 
 
 class ZerolaunchSource:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
 from zerolaunch.train import seeding
 from zerolaunch.train.batches import TrainError
 
@@ -91,7 +92,7 @@ class CheckpointHook:
             # that from_pretrained loads (config.json + model.safetensors).
             hf_config = hf_config_dict(self.engine.module)
             if hf_config is not None:
-                extra["hf_config"] = hf_config
+                extra[HF_CONFIG_KEY] = hf_config
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
         save_checkpoint(self.engine, self.root, step=step, extra=extra, keep=self.keep, group=self.ctx.group)
