@@ -86,7 +86,7 @@ class CheckpointHook:
             "rng": seeding.rng_state(self.ctx.device),
         }
         if self.ctx.is_rank0:
-            from zerolaunch.api import hf_config_dict
+            from zerolaunch.models.hf import hf_config_dict
 
             # a Hugging Face model's config travels with the weights, so convert-checkpoint can write a folder
             # that from_pretrained loads (config.json + model.safetensors).
