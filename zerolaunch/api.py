@@ -23,14 +23,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
+from zerolaunch.models.hf import hf_config_dict, hf_stage3_units, meta_init_fn
 from zerolaunch.zero import Engine, EngineOptions, OptimizerOptions, comm
 
 RECIPE_ENV = "ZEROLAUNCH_RECIPE"
 """Path of the resolved recipe JSON of the run that started this process; `initialize(model)` reads it."""
 BACKEND_ENV = "ZEROLAUNCH_BACKEND"
 """The process-group backend `zerolaunch train --device` chose for an entrypoint script (gloo / nccl)."""
-HF_CONFIG_EXTRA_KEY = "hf_config"
-"""Key of rank 0's checkpoint `extra` holding the HF model's config dict (convert writes it as config.json)."""
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 
 
@@ -169,10 +169,10 @@ class ZeroLaunchEngine:
         from zerolaunch.checkpoint import save_checkpoint
 
         extra = dict(extra or {})
-        if self.rank == 0 and HF_CONFIG_EXTRA_KEY not in extra:
+        if self.rank == 0 and HF_CONFIG_KEY not in extra:
             hf_config = hf_config_dict(self.module)
             if hf_config is not None:
-                extra[HF_CONFIG_EXTRA_KEY] = hf_config
+                extra[HF_CONFIG_KEY] = hf_config
         return save_checkpoint(
             self.engine,
             Path(save_dir),
@@ -217,7 +217,7 @@ def initialize(
     init_process_group(timeout_s)
     world_size = comm.world_size(group)
     recipe, options = _resolve_config(config, overrides, world_size)
-    options = _hf_stage3_units(model, options)
+    options = hf_stage3_units(model, options)
     device = torch.device(device) if device else _default_device()
     param_groups = None
     if model_parameters is not None:
@@ -229,34 +229,6 @@ def initialize(
     return ZeroLaunchEngine(engine, recipe)
 
 
-def meta_init_fn(model, options: EngineOptions):
-    """An HF model built on the meta device (model.args.meta) under ZeRO-3 is initialized unit by unit with
-    HF's own per-module init (`_init_weights`: normal(0, initializer_range), norms at 1, rotary tables),
-    not torch's reset_parameters defaults."""
-    if options.zero.stage != 3 or not any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
-        return None
-    # a meta model built from a local directory (models/hf_load.py) is filled from its weights files.
-    from_files = getattr(model, "zerolaunch_init_fn", None)
-    if from_files is not None:
-        return from_files
-    from zerolaunch.models.hf import is_hf_model
-
-    return model._init_weights if is_hf_model(model) and hasattr(model, "_init_weights") else None
-
-
-def _hf_stage3_units(model, options: EngineOptions) -> EngineOptions:
-    """HF models under ZeRO-3 with no unit override: the decoder layer classes become the units."""
-    if options.zero.stage != 3 or options.zero.stage3_units:
-        return options
-    from zerolaunch.models.hf import is_hf_model, unit_class_names
-
-    units = unit_class_names(model) if is_hf_model(model) else ()
-    if not units:
-        return options
-    return replace(options, zero=replace(options.zero, stage3_units=units))
-
-
-# ---- entrypoint scripts -------------------------------------------------------------------------------------
 def run_entrypoint(recipe, resolved_path, backend: str | None = None) -> None:
     """Run the recipe's `entrypoint:` script in this worker instead of the built-in loop.
 
@@ -296,18 +268,6 @@ def run_entrypoint(recipe, resolved_path, backend: str | None = None) -> None:
 
 
 # ---- Hugging Face output ------------------------------------------------------------------------------------
-def hf_config_dict(model) -> dict | None:
-    """The JSON dict of an HF model's config (what config.json holds), or None for other models."""
-    from zerolaunch.models.hf import is_hf_model
-
-    if not is_hf_model(model):
-        return None
-    config = json.loads(model.config.to_json_string(use_diff=False))
-    # a model built from a config has architectures None; save_pretrained writes the class that saved it
-    config["architectures"] = [type(model).__name__]
-    return config
-
-
 def write_hf_config(config: dict, out_dir, dtype: torch.dtype | None = None) -> None:
     """config.json (and generation_config.json) from a config dict, as save_pretrained writes them."""
     from zerolaunch.checkpoint.hf_out import write_side_files

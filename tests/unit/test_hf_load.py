@@ -15,8 +15,8 @@ pytest.importorskip("transformers")
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from zerolaunch.api import meta_init_fn  # noqa: E402
 from zerolaunch.models import hf  # noqa: E402
+from zerolaunch.models.hf import meta_init_fn  # noqa: E402
 from zerolaunch.zero import EngineOptions  # noqa: E402
 from zerolaunch.zero.options import ZeroOptions  # noqa: E402
 from zerolaunch.zero.stage3 import Stage3Engine  # noqa: E402

@@ -16,33 +16,21 @@ replaced only with `force`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path
 from zerolaunch.checkpoint.errors import CheckpointError
+from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
 from zerolaunch.checkpoint.manifest import MANIFEST_NAME
+from zerolaunch.checkpoint.outputs import ByteProgress, OutTensor
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import resolve_checkpoint
 from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
+from zerolaunch.dtypes import DTYPES, torch_dtype
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FORMATS = ("safetensors", "torch")
-HF_CONFIG_KEY = "hf_config"
-"""Key of rank 0's `extra` that holds a Hugging Face config dict (set by zerolaunch.api)."""
-
-
-@dataclass(frozen=True)
-class OutTensor:
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    """The dtype as the source holds it (fp32 for trainable state); floats are cast to --dtype on output."""
-    source: str
-    """The tensor to read: `name` itself, or the tensor a tied alias shares."""
 
 
 class ZerolaunchSource:
@@ -106,8 +94,8 @@ def open_source(src: Path, *, verify: bool = True):
 
 
 def parse_size(text: str, what: str = "--max-shard-size") -> int:
-    """ "5GB" -> 5_000_000_000, "200MiB" -> 209_715_200: the one parser of every size option (memory/units.py)."""
-    from zerolaunch.memory.units import EstimateError, parse_bytes
+    """ "5GB" -> 5_000_000_000, "200MiB" -> 209_715_200: the one parser of every size option (memory/sizes.py)."""
+    from zerolaunch.memory.sizes import EstimateError, parse_bytes
 
     try:
         return parse_bytes(text, what, example="5GB")
@@ -167,7 +155,7 @@ def convert_checkpoint(
         remove_path(tmp)  # left by a killed conversion
         single_file = out.suffix in (".safetensors", ".bin", ".pt")
         try:
-            _write(source, tmp, single_file, fmt, DTYPES[dtype], max_shard_bytes, progress)
+            _write(source, tmp, single_file, fmt, torch_dtype(dtype), max_shard_bytes, progress)
         except BaseException:
             remove_path(tmp)
             raise
@@ -214,7 +202,7 @@ def _write(
             else [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.{ext}" for i in range(len(shards))]
         )
         paths = [tmp / n for n in names]
-    with _Progress(progress, sum(sizes), source.description) as bar:
+    with ByteProgress(progress, sum(sizes), source.description) as bar:
         for path, shard in zip(paths, shards, strict=True):
             items = [tensors[i] for i in shard]
             if fmt == "safetensors":
@@ -275,33 +263,3 @@ def _write_torch_shard(source, path: Path, items: list[OutTensor], dtype, advanc
         state[t.name] = by_source[t.source]
         advance(state[t.name].numel() * state[t.name].element_size())
     torch.save(state, path)
-
-
-class _Progress:
-    """A rich progress bar in bytes, or nothing."""
-
-    def __init__(self, enabled: bool, total_bytes: int, description: str):
-        self._enabled = enabled
-        self._total = total_bytes
-        self._description = description
-
-    def __enter__(self) -> _Progress:
-        self.advance: Callable[[int], None] = lambda n: None
-        if self._enabled:
-            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
-
-            self._bar = Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                DownloadColumn(),
-                TimeRemainingColumn(),
-                transient=True,
-            )
-            self._bar.__enter__()
-            task = self._bar.add_task("converting", total=self._total)
-            self.advance = lambda n: self._bar.advance(task, n)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._enabled:
-            self._bar.__exit__(*exc)

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from zerolaunch.checkpoint.errors import CheckpointError
+from zerolaunch.checkpoint.outputs import OutTensor
 
 _OPTIM = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _MODEL_STAGE3 = "zero_pp_rank_{r}_mp_rank_00_model_states.pt"
@@ -244,8 +245,6 @@ class DeepSpeedSource:
             )
 
     def tensors(self):
-        from zerolaunch.checkpoint.convert import OutTensor
-
         out = [
             OutTensor(n, tuple(t.shape), torch.float32 if t.is_floating_point() else t.dtype, n)
             for n, t in self._buffers.items()

@@ -12,6 +12,9 @@ import torch
 
 from zerolaunch.checkpoint.errors import CheckpointError
 
+HF_CONFIG_KEY = "hf_config"
+"""Key of rank 0's `extra` that holds a Hugging Face config dict, so convert-checkpoint can write config.json."""
+
 _TENSOR = "__tensor__"
 _TUPLE = "__tuple__"
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path, write_json
-from zerolaunch.checkpoint.convert import _Progress
 from zerolaunch.checkpoint.errors import CheckpointError
 from zerolaunch.checkpoint.extra import encode_extra
 from zerolaunch.checkpoint.manifest import MANIFEST_NAME, RankEntry, fragment_key, rank_file_name
+from zerolaunch.checkpoint.outputs import ByteProgress
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import resolve_checkpoint
 from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
@@ -48,7 +48,7 @@ def reshard_checkpoint(src, out, world_size: int, *, progress: bool = False, ver
         tmp.mkdir()
         try:
             total_bytes = sum(f.stat().st_size for f in reader.folder.glob("rank_*.safetensors"))
-            with _Progress(progress, total_bytes, reader.folder.name) as bar:
+            with ByteProgress(progress, total_bytes, reader.folder.name) as bar:
                 _write(reader, tmp, world_size, bar.advance)
         except BaseException:
             remove_path(tmp)

@@ -2,7 +2,7 @@
 
 Import cost is kept low (no torch, no rich at import): the CLI imports this to answer quickly. Start at
 `load_recipe`; the pipeline is load.py (files, --set) -> deepspeed.py (vocabulary) -> auto.py (batch rule,
-two spellings, "auto") -> engine.py (EngineOptions) -> schema.py (the frozen result).
+two spellings, "auto") -> engine_options.py (EngineOptions) -> schema.py (the frozen result).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import yaml
 from . import deepspeed as ds_vocab
 from .auto import resolve_train
 from .builders import check_builder_spec, import_builder
-from .engine import build_engine
+from .engine_options import build_engine
 from .errors import RecipeError, did_you_mean
 from .schema import (
     DEFAULT_DATA_BUILDER,

@@ -86,10 +86,6 @@ class RunLogsSpecs(DefaultLogsSpecs):
         dest = self.attempts[-1]
         return dest.stdouts.get(local_rank), dest.stderrs.get(local_rank)
 
-    @property
-    def run_log_dir(self) -> str | None:
-        return getattr(self, "_run_log_dir", None) if self.attempts else None
-
 
 class ConsoleLines:
     """A write-only text stream that hands whole lines to a rich Console.

@@ -23,8 +23,8 @@ from zerolaunch.memory import engine_layout as el
 from zerolaunch.memory.activations import activation_profile
 from zerolaunch.memory.deepspeed import deepspeed_bytes
 from zerolaunch.memory.shape import ModelShape
+from zerolaunch.memory.sizes import DTYPE_BYTES, EstimateError, normalize_dtype, positive_int
 from zerolaunch.memory.stage3 import stage3_states
-from zerolaunch.memory.units import DTYPE_BYTES, EstimateError, normalize_dtype, positive_int
 from zerolaunch.zero.options import bucket_numel
 
 OFFLOADS = ("none", "optimizer-cpu", "optimizer+params-cpu", "optimizer-nvme", "optimizer+params-nvme")
@@ -152,9 +152,6 @@ class Row:
     @property
     def label(self) -> str:
         return f"stage {self.stage}" + ("" if self.offload == "none" else f" + {self.offload}")
-
-    def model_state_bytes(self, where: str = "gpu") -> int:
-        return sum(getattr(self, where)[k] for k in STATE_KEYS if k != "buckets")
 
 
 @dataclass

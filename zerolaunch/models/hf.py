@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from zerolaunch.dtypes import DTYPES, torch_dtype
 
 
 def _transformers():
@@ -129,11 +131,11 @@ def build(
         from zerolaunch.models.hf_load import build_meta
 
         # ZeRO-3: the engine fills each unit from the files through model.zerolaunch_init_fn.
-        model = build_meta(check_local_dir(path), transformers, DTYPES[dtype], extra)
+        model = build_meta(check_local_dir(path), transformers, torch_dtype(dtype), extra)
     elif path is not None:
         local = check_local_dir(path)
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(local), local_files_only=True, **_dtype_kwarg(transformers, DTYPES[dtype]), **extra
+            str(local), local_files_only=True, **_dtype_kwarg(transformers, torch_dtype(dtype)), **extra
         )
     else:
         cfg = make_config(config)
@@ -142,7 +144,7 @@ def build(
                 model = transformers.AutoModelForCausalLM.from_config(cfg, **extra)
         else:
             model = transformers.AutoModelForCausalLM.from_config(cfg, **extra)
-        model = model.to(DTYPES[dtype])
+        model = model.to(torch_dtype(dtype))
     # training: no KV cache (it only costs memory, and some models warn when it meets labels).
     model.config.use_cache = False
     # from_pretrained hands back eval mode (dropout off); this builder builds models to train.
@@ -158,3 +160,42 @@ def build(
 # train/loop.py passes meta=True under ZeRO-3 to a builder that names its meta argument here (the builder
 # builds on the meta device itself: from_pretrained must not run under torch.device("meta")).
 build.meta_arg = "meta"
+
+
+# Helpers for an HF model under the engine (used by api.initialize, train/loop.py and train/checkpointing.py).
+
+
+def meta_init_fn(model, options):
+    """An HF model built on the meta device (model.args.meta) under ZeRO-3 is initialized unit by unit with
+    HF's own per-module init (`_init_weights`: normal(0, initializer_range), norms at 1, rotary tables),
+    not torch's reset_parameters defaults."""
+    if options.zero.stage != 3 or not any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        return None
+    # a meta model built from a local directory (models/hf_load.py) is filled from its weights files.
+    from_files = getattr(model, "zerolaunch_init_fn", None)
+    if from_files is not None:
+        return from_files
+    return model._init_weights if is_hf_model(model) and hasattr(model, "_init_weights") else None
+
+
+def hf_stage3_units(model, options):
+    """HF models under ZeRO-3 with no unit override: the decoder layer classes become the units."""
+    if options.zero.stage != 3 or options.zero.stage3_units:
+        return options
+    units = unit_class_names(model) if is_hf_model(model) else ()
+    if not units:
+        return options
+    return replace(options, zero=replace(options.zero, stage3_units=units))
+
+
+# ---- entrypoint scripts -------------------------------------------------------------------------------------
+
+
+def hf_config_dict(model) -> dict | None:
+    """The JSON dict of an HF model's config (what config.json holds), or None for other models."""
+    if not is_hf_model(model):
+        return None
+    config = json.loads(model.config.to_json_string(use_diff=False))
+    # a model built from a config has architectures None; save_pretrained writes the class that saved it
+    config["architectures"] = [type(model).__name__]
+    return config

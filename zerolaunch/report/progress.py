@@ -14,8 +14,7 @@ from collections import deque
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from zerolaunch.report.metrics import StepMetrics, StepRates
-from zerolaunch.report.units import (
+from zerolaunch.report.format import (
     fmt_count,
     fmt_eta,
     fmt_float,
@@ -25,6 +24,7 @@ from zerolaunch.report.units import (
     fmt_seconds,
     fmt_tflops,
 )
+from zerolaunch.report.metrics import StepMetrics, StepRates
 
 # Steps the ETA is estimated from: recent enough to follow a change of speed, long enough to smooth noise.
 ETA_WINDOW_STEPS = 20

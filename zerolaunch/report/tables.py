@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from zerolaunch.report.summary import WARMUP_STEPS, ThroughputSummary
-from zerolaunch.report.units import (
+from zerolaunch.report.format import (
     NA,
     byte_unit,
     fmt_count,
@@ -22,6 +21,7 @@ from zerolaunch.report.units import (
     fmt_seconds,
     fmt_tflops,
 )
+from zerolaunch.report.summary import WARMUP_STEPS, ThroughputSummary
 
 # engine.memory_bytes() keys (ARCHITECTURE.md "The engine"), all required.
 MODEL_STATE_KEYS = ("params", "grads", "optimizer", "master", "buckets")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
 from zerolaunch.train import seeding
 from zerolaunch.train.batches import TrainError
 
@@ -85,13 +86,13 @@ class CheckpointHook:
             "rng": seeding.rng_state(self.ctx.device),
         }
         if self.ctx.is_rank0:
-            from zerolaunch.api import hf_config_dict
+            from zerolaunch.models.hf import hf_config_dict
 
             # a Hugging Face model's config travels with the weights, so convert-checkpoint can write a folder
             # that from_pretrained loads (config.json + model.safetensors).
             hf_config = hf_config_dict(self.engine.module)
             if hf_config is not None:
-                extra["hf_config"] = hf_config
+                extra[HF_CONFIG_KEY] = hf_config
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
         save_checkpoint(self.engine, self.root, step=step, extra=extra, keep=self.keep, group=self.ctx.group)

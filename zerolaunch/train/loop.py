@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerolaunch.api import meta_init_fn
 from zerolaunch.config import import_builder
+from zerolaunch.models.hf import meta_init_fn
 from zerolaunch.report.mfu import hf_flops_per_token
 from zerolaunch.train import seeding
 from zerolaunch.train.batches import (

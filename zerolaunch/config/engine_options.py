@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from zerolaunch.zero.options import EngineOptions, OffloadOptions, ZeroOptions
 
 Z: Path = DS + ("zero_optimization",)
-DTYPES = ("fp32", "fp16", "bf16")
+# communication_data_type lists fp16 before bf16, as DeepSpeed documents it.
+COMM_DTYPES = ("fp32", "fp16", "bf16")
 
 
 def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
@@ -37,7 +38,7 @@ def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
     precision = PrecisionOptions(
         dtype=train.precision,
         communication_dtype=r.value(
-            k + "communication_dtype", DS + ("communication_data_type",), "choice", None, choices=DTYPES
+            k + "communication_dtype", DS + ("communication_data_type",), "choice", None, choices=COMM_DTYPES
         ),
         loss_scale=r.value(k + "loss_scale", fp16 + ("loss_scale",), "float", 0.0, min=0),
         initial_scale_power=r.value(

@@ -1,8 +1,8 @@
-"""Number formatting shared by the progress line and the tables (zerolaunch.report.units)."""
+"""Number formatting shared by the progress line and the tables (zerolaunch.report.format)."""
 
 import math
 
-from zerolaunch.report.units import (
+from zerolaunch.report.format import (
     byte_unit,
     fmt_bytes,
     fmt_decimal_bytes,
