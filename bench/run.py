@@ -8,6 +8,8 @@ the same seed and the same synthetic batches, in its own process (so one engine'
 kernels never leak into another's numbers). Each reports the median step time over the timed steps after
 warm-up, peak allocated memory, and the final loss. The driver measures the bf16 matmul rate once and prints
 MFU against it (and against the 989 TFLOP/s datasheet peak), plus each row's ratio to the best peer.
+The zl-train rows run the user's path instead: `zerolaunch train recipes/gpt-SIZE.yaml --gpus 1` (the built-in
+loop with its own data pipeline; zl-train-compile adds `--set train.compile=true`), read from metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -140,19 +143,29 @@ def run_train_path(
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run_dir = tempfile.mkdtemp(prefix=f"zl-bench-{engine}-{size}-")
+    # the end-of-run checkpoint (16 B a param: 21 GB at 1.3B) goes to RAM when it can, then is deleted:
+    # it is not timed, but a slow disk would spend the device call on it.
+    ckpt_dir = tempfile.mkdtemp(
+        prefix="zl-bench-ckpt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
     sets = [
         f"train.steps={steps + warmup}",
         "train.log_every=1",
         f"train.micro_batch_size={micro_batch}",
         f"model.args.seq_len={seq_len}",
         f"data.args.seq_len={seq_len}",
+        f"checkpoint.dir={ckpt_dir}",
+        "checkpoint.keep=1",
     ]
     if engine == "zl-train-compile":
         sets.append("train.compile=true")
     sets += list(extra_sets)
     cmd = [sys.executable, "-m", "zerolaunch", "train", os.path.join(repo, "recipes", f"gpt-{size}.yaml")]
     cmd += [*workers, "--run-dir", run_dir] + [a for kv in sets for a in ("--set", kv)]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
+    finally:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
     metrics = os.path.join(run_dir, "metrics.jsonl")
     rows = []
     if os.path.exists(metrics):
