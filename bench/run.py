@@ -8,6 +8,8 @@ the same seed and the same synthetic batches, in its own process (so one engine'
 kernels never leak into another's numbers). Each reports the median step time over the timed steps after
 warm-up, peak allocated memory, and the final loss. The driver measures the bf16 matmul rate once and prints
 MFU against it (and against the 989 TFLOP/s datasheet peak), plus each row's ratio to the best peer.
+The zl-train rows run the user's path instead: `zerolaunch train recipes/gpt-SIZE.yaml --gpus 1` (the built-in
+loop with its own data pipeline; zl-train-compile adds `--set train.compile=true`), read from metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,9 +39,12 @@ ENGINES = {
     "zl-z2-off": "zerolaunch ZeRO-2 + CPU optimizer offload",
     "zl-z2-off-ovl": "zerolaunch ZeRO-2 + CPU optimizer offload, step overlapping the next forward",
     "zl-z3-off": "zerolaunch ZeRO-3 + CPU optimizer offload",
-    "zl-z2-compile": "zerolaunch ZeRO-2, each block compiled in place (block.compile()) before the engine",
-    "zl-z3-compile": "zerolaunch ZeRO-3, each block compiled in place (block.compile()) before the engine",
+    "zl-z2-compile": "zerolaunch ZeRO-2, each block's forward compiled as train.compile does, before the engine",
+    "zl-z3-compile": "zerolaunch ZeRO-3, each block's forward compiled as train.compile does, before the engine",
+    "zl-train": "`zerolaunch train recipes/gpt-SIZE.yaml --gpus 1` (ZeRO-2): the built-in loop, its own data",
+    "zl-train-compile": "the zl-train row with --set train.compile=true",
 }
+TRAIN_PATH = ("zl-train", "zl-train-compile")
 PEERS = ("torch", "fsdp2", "torch-compile", "fsdp2-compile", "ds-z1", "ds-z2", "ds-z3")
 OFFLOAD_PEERS = ("ds-z2-off", "fsdp2-off")
 
@@ -114,8 +120,88 @@ def _ds_config(stage: int, offload: bool, lr: float) -> dict:
     }
 
 
+def run_train_path(
+    engine: str,
+    size: str,
+    steps: int,
+    warmup: int,
+    seq_len: int,
+    micro_batch: int,
+    workers: tuple[str, ...] = ("--gpus", "1"),
+    extra_sets: tuple[str, ...] = (),
+) -> dict:
+    """The user's path: `zerolaunch train` as a subprocess, its numbers read back from metrics.jsonl.
+
+    The first `warmup` steps are left out as run_one leaves out its warm-up; the run's final checkpoint
+    (the built-in loop always saves at the end) is written after the last step and is not timed.
+    `workers` / `extra_sets` exist for a CPU check of this function (e.g. ("--cpu", "1"), a tiny size)."""
+    import tempfile
+
+    import torch
+
+    from zerolaunch.models.gpt import build as build_gpt
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run_dir = tempfile.mkdtemp(prefix=f"zl-bench-{engine}-{size}-")
+    # the end-of-run checkpoint (16 B a param: 21 GB at 1.3B) goes to RAM when it can, then is deleted:
+    # it is not timed, but a slow disk would spend the device call on it.
+    ckpt_dir = tempfile.mkdtemp(
+        prefix="zl-bench-ckpt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
+    sets = [
+        f"train.steps={steps + warmup}",
+        "train.log_every=1",
+        f"train.micro_batch_size={micro_batch}",
+        f"model.args.seq_len={seq_len}",
+        f"data.args.seq_len={seq_len}",
+        f"checkpoint.dir={ckpt_dir}",
+        "checkpoint.keep=1",
+    ]
+    if engine == "zl-train-compile":
+        sets.append("train.compile=true")
+    sets += list(extra_sets)
+    cmd = [sys.executable, "-m", "zerolaunch", "train", os.path.join(repo, "recipes", f"gpt-{size}.yaml")]
+    cmd += [*workers, "--run-dir", run_dir] + [a for kv in sets for a in ("--set", kv)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
+    finally:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    rows = []
+    if os.path.exists(metrics):
+        with open(metrics) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    rows = [r for r in rows if r.get("step_seconds")]
+    if len(rows) < steps + warmup:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
+        raise SystemExit(f"zerolaunch train rc={p.returncode}, {len(rows)} steps logged: " + " | ".join(tail))
+    timed = [r for r in rows if r["step"] > warmup]
+    with torch.device("meta"):
+        ref = build_gpt(size=size, vocab_size=50304, seq_len=seq_len)
+    peaks = [r.get("mem_allocated_bytes") for r in rows if r.get("mem_allocated_bytes") is not None]
+    compile_line = [ln for ln in p.stdout.splitlines() if ln.startswith("train.compile:")]
+    return {
+        "engine": engine,
+        "size": size,
+        "step_ms": statistics.median(1e3 * r["step_seconds"] for r in timed),
+        "step_ms_all": [1e3 * r["step_seconds"] for r in timed],
+        "first_step_ms": 1e3 * rows[0]["step_seconds"],
+        "peak_gib": max(peaks) / 2**30 if peaks else float("nan"),
+        "final_loss": float(rows[-1]["loss"]),
+        "data_wait_ms": statistics.median(r.get("data_wait_ms") or 0.0 for r in timed),
+        "compile_line": compile_line[-1] if compile_line else None,
+        "train_rc": p.returncode,
+        "tokens_per_step": micro_batch * seq_len,
+        "flops_per_token": float(ref.flops_per_token(seq_len)),
+        "n_params": ref.num_params(),
+    }
+
+
 def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro_batch: int) -> dict:
     import torch
+
+    if engine in TRAIN_PATH:
+        return run_train_path(engine, size, steps, warmup, seq_len, micro_batch)
 
     from zerolaunch.models.gpt import build as build_gpt
 
@@ -216,9 +302,10 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
         else:
             model = make()
         if engine.endswith("-compile"):
-            # in place, so parameter names (and the stage 3 units) stay those of the eager model
-            for block in model.transformer.h:
-                block.compile()
+            from zerolaunch.train.compiling import compile_blocks
+
+            # train.compile's code path: each block's forward, in place (names and stage 3 units unchanged)
+            compile_blocks(model, backend="inductor")
         eng = Engine(model, opts, device=device)
 
         def step(b):
@@ -331,8 +418,8 @@ def drive(args) -> None:
 def print_table(rows: list[dict], peak_measured: float) -> None:
     print(f"\nbf16 matmul 8192^3 measured: {peak_measured:.0f} TFLOP/s (datasheet 989)")
     hdr = (
-        f"{'size':>5} {'engine':<10} {'step ms':>8} {'tok/s':>8} {'TFLOP/s':>8} {'MFU%':>6} {'MFU989%':>7} "
-        f"{'peak GiB':>8} {'loss':>8} {'vs best peer':>12}"
+        f"{'size':>5} {'engine':<16} {'step ms':>8} {'tok/s':>8} {'TFLOP/s':>8} {'MFU%':>6} {'MFU989%':>7} "
+        f"{'peak GiB':>8} {'loss':>8} {'vs best peer':>12} {'1st step ms':>11}"
     )
     print(hdr)
     for size in dict.fromkeys(r["size"] for r in rows):
@@ -341,16 +428,16 @@ def print_table(rows: list[dict], peak_measured: float) -> None:
         best_off = min((r["step_ms"] for r in ok if r["engine"] in OFFLOAD_PEERS), default=None)
         for r in (r for r in rows if r["size"] == size):
             if "error" in r:
-                print(f"{size:>5} {r['engine']:<10} FAILED: {r['error'][:80]}")
+                print(f"{size:>5} {r['engine']:<16} FAILED: {r['error'][:80]}")
                 continue
             tok_s = r["tokens_per_step"] / (r["step_ms"] / 1e3)
             tflops = tok_s * r["flops_per_token"] / 1e12
             ref = best_off if "-off" in r["engine"] else best
             ratio = f"{r['step_ms'] / ref:.2f}x" if ref else "-"
             print(
-                f"{size:>5} {r['engine']:<10} {r['step_ms']:8.1f} {tok_s:8.0f} {tflops:8.1f} "
+                f"{size:>5} {r['engine']:<16} {r['step_ms']:8.1f} {tok_s:8.0f} {tflops:8.1f} "
                 f"{100 * tflops / peak_measured:6.1f} {100 * tflops / 989:7.1f} {r['peak_gib']:8.2f} "
-                f"{r['final_loss']:8.4f} {ratio:>12}"
+                f"{r['final_loss']:8.4f} {ratio:>12} {r.get('first_step_ms') or 0:11.0f}"
             )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from .errors import RecipeError, dotted
-from .schema import DEFAULT_MODEL_BUILDER, LR_SCHEDULES, PRECISIONS, TrainSection
+from .schema import COMPILE_BACKENDS, DEFAULT_MODEL_BUILDER, LR_SCHEDULES, PRECISIONS, TrainSection
 from .tree import MISSING, Path
 from .values import AUTO, DS, Resolver
 
@@ -326,6 +326,21 @@ def resolve_train(
         r.notes["train.warmup_steps"] = (
             f"{why}longer than train.steps {steps}: the run ends during warmup, before the peak lr"
         )
+    compile_on = r.value("train.compile", T + ("compile",), "bool", False)
+    compile_backend = r.value(
+        "train.compile_backend",
+        T + ("compile_backend",),
+        "choice",
+        DEFAULTS.compile_backend,
+        choices=COMPILE_BACKENDS,
+    )
+    if r.given(T + ("compile_backend",)) and not compile_on:
+        path = T + ("compile_backend",)
+        raise r.fail(
+            path,
+            "is set but train.compile is false, so it would do nothing",
+            "Set train.compile: true, or remove train.compile_backend",
+        )
     stem = source_stem or "default"
     run_dir = r.value(
         "train.run_dir", T + ("run_dir",), "str", f"runs/{stem}", default_note="runs/<recipe name>"
@@ -350,6 +365,8 @@ def resolve_train(
         activation_checkpointing=r.value(
             "train.activation_checkpointing", T + ("activation_checkpointing",), "bool", False
         ),
+        compile=compile_on,
+        compile_backend=compile_backend,
         max_nonfinite_steps=r.value(
             "train.max_nonfinite_steps",
             T + ("max_nonfinite_steps",),

@@ -23,6 +23,9 @@ DEFAULT_MODEL_BUILDER = "zerolaunch.models.gpt:build"
 DEFAULT_DATA_BUILDER = "zerolaunch.data.synthetic:build"
 PRECISIONS = ("fp32", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "constant")
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+"""torch.compile backends train.compile_backend accepts: inductor (the fast one), aot_eager and eager (no
+code generation: for debugging a compile problem, and for CPU tests)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,11 @@ class TrainSection:
     """Where the run writes recipe.resolved.json, metrics.jsonl and logs (relative to the working dir)."""
     activation_checkpointing: bool = False
     """Recompute each repeated block's activations in backward (saves memory, costs ~1/3 more compute)."""
+    compile: bool = False
+    """torch.compile each repeated block (the stage 3 units: a transformer's layers) in place, at every
+    stage; the first step includes the compile time (reported when it ends)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend for train.compile: inductor, aot_eager or eager."""
     max_nonfinite_steps: int = 3
     """Stop the run (exit code 3) after this many optimizer steps in a row with a non-finite loss or grad
     norm; each such step is skipped, not applied. 0 = never stop (the steps are still skipped)."""

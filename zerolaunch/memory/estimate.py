@@ -213,7 +213,15 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     states["grads"] = 4 * shard
     # the step count shared by every element is a Python int (shard_optim.py), not a tensor.
     states["optimizer"] = 4 * shard * setup.optimizer_state_tensors
-    if stage in (0, 1):
+    # zero/flat.py [Note: world size 1]: one rank, no offload and a comm dtype that rounds nothing: grads go
+    # straight into the fp32 shard (no full grads, staging or reduce copies; stages 0/1 as the engine does
+    # for one micro-step per window, which is what this estimate assumes).
+    direct = (
+        world == 1 and offload == "none" and (setup.communication_dtype or "fp32") in ("fp32", setup.dtype)
+    )
+    if direct:
+        reduce_transient = 0
+    elif stage in (0, 1):
         gpu["grads"] += b * lay.padded_numel  # full_grads: param.grad are views into it
         # reduce_full_grads issues every bucket before awaiting: all fp32 copies alive at once (none when the
         # grads already are in the comm dtype), plus stage 1's reduce-scatter outputs.

@@ -31,6 +31,7 @@ from zerolaunch.train.batches import (
     tokens_in,
 )
 from zerolaunch.train.checkpointing import CheckpointHook
+from zerolaunch.train.compiling import compile_blocks
 from zerolaunch.train.context import RunContext
 from zerolaunch.train.init_weights import load_initial_weights
 from zerolaunch.train.nonfinite import NonFiniteGuard
@@ -100,6 +101,11 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
                 "enable_activation_checkpointing(); add one, or apply torch.utils.checkpoint in the model"
             )
         enable()
+    compiled_blocks = 0
+    if recipe.train.compile:
+        compiled_blocks = compile_blocks(
+            model, backend=recipe.train.compile_backend, unit_classes=recipe.engine.zero.stage3_units
+        )
     params_numel = sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
     engine = Engine(
         model, recipe.engine, group=ctx.group, device=ctx.device, init_fn=meta_init_fn(model, recipe.engine)
@@ -156,6 +162,12 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
                 loss_sum += loss.detach().float()
             _sync(ctx.device)
             step_seconds = time.perf_counter() - t0
+            if compiled_blocks and step == start_step + 1 and ctx.is_rank0:
+                print(
+                    f"train.compile: {compiled_blocks} blocks compiled ({recipe.train.compile_backend}); "
+                    f"first step {1000 * step_seconds:.0f} ms, compile included",
+                    flush=True,
+                )
             # one slot per rank in the same single all-reduce: every rank learns which rank's loss went bad
             slots = [0.0] * ctx.world_size
             slots[ctx.rank] = loss_sum.item()

@@ -124,8 +124,14 @@ class Engine(EngineStateMixin):
         self.shards.initialize(lambda c, master: master.copy_(self._chunk_of_params(buffers, c)))
 
         self.full_grads: list[torch.Tensor] = []
-        self.reducer: flat.BackwardReducer | None = None
-        if self.stage in (0, 1):
+        self.reducer: flat.BackwardReducer | flat.DirectAccumulator | None = None
+        if self._accumulates_directly(options):
+            self.reducer = flat.DirectAccumulator(self.layout, self.grad_shards)
+            self._hook_handles = [
+                self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
+                for slot in self.layout.params
+            ]
+        elif self.stage in (0, 1):
             # autograd accumulates in place into an existing .grad of matching shape: the views persist.
             self.full_grads = [torch.zeros_like(b) for b in self.flat_params.buffers]
             for slot in self.layout.params:
@@ -159,6 +165,17 @@ class Engine(EngineStateMixin):
             self._register_publish_hooks()
 
     # ---- init -----------------------------------------------------------------------------------------
+    def _accumulates_directly(self, options: EngineOptions) -> bool:
+        """World size 1 without offload: grads go straight into the fp32 shards ([Note: world size 1]),
+        wherever that gives the reducing path's values bit for bit: the comm dtype is fp32 or the compute
+        dtype (no rounding skipped), and stages 0/1 (which accumulate micro-steps in the compute dtype)
+        train in fp32 or take one micro-step per window."""
+        if self.world_size != 1 or options.zero.offload_optimizer.device != "none":
+            return False
+        if self.comm_dtype not in (torch.float32, self.dtype):
+            return False
+        return self.stage == 2 or self.dtype == torch.float32 or options.gradient_accumulation_steps == 1
+
     def _chunk_of_params(self, flats: list[torch.Tensor], c: int) -> torch.Tensor:
         """Chunk c of this rank's shard, inside full-size flat buffers (params or full grads)."""
         chunk = self.shards.chunks[c]
@@ -290,7 +307,8 @@ class Engine(EngineStateMixin):
             clip_norm=self.options.gradient_clipping,
             comm_device=self.device,
             stats=self.comm_stats,
-            loss_nonfinite=loss_nonfinite if self.stage > 0 else None,
+            # stage 0 put a bad loss into its grads above, unless they went straight to the shards
+            loss_nonfinite=loss_nonfinite if self.stage > 0 or not self.full_grads else None,
         )
         skipped = self.scaler.update(scaling.overflow)
         # every grad shard element is overwritten by the next window's first reduction (stages 0/1 at the

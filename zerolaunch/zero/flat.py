@@ -10,6 +10,9 @@ gradients reach the fp32 shards:
 - `BackwardReducer` (stage 2): during backward, a bucket's reduce-scatter is issued the moment its last
   gradient is ready (post-accumulate-grad hooks); the full gradient is copied into a staging buffer and
   released at once, so a rank keeps only its fp32 shard, accumulated over micro-steps.
+- `DirectAccumulator` (any stage, world size 1, shards on the compute device): no reduction is needed, so
+  each gradient is added straight into the fp32 shard from its post-accumulate-grad hook and released: no
+  full gradient buffer, no staging, no reduce outputs ([Note: world size 1]).
 
 Buckets are issued strictly in bucket-index order on every rank (a ready bucket waits for the ones before
 it), so the sequence of collectives is identical on all ranks whatever order autograd produces grads in.
@@ -289,3 +292,75 @@ class BackwardReducer:
     @property
     def busy(self) -> bool:
         return self._next_issue > 0 or bool(self._inflight) or any(self._ready_count)
+
+
+class DirectAccumulator:
+    """World size 1: every gradient goes straight into its slice of the fp32 shard, from its hook.
+
+    [Note: world size 1] With one rank a reduce-scatter or all-reduce is the identity, so the staging
+    buckets, the reduce outputs (stage 2) and the full gradient buffer with its fp32 copies (stages 0/1)
+    hold data nothing needs. The values are those of the reducing paths, bit for bit: the shard slice of
+    a param is overwritten by its first gradient of the window (a copy, i.e. the exact upcast) and added to
+    by later ones (fp32 adds in micro-step order, as autograd's in-place accumulation into a full fp32
+    .grad and the stage-2 shard accumulation do); a slice that got no gradient in the window's first
+    micro-step is zeroed at its end, as the zeroed staging bucket would have written. (For a 16-bit model
+    with gradient accumulation, stages 0/1 thereby accumulate in fp32 as stage 2 does, not in the compute
+    dtype; the engine takes this path for stages 0/1 only where that is exact: fp32 or one micro-step.)
+    It needs the shards on the compute device (no offload): per-param host copies would be slow.
+    The interface is BackwardReducer's.
+    """
+
+    def __init__(self, layout: Layout, shards: list[torch.Tensor]):
+        self.layout = layout
+        self.shards = shards
+        self._views = [self._shard_slice(slot) for slot in layout.params]
+        self._index = {slot.name: i for i, slot in enumerate(layout.params)}
+        self._fresh = [True] * len(layout.params)
+        self._seen_this_backward = False
+        self.issued_count = 0
+        """Always 0: nothing is reduced (kept for BackwardReducer's interface)."""
+
+    def _shard_slice(self, slot: ParamSlot) -> torch.Tensor:
+        bucket = self.layout.buckets[slot.bucket]
+        start = self.layout.bucket_shard_offset(bucket) + slot.offset
+        return self.shards[slot.group][start : start + slot.numel]
+
+    staging_bytes = 0
+
+    def hook_for(self, slot: ParamSlot):
+        index = self._index[slot.name]
+        dst = self._views[index]
+
+        def on_grad_ready(param: torch.Tensor) -> None:
+            if param.grad is None:
+                return
+            self._seen_this_backward = True
+            with torch.no_grad():
+                if self._fresh[index]:
+                    dst.copy_(param.grad.reshape(-1))
+                    self._fresh[index] = False
+                else:
+                    dst.add_(param.grad.reshape(-1))
+            param.grad = None  # released: the shard holds it now
+
+        return on_grad_ready
+
+    def finish_backward(self) -> None:
+        """A param without a gradient in the window so far counts as zero (its slice may hold the last
+        window's values: the shards are not zeroed after a step)."""
+        with torch.no_grad():
+            for index, fresh in enumerate(self._fresh):
+                if fresh:
+                    self._views[index].zero_()
+                    self._fresh[index] = False
+        self._seen_this_backward = False
+
+    def take_grad_sq(self) -> None:
+        return None
+
+    def reset_accumulation(self) -> None:
+        self._fresh = [True] * len(self.layout.params)
+
+    @property
+    def busy(self) -> bool:
+        return self._seen_this_backward

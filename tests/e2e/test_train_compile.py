@@ -1,0 +1,146 @@
+"""`train.compile`: the built-in loop with each GPT block torch.compile'd gives the eager losses.
+
+Covers: stages 0, 2 and 3 (stage 3 builds on meta and gathers units around the compiled forwards), and
+stage 2 with activation checkpointing and CPU optimizer offload; 3 optimizer steps of 2 micro-steps each,
+fp32, in process (world size 1, gloo through a FileStore), backend aot_eager (torch.compile's tracing and
+autograd without code generation: inductor needs a C++ toolchain and minutes on this CPU). The loop prints
+the first step's time; dynamo really compiled (unique graphs counted); bad values are exit-2 recipe
+errors. Leaves out: inductor and its speed (bench/run.py on the GPU), several ranks.
+"""
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from zerolaunch.config import RecipeError, load_recipe
+from zerolaunch.train.context import RunContext
+from zerolaunch.train.loop import run_training
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def group(tmp_path):
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    yield None
+    dist.destroy_process_group()
+
+
+def _recipe(run_dir, stage, *, compile_on, train_extra=None, zero_extra=None):
+    train = {
+        "steps": 3,
+        "micro_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "lr": 1e-2,
+        "lr_schedule": "constant",
+        "log_every": 100,
+        "run_dir": str(run_dir),
+        **(train_extra or {}),
+    }
+    if compile_on:
+        train.update({"compile": True, "compile_backend": "aot_eager"})
+    return load_recipe(
+        {
+            "model": {
+                "builder": "zerolaunch.models.gpt:build",
+                "args": {"size": "tiny", "vocab_size": 64, "seq_len": 16},
+            },
+            "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
+            "train": train,
+            "deepspeed": {"zero_optimization": {"stage": stage, **(zero_extra or {})}},
+        },
+        world_size=1,
+    )
+
+
+def _ctx():
+    return RunContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), resume=None)
+
+
+CASES = {
+    "stage0": (0, None, None),
+    "stage2": (2, None, None),
+    "stage3": (3, None, {"stage3_param_persistence_threshold": 0}),
+    "stage2_ckpt_offload": (2, {"activation_checkpointing": True}, {"offload_optimizer": {"device": "cpu"}}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_compiled_blocks_give_the_eager_losses(group, tmp_path, name, capsys):
+    from torch._dynamo.utils import counters
+
+    stage, train_extra, zero_extra = CASES[name]
+    torch._dynamo.reset()
+    counters.clear()
+    eager = run_training(
+        _recipe(tmp_path / "eager", stage, compile_on=False, train_extra=train_extra, zero_extra=zero_extra),
+        _ctx(),
+    )
+    assert counters["stats"]["unique_graphs"] == 0
+    compiled = run_training(
+        _recipe(
+            tmp_path / "compiled", stage, compile_on=True, train_extra=train_extra, zero_extra=zero_extra
+        ),
+        _ctx(),
+    )
+    # one graph for the block class, shared by both blocks (a recompile per block would be 2 or more)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert len(compiled) == len(eager) == 3
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-6, atol=0)
+    out = capsys.readouterr().out
+    assert "train.compile: 2 blocks compiled (aot_eager); first step" in out
+
+
+@pytest.mark.parametrize(
+    "train,match",
+    [
+        ({"compile": "yes"}, "`train.compile` must be true or false"),
+        ({"compile": True, "compile_backend": "inductr"}, "must be one of inductor, aot_eager, eager"),
+        ({"compile_backend": "aot_eager"}, "train.compile is false, so it would do nothing"),
+    ],
+)
+def test_bad_compile_values_are_recipe_errors(tmp_path, train, match):
+    recipe = {
+        "model": {"builder": "zerolaunch.models.gpt:build", "args": {"size": "tiny"}},
+        "train": {"steps": 1, "micro_batch_size": 1, **train},
+    }
+    with pytest.raises(RecipeError, match=match):
+        load_recipe(recipe, world_size=1)
+
+
+def test_recipe_show_reports_the_compile_keys(tmp_path):
+    recipe = load_recipe(
+        {
+            "model": {"builder": "zerolaunch.models.gpt:build", "args": {"size": "tiny"}},
+            "train": {"steps": 1, "micro_batch_size": 1, "compile": True},
+        },
+        world_size=1,
+    )
+    assert recipe.train.compile is True and recipe.train.compile_backend == "inductor"
+    assert recipe.origins["train.compile"] == "file" and recipe.origins["train.compile_backend"] == "default"
+
+
+def test_the_cli_exits_2_on_an_unknown_compile_value(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "model:\n  builder: zerolaunch.models.gpt:build\n  args: {size: tiny}\n"
+        "train:\n  steps: 1\n  micro_batch_size: 1\n  compile: true\n  compile_backend: tvm\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "zerolaunch", "recipe", "show", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    text = p.stdout + p.stderr
+    assert "line 8: `train.compile_backend` must be one of inductor, aot_eager, eager" in text
+    assert "Traceback" not in text

@@ -1,0 +1,145 @@
+"""World size 1: the stage 0-2 engine holds no gradient buffer beyond one fp32 grad per trainable element.
+
+Tests ([Note: world size 1] in zero/flat.py): (1) memory: after a real backward + step, the engine's own
+accounting (`memory_bytes()`) and, independently, the bytes of every live tensor storage found by the
+garbage collector are params + fp32 master + fp32 grad shard + optimizer state, nothing else (before the
+change stages 0/1 also held a compute-dtype full gradient buffer and stage 2 its staging buckets);
+(2) values: the direct path gives the same weights, bit for bit (atol=0), as the reducing path it replaces
+(forced here by patching `Engine._accumulates_directly`), for stages 0-2, fp32 and bf16, one and three
+micro-steps, a param without a gradient in a micro-step, clipping and fp16 loss scaling;
+(3) where it is not exact (stage 1, bf16, accumulation), the reducing path is kept.
+Leaves out: more than one rank (tests/dist parity tests) and CUDA peaks (bench/run.py on the GPU).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "dist"))
+
+from _zero_models import Net, micro_batch  # noqa: E402
+
+from zerolaunch.zero import Engine  # noqa: E402
+from zerolaunch.zero import engine as engine_mod  # noqa: E402
+from zerolaunch.zero.options import (  # noqa: E402
+    EngineOptions,
+    OptimizerOptions,
+    PrecisionOptions,
+    ZeroOptions,
+)
+
+
+def _options(stage, dtype="fp32", gas=1, bucket=500_000_000, clip=0.05) -> EngineOptions:
+    return EngineOptions(
+        zero=ZeroOptions(stage=stage, reduce_bucket_size=bucket, overlap_comm=True),
+        precision=PrecisionOptions(dtype=dtype),
+        optimizer=OptimizerOptions(name="adamw", lr=1e-2, weight_decay=0.1),
+        gradient_clipping=clip,
+        gradient_accumulation_steps=gas,
+    )
+
+
+class WideNet(torch.nn.Module):
+    """Large enough (~400k elements) that a spare gradient buffer dwarfs the engine's small scalars."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(64, 3000)
+        self.b = torch.nn.Linear(3000, 64)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _live_storage_bytes() -> int:
+    gc.collect()
+    seen: dict[int, int] = {}
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+                s = obj.untyped_storage()
+                seen[s.data_ptr()] = s.nbytes()
+        except Exception:  # noqa: BLE001 - some objects refuse introspection; they are not ours
+            continue
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
+    x = torch.randn(8, 64)
+    y = torch.randn(8, 64)
+    before = _live_storage_bytes()
+    engine = Engine(WideNet(), _options(stage, dtype))
+    loss = F.mse_loss(engine(x.to(engine.dtype)).float(), y)
+    engine.backward(loss)
+    engine.step()
+    del loss
+    padded = sum(b.numel() for b in engine.flat_params.buffers)
+    elem = torch.empty((), dtype=engine.dtype).element_size()
+    mem = engine.memory_bytes()
+    assert mem["grads"] == 4 * padded, mem  # the fp32 grad shard alone
+    assert mem["buckets"] == 0, mem
+    model_states = elem * padded + 4 * padded * (1 + 1 + 2)  # params, master, grad shard, AdamW moments
+    assert mem["params"] + mem["grads"] + mem["master"] + mem["optimizer"] == model_states, mem
+    assert all(p.grad is None for p in engine.module.parameters())
+    live = _live_storage_bytes() - before
+    # small tensors (lr, loss scale, counters) are allowed; a second grad buffer (>= 2 * padded) is not.
+    assert abs(live - model_states) < 64 * 1024, (live, model_states)
+
+
+def _train(options: EngineOptions, *, direct: bool, monkeypatch, steps=4, skip_param_on_micro=None):
+    with monkeypatch.context() as m:
+        if not direct:
+            m.setattr(engine_mod.Engine, "_accumulates_directly", lambda self, o: False)
+        engine = Engine(Net(0), options)
+    gas = options.gradient_accumulation_steps
+    norms = []
+    for step in range(steps):
+        for micro in range(gas):
+            x, y = micro_batch(step, micro, 1)
+            out = engine(x.to(engine.dtype))
+            if skip_param_on_micro == (step, micro):
+                out = engine.module.head(engine.module.norm(engine.module.inp(x.to(engine.dtype)))[:, :17])
+            engine.backward(F.mse_loss(out.float(), y))
+            info = engine.step()
+        norms.append(info.grad_norm)
+    return {n: p.detach().clone() for n, p in engine.module.named_parameters()}, norms, engine
+
+
+CASES = [
+    (0, "fp32", 1),
+    (0, "fp32", 3),
+    (1, "fp32", 3),
+    (1, "bf16", 1),
+    (2, "fp32", 3),
+    (2, "bf16", 3),
+    (2, "fp16", 2),
+]
+
+
+@pytest.mark.parametrize("stage,dtype,gas", CASES)
+def test_direct_path_is_bit_identical_to_the_reducing_path(stage, dtype, gas, monkeypatch):
+    options = _options(stage, dtype, gas, bucket=100)
+    # step 1, micro-step 0: l1/l2 (tied) get no gradient, so their slice must be zeroed, not kept.
+    skip = (1, 0)
+    want, want_norms, ref = _train(options, direct=False, monkeypatch=monkeypatch, skip_param_on_micro=skip)
+    got, got_norms, eng = _train(options, direct=True, monkeypatch=monkeypatch, skip_param_on_micro=skip)
+    assert ref.full_grads or ref.reducer.staging_bytes > 0  # the reference really took the reducing path
+    assert not eng.full_grads and eng.reducer.staging_bytes == 0
+    assert got_norms == want_norms
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
+
+
+def test_stage1_bf16_accumulation_keeps_the_reducing_path():
+    # bf16 stages 0/1 accumulate micro-steps in bf16; going straight to fp32 would change the values.
+    engine = Engine(Net(0), _options(1, "bf16", gas=2))
+    assert engine.full_grads and isinstance(engine.reducer, type(None))

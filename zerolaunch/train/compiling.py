@@ -1,0 +1,36 @@
+"""`train.compile`: torch.compile of each repeated block of the model, in place, for every ZeRO stage.
+
+Owns which modules are compiled and how. The blocks are those stage 3 gathers as units
+(`zero.units.find_unit_modules`: the children of the model's largest ModuleList of one class, or
+`zero.stage3_units`), at every stage, so the same code is compiled whatever the engine does around it.
+Only each block's `forward` is replaced by its compiled version (not `module.compile()`, which compiles
+`_call_impl` with the module's hooks inside): the stage-3 gather/free hooks, the engine's gradient hooks
+and activation checkpointing (which calls the block) all stay eager around the compiled code, and the
+module tree and parameter names do not change (checkpoints, stage 3 units and HF saving see the eager
+model). The blocks share one class, so dynamo compiles the forward once and reuses it for every block.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zerolaunch.train.batches import TrainError
+from zerolaunch.zero.units import find_unit_modules
+
+
+def compile_blocks(model: nn.Module, *, backend: str, unit_classes: tuple[str, ...] = ()) -> int:
+    """Replace the forward of every repeated block by torch.compile of it; returns how many blocks."""
+    try:
+        blocks = find_unit_modules(model, unit_classes)
+    except ValueError as e:
+        raise TrainError(f"train.compile: {e}") from None
+    if not blocks:
+        raise TrainError(
+            f"train.compile is on but {type(model).__name__} has no repeated blocks (a ModuleList of one "
+            "class) to compile; name them with zero.stage3_units: [BlockClassName], or set train.compile: false"
+        )
+    for _, block in blocks:
+        # dynamic=False: the shapes of a training run are fixed; no symbolic shapes to trace or guard.
+        block.forward = torch.compile(block.forward, backend=backend, dynamic=False)
+    return len(blocks)
