@@ -22,12 +22,20 @@ from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
 from zerolaunch.launch import env
 from zerolaunch.models.hf import hf_config_dict, hf_stage3_units, meta_init_fn
 from zerolaunch.train.entrypoint import init_process_group
-from zerolaunch.zero import Engine, EngineOptions, OptimizerOptions, comm
+from zerolaunch.zero import Engine, EngineOptions, comm
 
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 
 
 # ---- config ---------------------------------------------------------------------------------------------
+def _decay_every_param(options: EngineOptions) -> EngineOptions:
+    """The library's default is DeepSpeed's: one group, every param decayed (deepspeed.initialize with
+    model.parameters()), whatever the built-in loop's default for a recipe without an entrypoint is."""
+    if options.optimizer.decay_1d:
+        return options
+    return replace(options, optimizer=replace(options.optimizer, decay_1d=True))
+
+
 def _resolve_config(config, overrides, world_size: int):
     """(recipe or None, EngineOptions) from whatever the user passed; see initialize()."""
     if isinstance(config, EngineOptions):
@@ -39,20 +47,14 @@ def _resolve_config(config, overrides, world_size: int):
     if config is None:
         resolved = env.resolved_recipe_path()
         if not resolved:
-            # the library's default is DeepSpeed's: one group, every param decayed (see below)
-            return None, EngineOptions(optimizer=OptimizerOptions(decay_1d=True))
+            return None, _decay_every_param(EngineOptions())
         recipe = zconfig.load_resolved(resolved)
         return recipe, recipe.engine
     if isinstance(config, dict | str | os.PathLike):
         recipe = zconfig.load_recipe(config, overrides=list(overrides), world_size=world_size)
         options = recipe.engine
-        if (
-            recipe.origins.get("train.weight_decay_1d", "default") == "default"
-            and not options.optimizer.decay_1d
-        ):
-            # the library's default is DeepSpeed's (one group, every param decayed), whatever the built-in
-            # loop's default for a recipe without an entrypoint is; a value given in the recipe is kept.
-            options = replace(options, optimizer=replace(options.optimizer, decay_1d=True))
+        if recipe.origins.get("train.weight_decay_1d", "default") == "default":
+            options = _decay_every_param(options)  # a value given in the recipe is kept
         return recipe, options
     raise TypeError(
         f"zerolaunch.initialize: config must be a recipe/DeepSpeed dict, a path to a recipe or ds_config "
