@@ -2,9 +2,9 @@
 one training process, as the elastic agent starts it.
 
 Owns the process's edges: torchelastic's environment (read through zerolaunch.launch.env: RANK, LOCAL_RANK,
-WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, and the test hook's ZEROLAUNCH_TEST_FAIL_*), the process group (nccl
-with device_id on CUDA, gloo on CPU, with the collective timeout), and `@record`, which writes the exception to
-TORCHELASTIC_ERROR_FILE so the launcher can show the root cause. The training itself is train/loop.py, or
+WORLD_SIZE, TORCHELASTIC_RESTART_COUNT), the process group (nccl with device_id on CUDA, gloo on CPU, with
+the collective timeout), and `@record`, which writes the exception to TORCHELASTIC_ERROR_FILE so the launcher
+can show the root cause. The training itself is train/loop.py, or
 the recipe's `entrypoint:` script (zerolaunch.train.entrypoint.run_entrypoint).
 """
 
@@ -135,14 +135,12 @@ def _main(argv: list[str]) -> None:
     from zerolaunch.config import load_resolved
     from zerolaunch.train.context import RunContext
     from zerolaunch.train.loop import run_training
-    from zerolaunch.train.test_hooks import FailureHook
     from zerolaunch.zero import comm
 
     args = _parse(argv)
     worker_env = env.WorkerEnv.read()
     rank, local_rank, world_size = worker_env.rank, worker_env.local_rank, worker_env.world_size
     restart_count = worker_env.restart_count
-    failure_hook = FailureHook.from_env(dict(os.environ))
     recipe = load_resolved(args.recipe)
 
     if recipe.entrypoint:
@@ -181,7 +179,6 @@ def _main(argv: list[str]) -> None:
         group=None,
         restart_count=restart_count,
         resume=args.resume,
-        failure_hook=failure_hook,
     )
     try:
         run_training(recipe, ctx)

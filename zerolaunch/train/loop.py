@@ -160,7 +160,6 @@ class Trainer:
     def train_step(self, step: int) -> float:
         """One optimizer step (gradient_accumulation_steps micro-batches); returns the mean loss over ranks."""
         ctx, engine, source = self.ctx, self.engine, self.source
-        ctx.failure_hook.maybe_fire(step, ctx.rank, ctx.restart_count)
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         comm_before = (engine.comm_stats.total_seconds(), engine.comm_stats.total_bytes())
