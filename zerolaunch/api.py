@@ -2,39 +2,40 @@
 
 This module owns: turning a user's config (a recipe dict or file, a DeepSpeed dict or ds_config.json, a
 Recipe, EngineOptions, or nothing = the recipe of the `zerolaunch train` run that started this script) into
-engine options; starting the process group from torchrun's environment when the script was started by plain
-`torchrun`; the user-facing engine wrapper (forward / backward / step / save and load checkpoints); running a
-recipe's `entrypoint:` script inside a worker (`run_entrypoint`); and writing a Hugging Face model directory
-(`save_hf_pretrained`). The engine itself is zero/, checkpoint files are checkpoint/; this only wires them.
+engine options; the user-facing engine wrapper (forward / backward / step / save and load checkpoints); and
+writing a Hugging Face model directory (`save_hf_pretrained`). The engine itself is zero/, checkpoint files are
+checkpoint/; the process group a plain `torchrun` script gets and the runner of a recipe's `entrypoint:` are
+train/entrypoint.py; environment variables are read in launch/env.py. This only wires them.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import runpy
-import shlex
-import sys
 from dataclasses import replace
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
+from zerolaunch.launch import env
 from zerolaunch.models.hf import hf_config_dict, hf_stage3_units, meta_init_fn
-from zerolaunch.zero import Engine, EngineOptions, OptimizerOptions, comm
+from zerolaunch.train.entrypoint import init_process_group
+from zerolaunch.zero import Engine, EngineOptions, comm
 
-RECIPE_ENV = "ZEROLAUNCH_RECIPE"
-"""Path of the resolved recipe JSON of the run that started this process; `initialize(model)` reads it."""
-BACKEND_ENV = "ZEROLAUNCH_BACKEND"
-"""The process-group backend `zerolaunch train --device` chose for an entrypoint script (gloo / nccl)."""
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 
 
 # ---- config ---------------------------------------------------------------------------------------------
+def _decay_every_param(options: EngineOptions) -> EngineOptions:
+    """The library's default is DeepSpeed's: one group, every param decayed (deepspeed.initialize with
+    model.parameters()), whatever the built-in loop's default for a recipe without an entrypoint is."""
+    if options.optimizer.decay_1d:
+        return options
+    return replace(options, optimizer=replace(options.optimizer, decay_1d=True))
+
+
 def _resolve_config(config, overrides, world_size: int):
     """(recipe or None, EngineOptions) from whatever the user passed; see initialize()."""
     if isinstance(config, EngineOptions):
@@ -44,22 +45,16 @@ def _resolve_config(config, overrides, world_size: int):
     from zerolaunch import config as zconfig
 
     if config is None:
-        resolved = os.environ.get(RECIPE_ENV)
+        resolved = env.resolved_recipe_path()
         if not resolved:
-            # the library's default is DeepSpeed's: one group, every param decayed (see below)
-            return None, EngineOptions(optimizer=OptimizerOptions(decay_1d=True))
+            return None, _decay_every_param(EngineOptions())
         recipe = zconfig.load_resolved(resolved)
         return recipe, recipe.engine
     if isinstance(config, dict | str | os.PathLike):
         recipe = zconfig.load_recipe(config, overrides=list(overrides), world_size=world_size)
         options = recipe.engine
-        if (
-            recipe.origins.get("train.weight_decay_1d", "default") == "default"
-            and not options.optimizer.decay_1d
-        ):
-            # the library's default is DeepSpeed's (one group, every param decayed), whatever the built-in
-            # loop's default for a recipe without an entrypoint is; a value given in the recipe is kept.
-            options = replace(options, optimizer=replace(options.optimizer, decay_1d=True))
+        if recipe.origins.get("train.weight_decay_1d", "default") == "default":
+            options = _decay_every_param(options)  # a value given in the recipe is kept
         return recipe, options
     raise TypeError(
         f"zerolaunch.initialize: config must be a recipe/DeepSpeed dict, a path to a recipe or ds_config "
@@ -67,38 +62,7 @@ def _resolve_config(config, overrides, world_size: int):
     )
 
 
-# ---- process group ------------------------------------------------------------------------------------------
-def _launched_by_torchrun() -> bool:
-    env = os.environ
-    return all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
-def init_process_group(timeout_s: float = 1800.0) -> bool:
-    """Start the default process group from torchrun's env (nccl on CUDA, gloo on CPU) unless one exists.
-
-    Returns True when this call created it. Without torchrun's variables (a plain `python train.py`) nothing is
-    started: the engine runs as a world of one.
-    """
-    if dist.is_initialized() or not _launched_by_torchrun():
-        return False
-    backend = os.environ.get(BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
-    # the group we made is ours to tear down; torch warns at exit about a group never destroyed. An uncaught
-    # exception reaches sys.excepthook before the atexit handlers run: then the peers are not waited for.
-    failed = []
-    previous_hook = sys.excepthook
-
-    def note_failure(*exc_info):
-        failed.append(True)
-        previous_hook(*exc_info)
-
-    sys.excepthook = note_failure
-    atexit.register(lambda: comm.destroy_default_group(every_rank_finished=not failed))
-    return True
-
-
+# ---- device -----------------------------------------------------------------------------------------------
 def _default_device() -> torch.device:
     # a gloo group (e.g. `zerolaunch train --device cpu` on a GPU host) means the run is on the CPU.
     on_gloo = dist.is_initialized() and dist.get_backend() == "gloo"
@@ -227,44 +191,6 @@ def initialize(
     init_fn = meta_init_fn(model, options)  # None unless stage 3 on a meta-built model
     engine = Engine(model, options, group=group, device=device, init_fn=init_fn, param_groups=param_groups)
     return ZeroLaunchEngine(engine, recipe)
-
-
-def run_entrypoint(recipe, resolved_path, backend: str | None = None) -> None:
-    """Run the recipe's `entrypoint:` script in this worker instead of the built-in loop.
-
-    The script runs as `__main__` (runpy) with sys.argv = the entrypoint split shell-style, its folder first on
-    sys.path (as `python script.py` would), and ZEROLAUNCH_RECIPE = resolved_path so that
-    `zerolaunch.initialize(model)` with no config uses this run's recipe. No process group is started here:
-    the script starts its own (plain torchrun style) or initialize() does; `backend` (the run's --device
-    choice) is the one initialize() then uses.
-    """
-    entry = str(recipe.entrypoint or "").strip()
-    # the resolved recipe holds an absolute script path (maybe with spaces); else "script.py --arg value".
-    argv = [entry] if Path(entry).is_file() else shlex.split(entry)
-    if not argv:
-        raise ValueError("entrypoint is empty: give a script path, e.g. entrypoint: my_train.py")
-    script = Path(argv[0]).expanduser()
-    if not script.is_file():
-        raise FileNotFoundError(
-            f"entrypoint: {script} is not a file (relative paths are taken from {Path.cwd()}); "
-            "give the path of your training script"
-        )
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    saved_env = {k: os.environ.get(k) for k in (RECIPE_ENV, BACKEND_ENV)}
-    sys.argv = [str(script), *argv[1:]]
-    sys.path.insert(0, str(script.resolve().parent))
-    os.environ[RECIPE_ENV] = str(Path(resolved_path).resolve())
-    if backend:
-        os.environ[BACKEND_ENV] = backend
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 # ---- Hugging Face output ------------------------------------------------------------------------------------

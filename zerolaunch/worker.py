@@ -1,11 +1,11 @@
 """`python -m zerolaunch.worker RUN_DIR/recipe.resolved.json [--device cpu|cuda] [--timeout S] [--resume R]`:
 one training process, as the elastic agent starts it.
 
-Owns the process's edges: reading torchelastic's environment (RANK, LOCAL_RANK, WORLD_SIZE,
-TORCHELASTIC_RESTART_COUNT, and the test hook's ZEROLAUNCH_TEST_FAIL_*), the process group (nccl with
-device_id on CUDA, gloo on CPU, with the collective timeout), and `@record`, which writes the exception to
-TORCHELASTIC_ERROR_FILE so the launcher can show the root cause. The training itself is train/loop.py, or
-the recipe's `entrypoint:` script (zerolaunch.api.run_entrypoint).
+Owns the process's edges: torchelastic's environment (read through zerolaunch.launch.env: RANK, LOCAL_RANK,
+WORLD_SIZE, TORCHELASTIC_RESTART_COUNT), the process group (nccl with device_id on CUDA, gloo on CPU, with
+the collective timeout), and `@record`, which writes the exception to TORCHELASTIC_ERROR_FILE so the launcher
+can show the root cause. The training itself is train/loop.py, or
+the recipe's `entrypoint:` script (zerolaunch.train.entrypoint.run_entrypoint).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import signal
 import sys
 import time
 
+from zerolaunch.launch import env
+
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m zerolaunch.worker")
@@ -27,18 +29,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _env_int(name: str, default: int | None = None) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
-        if default is None:
-            raise SystemExit(
-                f"zerolaunch.worker: {name} is not set; start workers with `zerolaunch train`, which sets it"
-            )
-        return default
-    return int(raw)
-
-
-def _attempt_store(restart_count: int, timeout: datetime.timedelta):
+def _attempt_store(worker_env: env.WorkerEnv, timeout: datetime.timedelta):
     """The store the process group rendezvouses in, or None for torch's env:// default.
 
     When the agent shares its own store with the workers (TORCHELASTIC_USE_AGENT_STORE=True: the static
@@ -47,14 +38,13 @@ def _attempt_store(restart_count: int, timeout: datetime.timedelta):
     torch 2.13). A prefix per restart keeps every attempt's keys apart. c10d with
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 gets a fresh store per attempt and needs nothing.
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if not worker_env.agent_store:
         return None
     import torch.distributed as dist
 
-    client = dist.TCPStore(
-        os.environ["MASTER_ADDR"], _env_int("MASTER_PORT"), is_master=False, timeout=timeout
-    )
-    return dist.PrefixStore(f"zerolaunch/attempt_{restart_count}", client)
+    addr, port = env.master_addr_port()
+    client = dist.TCPStore(addr, port, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"zerolaunch/attempt_{worker_env.restart_count}", client)
 
 
 PR_SET_PDEATHSIG = 1
@@ -77,8 +67,8 @@ def die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         return  # cannot arm it (seccomp etc.): the worker still runs, as before
-    expected = os.environ.get("ZEROLAUNCH_LAUNCHER_PID")
-    if expected and expected.isdigit() and os.getppid() != int(expected):
+    expected = env.launcher_pid()
+    if expected is not None and os.getppid() != expected:
         os._exit(1)  # the launcher died before the signal was armed
 
 
@@ -145,20 +135,19 @@ def _main(argv: list[str]) -> None:
     from zerolaunch.config import load_resolved
     from zerolaunch.train.context import RunContext
     from zerolaunch.train.loop import run_training
-    from zerolaunch.train.test_hooks import FailureHook
     from zerolaunch.zero import comm
 
     args = _parse(argv)
-    rank, local_rank, world_size = _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE")
-    restart_count = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
-    failure_hook = FailureHook.from_env(dict(os.environ))
+    worker_env = env.WorkerEnv.read()
+    rank, local_rank, world_size = worker_env.rank, worker_env.local_rank, worker_env.world_size
+    restart_count = worker_env.restart_count
     recipe = load_resolved(args.recipe)
 
     if recipe.entrypoint:
         # a user script replaces the built-in loop. No group is started for it: a plain torchrun script calls
         # init_process_group itself (a second one would fail), and zerolaunch.initialize() starts one from
         # torchrun's env when the script did not. The backend follows --device.
-        from zerolaunch.api import run_entrypoint
+        from zerolaunch.train.entrypoint import run_entrypoint
 
         if args.device == "cuda":
             torch.cuda.set_device(local_rank)
@@ -171,7 +160,7 @@ def _main(argv: list[str]) -> None:
         return
 
     timeout = datetime.timedelta(seconds=args.timeout)
-    store = _attempt_store(restart_count, timeout)
+    store = _attempt_store(worker_env, timeout)
     if args.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -190,7 +179,6 @@ def _main(argv: list[str]) -> None:
         group=None,
         restart_count=restart_count,
         resume=args.resume,
-        failure_hook=failure_hook,
     )
     try:
         run_training(recipe, ctx)

@@ -34,13 +34,33 @@ deepspeed:
 """
 
 
+FAULTY_MODEL = Path(__file__).resolve().parent / "_faulty_model.py"
+"""The tiny GPT with a fault on one rank at one step (the failure and restart tests' model builder)."""
+
+
 @pytest.fixture
 def tiny_recipe(tmp_path):
-    """Write the tiny recipe with `steps` / checkpoint `every`; returns its path."""
+    """Write the tiny recipe with `steps` / checkpoint `every`; returns its path.
 
-    def write(steps: int = 10, every: int = 0) -> Path:
-        path = tmp_path / f"tiny-{steps}-{every}.yaml"
-        path.write_text(TINY_RECIPE.replace("{steps}", str(steps)).replace("{every}", str(every)))
+    fault: {"step": 3, "rank": 1, "mode": "raise" | "kill" | "hang"} builds the model with _faulty_model.py,
+    which fails that way on that rank at the start of that step, on the first attempt only."""
+
+    def write(steps: int = 10, every: int = 0, fault: dict | None = None) -> Path:
+        text = TINY_RECIPE.replace("{steps}", str(steps)).replace("{every}", str(every))
+        name = f"tiny-{steps}-{every}"
+        if fault is not None:
+            gpt = (
+                "  builder: zerolaunch.models.gpt:build\n  args: {size: tiny, vocab_size: 64, seq_len: 32}\n"
+            )
+            assert gpt in text
+            args = ", ".join(f"fault_{key}: {value}" for key, value in fault.items())
+            text = text.replace(
+                gpt,
+                f"  builder: '{FAULTY_MODEL}:build'\n  args: {{size: tiny, vocab_size: 64, seq_len: 32, {args}}}\n",
+            )
+            name += "-fault"
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
         return path
 
     return write
@@ -55,8 +75,6 @@ class TrainCLI:
         env.update(
             OMP_NUM_THREADS="1", COLUMNS="220", PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         )
-        for key in [k for k in env if k.startswith("ZEROLAUNCH_TEST_")]:
-            del env[key]
         env.update(extra)
         return env
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from _fake_engine import FakeEngine, FakeTensorSpec
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from zerolaunch.checkpoint.errors import CheckpointError
-from zerolaunch.checkpoint.fake_engine import FakeEngine, FakeTensorSpec
 from zerolaunch.checkpoint.load import load_checkpoint
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import finalize, prepare_folder, step_dir_name, write_rank_files

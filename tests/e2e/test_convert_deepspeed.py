@@ -78,7 +78,7 @@ def test_several_tags_without_latest_ask_which(tmp_path):
 
 
 def test_resuming_from_a_deepspeed_checkpoint_points_to_init_from(tmp_path):
-    from zerolaunch.checkpoint.fake_engine import FakeEngine
+    from _fake_engine import FakeEngine
 
     engine = FakeEngine([], rank=0, world_size=1, bucket_numel=10)
     with pytest.raises(CheckpointError, match="is a DeepSpeed checkpoint.*model.init_from: .*no conversion"):

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from _fake_engine import FakeEngine, FakeTensorSpec
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from zerolaunch.checkpoint.convert import convert_checkpoint, parse_size, plan_shards
 from zerolaunch.checkpoint.errors import CheckpointError
-from zerolaunch.checkpoint.fake_engine import FakeEngine, FakeTensorSpec
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import finalize, prepare_folder, step_dir_name, write_rank_files
 from zerolaunch.cli.app import app

@@ -1,7 +1,7 @@
 """How `zerolaunch train` fails: one worker raising or being killed ends the whole job within seconds (not
 at the collective timeout) with a root-cause panel and exit code 1; Ctrl-C stops every worker.
 
-Failures are injected through the ZEROLAUNCH_TEST_FAIL_* hook (zerolaunch/train/test_hooks.py). The
+Failures are injected by the test's model builder (_faulty_model.py, named by `tiny_recipe(fault=...)`). The
 collective timeout is left at 300 s, so a run that ends quickly proves the agent, not a timeout, ended it.
 Leaves out: restarts (test_train_restart.py).
 """
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 def test_a_failing_rank_ends_the_job_with_a_root_cause_panel(cli, tiny_recipe, tmp_path, mode):
     run_dir = tmp_path / "run"
     proc = cli.run(
-        tiny_recipe(steps=50),
+        tiny_recipe(steps=50, fault={"step": 3, "rank": 1, "mode": mode}),
         "--cpu",
         "2",
         "--run-dir",
@@ -27,17 +27,14 @@ def test_a_failing_rank_ends_the_job_with_a_root_cause_panel(cli, tiny_recipe, t
         "--timeout",
         "300",
         timeout=150,
-        ZEROLAUNCH_TEST_FAIL_AT_STEP="3",
-        ZEROLAUNCH_TEST_FAIL_RANK="1",
-        ZEROLAUNCH_TEST_FAIL_MODE=mode,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "training failed" in out and "rank 1 failed" in out
     if mode == "raise":
         assert "exit code 1" in out
-        assert "InjectedFailure: test hook: rank 1 fails at step 3" in out
-        assert "maybe_fire" in out  # a traceback line, from the @record error file
+        assert "InjectedFailure: injected fault: rank 1 fails at step 3" in out
+        assert "inject_fault" in out  # a traceback line, from the @record error file
     else:
         assert "signal SIGKILL" in out
     assert "/attempt_0/1/stderr.log" in out  # the path of the failed rank's full log
@@ -128,7 +125,7 @@ def test_root_cause_is_the_first_raise_and_shows_its_traceback(tmp_path):
 
 def test_a_hung_rank_is_named_after_the_collective_timeout(cli, tiny_recipe, tmp_path):
     proc = cli.run(
-        tiny_recipe(steps=50),
+        tiny_recipe(steps=50, fault={"step": 2, "rank": 1, "mode": "hang"}),
         "--cpu",
         "2",
         "--run-dir",
@@ -136,9 +133,6 @@ def test_a_hung_rank_is_named_after_the_collective_timeout(cli, tiny_recipe, tmp
         "--timeout",
         "4",
         timeout=150,
-        ZEROLAUNCH_TEST_FAIL_AT_STEP="2",
-        ZEROLAUNCH_TEST_FAIL_RANK="1",
-        ZEROLAUNCH_TEST_FAIL_MODE="hang",
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]

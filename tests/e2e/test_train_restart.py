@@ -1,4 +1,4 @@
-"""`--max-restarts`: a worker that dies once (the test hook fires on the first attempt only) is restarted
+"""`--max-restarts`: a worker that dies once (the test's faulty model builder fires on the first attempt only) is restarted
 with its whole group, which resumes from the latest checkpoint and finishes, on both rendezvous backends
 (c10d needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, pytorch issue 135712, which the launcher sets).
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 def test_crashed_group_restarts_and_resumes_from_latest(cli, tiny_recipe, tmp_path, backend):
     run_dir = tmp_path / "run"
     proc = cli.run(
-        tiny_recipe(steps=6, every=2),
+        tiny_recipe(steps=6, every=2, fault={"step": 4, "rank": 1, "mode": "kill"}),
         "--cpu",
         "2",
         "--run-dir",
@@ -26,9 +26,6 @@ def test_crashed_group_restarts_and_resumes_from_latest(cli, tiny_recipe, tmp_pa
         "--rdzv-backend",
         backend,
         timeout=180,
-        ZEROLAUNCH_TEST_FAIL_AT_STEP="4",
-        ZEROLAUNCH_TEST_FAIL_RANK="1",
-        ZEROLAUNCH_TEST_FAIL_MODE="kill",
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

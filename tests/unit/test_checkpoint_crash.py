@@ -13,11 +13,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
+from _fake_engine import FakeEngine, FakeTensorSpec
 
-from zerolaunch.checkpoint.fake_engine import FakeEngine, FakeTensorSpec
 from zerolaunch.checkpoint.load import load_checkpoint
 from zerolaunch.checkpoint.save import latest_checkpoint, save_checkpoint
 
@@ -33,7 +34,8 @@ from pathlib import Path
 import torch
 from zerolaunch.checkpoint import save as save_mod
 from zerolaunch.checkpoint import tensorfile
-from zerolaunch.checkpoint.fake_engine import FakeEngine, FakeTensorSpec
+sys.path.insert(0, sys.argv[3])  # tests/, where the fake engine lives
+from _fake_engine import FakeEngine, FakeTensorSpec
 
 root, point = Path(sys.argv[1]), sys.argv[2]
 specs = [FakeTensorSpec("w", (17, 31), torch.float32, True), FakeTensorSpec("b", (31,), torch.float32, True),
@@ -73,7 +75,7 @@ def killed_roots(tmp_path_factory):
     for point in POINTS:
         (base / point).mkdir()
         procs[point] = subprocess.Popen(
-            [sys.executable, "-c", _SCRIPT, str(base / point / "ck"), point],
+            [sys.executable, "-c", _SCRIPT, str(base / point / "ck"), point, str(Path(__file__).parents[1])],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

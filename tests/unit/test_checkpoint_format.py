@@ -1,6 +1,6 @@
 """The checkpoint format in one process: save from fake ranks, reload into fresh ones, reshard, bad input.
 
-Uses `zerolaunch.checkpoint.fake_engine.FakeEngine` (real zero.layout fragments, state held as full tensors)
+Uses `tests/_fake_engine.FakeEngine` (real zero.layout fragments, state held as full tensors)
 and the save phases directly (prepare / write_rank_files / finalize), so no process group is needed. The
 collective wrapper `save_checkpoint` and the real Engine are covered in tests/dist/test_checkpoint_*.py.
 """
@@ -12,9 +12,9 @@ import json
 import pytest
 import safetensors.torch
 import torch
+from _fake_engine import FakeEngine, FakeTensorSpec
 
 from zerolaunch.checkpoint.errors import CheckpointError
-from zerolaunch.checkpoint.fake_engine import FakeEngine, FakeTensorSpec
 from zerolaunch.checkpoint.load import load_checkpoint
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import (

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from _fake_engine import FakeEngine, FakeTensorSpec
 from typer.testing import CliRunner
 
-from zerolaunch.checkpoint.fake_engine import FakeEngine, FakeTensorSpec
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import finalize, prepare_folder, step_dir_name, write_rank_files
 from zerolaunch.cli.app import app

@@ -363,7 +363,7 @@ def _entrypoint(r: Resolver, base_dir: FsPath) -> str | None:
     """`entrypoint:` a script path, a command line ("train.py --foo 1", split like a shell) or a list.
 
     Resolved to one string: the script's absolute path alone, or shell-quoted with its arguments
-    (api.run_entrypoint splits it back). The script must be a file now, before any worker starts."""
+    (train/entrypoint.py splits it back). The script must be a file now, before any worker starts."""
     path: Path = ("entrypoint",)
     raw = r.raw(path)
     if raw is MISSING or raw is None:

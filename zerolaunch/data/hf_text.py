@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from zerolaunch.data.stream import BatchStream, mix_seed
+from zerolaunch.launch.env import hf_offline
 
 TEXT_SUFFIXES = (".txt", ".md", ".text", ".py")
 JSONL_SUFFIXES = (".jsonl",)
@@ -87,7 +88,7 @@ def load_tokenizer(tokenizer: str | os.PathLike):
             f"data.args.tokenizer: {p} is not a directory; zerolaunch never downloads: give a local directory "
             "saved with tokenizer.save_pretrained(...), or leave tokenizer unset for byte-level tokens"
         )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hf_offline()  # before the import: huggingface_hub reads HF_HUB_OFFLINE once, when first imported
     try:
         from transformers import AutoTokenizer
     except ImportError:

@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zerolaunch.launch import env
 from zerolaunch.launch.devices import Workers, choose_workers
 from zerolaunch.launch.ports import LOOPBACK, LaunchError, free_port, parse_endpoint
 from zerolaunch.launch.runlock import RunLock, lock_name
@@ -100,7 +101,7 @@ def _worker_args(req: LaunchRequest, resolved: Path, workers: Workers) -> list[s
 
 def _prepare_env(workers: Workers) -> None:
     # The workers' parent: each worker checks it is still there after arming PR_SET_PDEATHSIG (worker.py).
-    os.environ["ZEROLAUNCH_LAUNCHER_PID"] = str(os.getpid())
+    env.set_launcher_pid(os.getpid())
     # pytorch issue 135712: a c10d restart reuses the rendezvous store and fails or hangs without this.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     # Worker stdout goes to log files; unbuffered, rank 0's progress reaches the terminal as it happens.

@@ -21,12 +21,12 @@ import torch
 from torch import nn
 
 from zerolaunch.dtypes import DTYPES, torch_dtype
+from zerolaunch.launch.env import hf_offline
 
 
 def _transformers():
     """Import transformers offline, or fail with the install command."""
-    # huggingface_hub reads HF_HUB_OFFLINE when it is first imported: set it before the import.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hf_offline()  # before the import: huggingface_hub reads HF_HUB_OFFLINE once, when first imported
     try:
         import transformers
     except ImportError:

@@ -6,11 +6,9 @@ and its command line; the loop reads only this object, so it can be driven from 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-
-from zerolaunch.train.test_hooks import FailureHook
 
 
 @dataclass(frozen=True)
@@ -25,7 +23,6 @@ class RunContext:
     """torchelastic restarts so far; > 0 means resume from the latest checkpoint."""
     resume: str | None = None
     """--resume: None (fresh unless restarted), "auto" (latest checkpoint if any) or a checkpoint path."""
-    failure_hook: FailureHook = field(default_factory=FailureHook)
 
     @property
     def is_rank0(self) -> bool:

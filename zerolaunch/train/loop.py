@@ -4,7 +4,9 @@ Per optimizer step: for each of `gradient_accumulation_steps` micro-batches, `ou
 `engine.backward(loss)`, `engine.step()`; then the step's mean loss over micro-batches and ranks is reduced
 with one small all-reduce (the loop's only collectives are these metrics; the engine's go through
 zero/comm.py) and rank 0 reports it. Owns the order of things, not their details (batches.py,
-checkpointing.py, reporting.py, seeding.py).
+checkpointing.py, reporting.py, seeding.py): `Trainer.__init__` builds the components, `train_step(step)` runs
+one optimizer step, `finish()` writes the final checkpoint and the end-of-run table, and `run_training` only
+sequences them (as torchtitan's trainer does).
 """
 
 from __future__ import annotations
@@ -83,151 +85,183 @@ def _with_meta_arg(recipe):
     return replace(recipe, model=replace(recipe.model, args={**recipe.model.args, arg: True}))
 
 
-def run_training(recipe, ctx: RunContext) -> list[float]:
-    """Train `recipe.train.steps` optimizer steps; returns the per-step mean losses (every rank)."""
-    from zerolaunch.zero import Engine
+class Trainer:
+    """One worker's training run: the components `run_training` sequences (built in __init__)."""
 
-    seeding.seed_all(recipe.train.seed, ctx.device)
-    # weights to load need real tensors: meta construction only when the engine will initialise them
-    on_meta = recipe.engine.zero.stage == 3 and not recipe.model.init_from
-    model = build_model(_with_meta_arg(recipe) if on_meta else recipe, meta_if_supported=on_meta)
-    if recipe.model.init_from:
-        load_initial_weights(model, recipe.model.init_from)
-    if recipe.train.activation_checkpointing:
-        enable = getattr(model, "enable_activation_checkpointing", None)
-        if enable is None:
-            raise TrainError(
-                f"train.activation_checkpointing is on but the model from {recipe.model.builder!r} has no "
-                "enable_activation_checkpointing(); add one, or apply torch.utils.checkpoint in the model"
-            )
-        enable()
-    compiled_blocks = 0
-    if recipe.train.compile:
-        compiled_blocks = compile_blocks(
-            model, backend=recipe.train.compile_backend, unit_classes=recipe.engine.zero.stage3_units
+    def __init__(self, recipe, ctx: RunContext):
+        from zerolaunch.zero import Engine
+
+        self.recipe, self.ctx = recipe, ctx
+        self.gas = recipe.engine.gradient_accumulation_steps
+        seeding.seed_all(recipe.train.seed, ctx.device)
+        self.model = model = self._build_model()
+        self.params_numel = sum(
+            p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values()
         )
-    params_numel = sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
-    engine = Engine(
-        model, recipe.engine, group=ctx.group, device=ctx.device, init_fn=meta_init_fn(model, recipe.engine)
-    )
-    # batches drawn, pinned and copied ahead of the step; the checkpoint counts the consumed ones
-    source = PrefetchingSource(
-        BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder), ctx.device
-    )
-    hook = CheckpointHook(recipe, engine, ctx, source)
-    start_step = hook.resume()
+        self.engine = Engine(
+            model,
+            recipe.engine,
+            group=ctx.group,
+            device=ctx.device,
+            init_fn=meta_init_fn(model, recipe.engine),
+        )
+        # batches drawn, pinned and copied ahead of the step; the checkpoint counts the consumed ones
+        self.source = PrefetchingSource(
+            BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder), ctx.device
+        )
+        self.checkpoints = CheckpointHook(recipe, self.engine, ctx, self.source)
+        self.start_step = self.checkpoints.resume()
+        # the first batch is drawn now: its shape sizes the report (tokens per step, flops per token)
+        self.pending = self.source.next()
+        self.reporter = self._build_reporter(self.pending) if ctx.is_rank0 else None
+        self.guard = NonFiniteGuard(recipe.train.max_nonfinite_steps)
+        # the card's size, for "% of device" in the per-step line
+        self.device_bytes = (
+            torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
+        )
 
-    total_steps = recipe.train.steps
-    gas = recipe.engine.gradient_accumulation_steps
-    first = source.next()
-    seq_tokens = tokens_in(first)
-    seq_len = first["input_ids"].shape[-1] if seq_tokens is not None else None
-    tokens_per_step = (seq_tokens or recipe.train.micro_batch_size) * gas * ctx.world_size
-    reporter = None
-    if ctx.is_rank0:
-        reporter = StepReporter(
+    def _build_model(self):
+        recipe = self.recipe
+        # weights to load need real tensors: meta construction only when the engine will initialise them
+        on_meta = recipe.engine.zero.stage == 3 and not recipe.model.init_from
+        model = build_model(_with_meta_arg(recipe) if on_meta else recipe, meta_if_supported=on_meta)
+        if recipe.model.init_from:
+            load_initial_weights(model, recipe.model.init_from)
+        if recipe.train.activation_checkpointing:
+            enable = getattr(model, "enable_activation_checkpointing", None)
+            if enable is None:
+                raise TrainError(
+                    f"train.activation_checkpointing is on but the model from {recipe.model.builder!r} has "
+                    "no enable_activation_checkpointing(); add one, or apply torch.utils.checkpoint in the model"
+                )
+            enable()
+        self.compiled_blocks = 0
+        if recipe.train.compile:
+            self.compiled_blocks = compile_blocks(
+                model, backend=recipe.train.compile_backend, unit_classes=recipe.engine.zero.stage3_units
+            )
+        return model
+
+    def _build_reporter(self, first) -> StepReporter:
+        recipe, ctx = self.recipe, self.ctx
+        seq_tokens = tokens_in(first)
+        seq_len = first["input_ids"].shape[-1] if seq_tokens is not None else None
+        return StepReporter(
             Path(recipe.train.run_dir),
-            total_steps=total_steps,
+            total_steps=recipe.train.steps,
             world_size=ctx.world_size,
-            tokens_per_step=tokens_per_step,
-            flops_per_token=_flops_per_token(model, seq_len),
+            tokens_per_step=(seq_tokens or recipe.train.micro_batch_size) * self.gas * ctx.world_size,
+            flops_per_token=_flops_per_token(self.model, seq_len),
             device_name=torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu",
             log_every=recipe.train.log_every,
             dtype=recipe.engine.precision.dtype,
-            start_step=start_step,
+            start_step=self.start_step,
         )
-    losses: list[float] = []
-    guard = NonFiniteGuard(recipe.train.max_nonfinite_steps)
-    pending = first
-    # the card's size, for "% of device" in the per-step line
-    device_bytes = (
-        torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
-    )
-    try:
-        for step in range(start_step + 1, total_steps + 1):
-            ctx.failure_hook.maybe_fire(step, ctx.rank, ctx.restart_count)
-            if ctx.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(ctx.device)
-            comm_before = (engine.comm_stats.total_seconds(), engine.comm_stats.total_bytes())
-            t0 = time.perf_counter()
-            wait_before = source.wait_seconds
-            loss_sum = torch.zeros((), device=ctx.device)
-            info = None
-            for _ in range(gas):
-                batch = pending if pending is not None else source.next()
-                pending = None
-                loss = loss_of(forward(engine, batch))
-                engine.backward(loss)
-                info = engine.step()
-                loss_sum += loss.detach().float()
-            _sync(ctx.device)
-            step_seconds = time.perf_counter() - t0
-            if compiled_blocks and step == start_step + 1 and ctx.is_rank0:
-                print(
-                    f"train.compile: {compiled_blocks} blocks compiled ({recipe.train.compile_backend}); "
-                    f"first step {1000 * step_seconds:.0f} ms, compile included",
-                    flush=True,
-                )
-            # one slot per rank in the same single all-reduce: every rank learns which rank's loss went bad
-            slots = [0.0] * ctx.world_size
-            slots[ctx.rank] = loss_sum.item()
-            rank_losses = [v / gas for v in _reduce(slots, ctx.device, ctx.group, dist.ReduceOp.SUM)]
-            mean_loss = sum(rank_losses) / ctx.world_size
-            losses.append(mean_loss)
-            mem_peaks = None
-            if ctx.device.type == "cuda":
-                mem_peaks = _reduce(
-                    [torch.cuda.max_memory_allocated(ctx.device), torch.cuda.max_memory_reserved(ctx.device)],
-                    ctx.device,
-                    ctx.group,
-                    dist.ReduceOp.MAX,
-                )
-            if reporter is not None:
-                reporter.log(
-                    step=step,
-                    loss=mean_loss,
-                    grad_norm=info.grad_norm,
-                    lr=info.lr,
-                    loss_scale=info.loss_scale if recipe.engine.precision.dtype == "fp16" else None,
-                    skipped=bool(info.skipped),
-                    step_seconds=step_seconds,
-                    comm_seconds=engine.comm_stats.total_seconds() - comm_before[0],
-                    comm_bytes=engine.comm_stats.total_bytes() - comm_before[1],
-                    mem_allocated_bytes=int(mem_peaks[0]) if mem_peaks else None,
-                    mem_reserved_bytes=int(mem_peaks[1]) if mem_peaks else None,
-                    mem_device_bytes=device_bytes,
-                    data_wait_ms=(source.wait_seconds - wait_before) * 1000.0,
-                )
-            bad = guard.record(step, rank_losses, info.grad_norm)  # raises NonFiniteStop at the limit
-            if bad is not None and ctx.is_rank0:
-                print(
-                    f"non-finite {bad.describe()}: step skipped, no checkpoint until a finite step",
-                    flush=True,
-                )
-            if not guard.open:
-                hook.maybe_save(step)
-        if start_step < total_steps and not guard.open:
-            hook.save(total_steps)
-        elif guard.open and ctx.is_rank0:
+
+    def _next_batch(self):
+        batch = self.pending if self.pending is not None else self.source.next()
+        self.pending = None
+        return batch
+
+    def train_step(self, step: int) -> float:
+        """One optimizer step (gradient_accumulation_steps micro-batches); returns the mean loss over ranks."""
+        ctx, engine, source = self.ctx, self.engine, self.source
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        comm_before = (engine.comm_stats.total_seconds(), engine.comm_stats.total_bytes())
+        t0 = time.perf_counter()
+        wait_before = source.wait_seconds
+        loss_sum = torch.zeros((), device=ctx.device)
+        info = None
+        for _ in range(self.gas):
+            loss = loss_of(forward(engine, self._next_batch()))
+            engine.backward(loss)
+            info = engine.step()
+            loss_sum += loss.detach().float()
+        _sync(ctx.device)
+        step_seconds = time.perf_counter() - t0
+        if self.compiled_blocks and step == self.start_step + 1 and ctx.is_rank0:
+            print(
+                f"train.compile: {self.compiled_blocks} blocks compiled ({self.recipe.train.compile_backend}); "
+                f"first step {1000 * step_seconds:.0f} ms, compile included",
+                flush=True,
+            )
+        # one slot per rank in the same single all-reduce: every rank learns which rank's loss went bad
+        slots = [0.0] * ctx.world_size
+        slots[ctx.rank] = loss_sum.item()
+        rank_losses = [v / self.gas for v in _reduce(slots, ctx.device, ctx.group, dist.ReduceOp.SUM)]
+        mean_loss = sum(rank_losses) / ctx.world_size
+        mem_peaks = None
+        if ctx.device.type == "cuda":
+            mem_peaks = _reduce(
+                [torch.cuda.max_memory_allocated(ctx.device), torch.cuda.max_memory_reserved(ctx.device)],
+                ctx.device,
+                ctx.group,
+                dist.ReduceOp.MAX,
+            )
+        if self.reporter is not None:
+            self.reporter.log(
+                step=step,
+                loss=mean_loss,
+                grad_norm=info.grad_norm,
+                lr=info.lr,
+                loss_scale=info.loss_scale if self.recipe.engine.precision.dtype == "fp16" else None,
+                skipped=bool(info.skipped),
+                step_seconds=step_seconds,
+                comm_seconds=engine.comm_stats.total_seconds() - comm_before[0],
+                comm_bytes=engine.comm_stats.total_bytes() - comm_before[1],
+                mem_allocated_bytes=int(mem_peaks[0]) if mem_peaks else None,
+                mem_reserved_bytes=int(mem_peaks[1]) if mem_peaks else None,
+                mem_device_bytes=self.device_bytes,
+                data_wait_ms=(source.wait_seconds - wait_before) * 1000.0,
+            )
+        bad = self.guard.record(step, rank_losses, info.grad_norm)  # raises NonFiniteStop at the limit
+        if bad is not None and ctx.is_rank0:
+            print(f"non-finite {bad.describe()}: step skipped, no checkpoint until a finite step", flush=True)
+        if not self.guard.open:
+            self.checkpoints.maybe_save(step)
+        return mean_loss
+
+    def finish(self) -> None:
+        """COLLECTIVE: the final checkpoint (unless the run ended on non-finite steps) and the end-of-run table."""
+        recipe, ctx = self.recipe, self.ctx
+        total_steps = recipe.train.steps
+        if self.start_step < total_steps and not self.guard.open:
+            self.checkpoints.save(total_steps)
+        elif self.guard.open and ctx.is_rank0:
             print(
                 "the run ended on non-finite steps: no final checkpoint (the newest one is the last good one)"
             )
         memory_by_rank = [None] * ctx.world_size
-        dist.all_gather_object(memory_by_rank, _memory_now(engine, ctx.device), group=ctx.group)
-        if reporter is not None:
-            reporter.finish(
+        dist.all_gather_object(memory_by_rank, _memory_now(self.engine, ctx.device), group=ctx.group)
+        if self.reporter is not None:
+            self.reporter.finish(
                 memory_by_rank,
                 recipe.engine.zero.stage,
-                params_numel=params_numel,
-                gradient_accumulation_steps=gas,
+                params_numel=self.params_numel,
+                gradient_accumulation_steps=self.gas,
                 grad_element_bytes=2
                 if recipe.engine.precision.communication_dtype in ("bf16", "fp16")
                 else 4,
             )
-            reporter = None
+            self.reporter = None
+
+    def close(self) -> None:
+        """Stop the prefetch thread, close an unfinished report, release the engine (also after an error)."""
+        self.source.close()
+        if self.reporter is not None:
+            self.reporter.close()
+        self.engine.close()  # deletes an nvme swap file now rather than at interpreter exit
+
+
+def run_training(recipe, ctx: RunContext) -> list[float]:
+    """Train `recipe.train.steps` optimizer steps; returns the per-step mean losses (every rank)."""
+    trainer = Trainer(recipe, ctx)
+    losses: list[float] = []
+    try:
+        for step in range(trainer.start_step + 1, recipe.train.steps + 1):
+            losses.append(trainer.train_step(step))
+        trainer.finish()
     finally:
-        source.close()
-        if reporter is not None:
-            reporter.close()
-        engine.close()  # deletes an nvme swap file now rather than at interpreter exit
+        trainer.close()
     return losses

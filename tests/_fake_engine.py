@@ -1,4 +1,5 @@
-"""A stand-in for `zerolaunch.zero.Engine` that implements only the checkpoint contract, for tests.
+"""A stand-in for `zerolaunch.zero.Engine` that implements only the checkpoint contract, for tests (tests/ is
+on sys.path through its conftest.py: `from _fake_engine import FakeEngine`).
 
 It plans its fragments with the real `zero.layout.plan_layout`, so the fragments it saves and asks for are
 the engine's, at any world size and bucket size; but it holds its state as full tensors, initialised from a
