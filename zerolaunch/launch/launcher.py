@@ -129,7 +129,9 @@ def launch(req: LaunchRequest, console) -> int:
     )
     from zerolaunch.launch.preflight import preflight
 
-    preflight(recipe, req.resume)  # bad input that every worker would meet: exit 2 before any starts
+    # bad input that every worker would meet: exit 2 before any starts
+    for note in preflight(recipe, req.resume, world_size=req.nnodes * workers.nproc_per_node):
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
     run_dir = Path(recipe.train.run_dir)
     # before anything is written or started: a folder the run cannot write fails here, not in a worker
     check_writable(run_dir, "run_dir")
