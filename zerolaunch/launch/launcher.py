@@ -36,6 +36,8 @@ class LaunchRequest:
     sets: list[str] = field(default_factory=list)
     run_dir: str | None = None
     resume: str | None = None
+    verify: bool = True
+    """False (--no-verify): resume / model.init_from read checkpoint files without checking their crc32s."""
     nnodes: int = 1
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
@@ -95,6 +97,8 @@ def _worker_args(req: LaunchRequest, resolved: Path, workers: Workers) -> list[s
     args += ["--timeout", str(req.timeout_seconds)]
     if req.resume:
         args += ["--resume", req.resume]
+    if not req.verify:
+        args.append("--no-verify")
     return args
 
 
