@@ -98,3 +98,12 @@ def test_user_builder_paths(tmp_path, elsewhere):
     assert args["cache_dir"] == "./not-yet"  # does not exist: the builder may create it
     assert args["name"] == "shards"  # not a path-valued name
     assert args["tokenizer"] == "gpt2-never-cached-here"  # a user builder may fetch it itself
+
+
+def test_a_set_path_starts_at_the_current_directory(tmp_path, elsewhere):
+    (elsewhere / "mine.txt").write_text("typed on the command line " * 10)
+    recipe = _recipe(
+        tmp_path / "recipes", "  builder: zerolaunch.data.text:build\n  args: {path: nowhere.txt, seq_len: 8}"
+    )
+    loaded = load_recipe(str(recipe), overrides=["data.args.path=mine.txt"])
+    assert loaded.data.args["path"] == str((elsewhere / "mine.txt").resolve())

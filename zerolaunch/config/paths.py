@@ -5,7 +5,9 @@ An arg is path-valued by its name: `path`, `paths`, `tokenizer`, or a name endin
 
 1. `~` is expanded; an absolute path stays as it is.
 2. A relative path that exists under the recipe's folder becomes that absolute path (as `entrypoint:`,
-   `deepspeed:` and file builders do), whatever the current directory is.
+   `deepspeed:` and file builders do), whatever the current directory is. A value given with `--set` starts
+   at the current directory instead, as `--set deepspeed=ds.json` does: a path typed on the command line
+   means what the shell it was typed in means.
 3. A value that is no path there but looks like a Hugging Face hub id (`gpt2`, `org/name`: no leading
    `.`/`/`/`~`, at most one `/`) in a model path or a tokenizer is taken from the local Hugging Face cache
    (its snapshot folder); nothing is downloaded.
@@ -30,7 +32,7 @@ OWN_BUILDERS = frozenset({HF_MODEL_BUILDER, "zerolaunch.data.text:build", "zerol
 """zerolaunch's builders that take path args: each one must exist now (nothing is created or downloaded)."""
 PATH_NAMES = frozenset({"path", "paths", "tokenizer"})
 PATH_SUFFIXES = ("_path", "_paths", "_dir", "_file", "_files")
-FIX = "Fix the path (relative paths start at the recipe's folder)"
+FIX = "Fix the path (relative paths start at the recipe's folder; with --set, at the current directory)"
 
 
 def is_path_arg(name: str) -> bool:
@@ -44,11 +46,12 @@ def resolve_path_args(r: Resolver, section: str, builder: str, args: dict, base_
         if not isinstance(name, str) or not is_path_arg(name):
             continue
         key: Path = (section, "args", name)
+        base = FsPath.cwd() if r.tree.origin(key) == "--set" else base_dir
         hub_file = _hub_file(section, builder, name)
         if isinstance(value, str):
-            out[name] = _resolve(r, key, value, base_dir, builder, hub_file)
+            out[name] = _resolve(r, key, value, base, builder, hub_file)
         elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            out[name] = [_resolve(r, key, v, base_dir, builder, hub_file) for v in value]
+            out[name] = [_resolve(r, key, v, base, builder, hub_file) for v in value]
     return out
 
 
