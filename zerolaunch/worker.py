@@ -26,6 +26,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds")
     p.add_argument("--resume", default=None, help="auto, or a checkpoint folder / root")
+    p.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="read checkpoint files without checking the manifest's crc32s",
+    )
     return p.parse_args(argv)
 
 
@@ -179,6 +185,7 @@ def _main(argv: list[str]) -> None:
         group=None,
         restart_count=restart_count,
         resume=args.resume,
+        verify_checkpoints=args.verify,
     )
     try:
         run_training(recipe, ctx)

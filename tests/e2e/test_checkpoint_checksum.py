@@ -1,5 +1,5 @@
 """Checkpoint checksums: every rank file's header and tensors have a crc32 in manifest.json, taken while
-writing; convert-checkpoint, --to-world-size and resume (load_checkpoint) verify while reading and refuse a
+writing, and the manifest has one of its own content (step, layout, every rank's JSON extra); convert-checkpoint, --to-world-size and resume (load_checkpoint) verify while reading and refuse a
 damaged file naming it (CheckpointError, exit 2); --no-verify / verify=False read it unchecked; checkpoints
 written before checksums existed (no "checksums" in the manifest) still load, unverified.
 
@@ -143,6 +143,7 @@ def test_old_checkpoint_without_checksums_loads_unverified(tmp_path):
     manifest = json.loads(path.read_text())
     for entry in manifest["ranks"]:
         del entry["checksums"]
+    del manifest["checksum"]  # a checkpoint from before checksums has neither the ranks' nor its own
     path.write_text(json.dumps(manifest))
     fresh = FakeEngine(SPECS, rank=1, world_size=2, bucket_numel=2000, seed=None)
     load_checkpoint(fresh, ckpt)
@@ -153,3 +154,35 @@ def test_old_checkpoint_without_checksums_loads_unverified(tmp_path):
         )
     r = CliRunner().invoke(app, ["convert-checkpoint", str(ckpt), str(tmp_path / "out"), "--no-progress"])
     assert r.exit_code == 0, r.output
+
+
+def test_manifest_crc_is_of_its_canonical_json(tmp_path):
+    ckpt, _ = make_checkpoint(tmp_path / "ck")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    recorded = manifest.pop("checksum")
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    assert recorded == {"algorithm": "crc32", "body": zlib.crc32(canonical)}
+
+
+@pytest.mark.parametrize("edit", ["extra", "step", "drop_checksum"])
+def test_an_edited_manifest_is_refused_naming_it_and_no_verify_reads_it(tmp_path, edit):
+    ckpt, _ = make_checkpoint(tmp_path / "ck")
+    path = ckpt / "manifest.json"
+    manifest = json.loads(path.read_text())
+    if edit == "extra":
+        manifest["ranks"][0]["extra"]["data"]["position"] = 7  # the data position a resume continues from
+    elif edit == "step":
+        manifest["step"] = 6
+    else:
+        del manifest["checksum"]
+    path.write_text(json.dumps(manifest))
+    needle = "has no `checksum`" if edit == "drop_checksum" else "is damaged or was edited"
+    fresh = FakeEngine(SPECS, rank=1, world_size=2, bucket_numel=2000, seed=None)
+    with pytest.raises(CheckpointError, match=needle) as info:
+        load_checkpoint(fresh, ckpt)
+    assert str(path) in str(info.value) and "--no-verify" in str(info.value)
+    r = CliRunner().invoke(app, ["convert-checkpoint", str(ckpt), str(tmp_path / "out"), "--no-progress"])
+    assert r.exit_code == 2 and "manifest.json" in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "out").exists()
+    extra = load_checkpoint(fresh, ckpt, verify=False)
+    assert extra["data"]["position"] == (7 if edit == "extra" else 0)  # no group: rank 0's extra

@@ -116,3 +116,70 @@ def test_resume_from_a_damaged_checkpoint_file_exits_2_naming_it(cli, tiny_recip
     # the full traceback stays in the rank's error record beside its log (rank 0's stderr reaches the console)
     records = list((run_dir / "logs").glob("*/attempt_0/*/error.json"))
     assert any("Traceback" in r.read_text() for r in records)
+
+
+DATA_RECIPE = """\
+model:
+  builder: zerolaunch.models.gpt:build
+  args: {{size: tiny, vocab_size: 64, seq_len: 32}}
+data:
+  builder: data.py:{fn}
+train: {{steps: 2, micro_batch_size: 4}}
+"""
+
+DATA_BUILDERS = """\
+import torch
+
+def empty(rank, world_size, micro_batch_size, seed):
+    return []
+
+def not_iterable(rank, world_size, micro_batch_size, seed):
+    return 42
+
+def raises(rank, world_size, micro_batch_size, seed):
+    raise ValueError("corpus shard 7 is missing")
+
+def raises_on_first_batch(rank, world_size, micro_batch_size, seed):
+    yield from ()
+    raise ValueError("never reached")
+
+def bad_on_rank_1(rank, world_size, micro_batch_size, seed):
+    if rank == 1:
+        raise TypeError("rank 1 cannot open its shard: expected str, got NoneType")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 64, (8, micro_batch_size, 33), generator=g)
+    return [{"input_ids": b[:, :-1], "labels": b[:, 1:]} for b in x]
+"""
+
+
+@pytest.mark.parametrize(
+    ("fn", "needles"),
+    [
+        ("empty", ["yields no batches", "rank 0 of 2"]),
+        ("not_iterable", ["returned a int, not an iterable"]),
+        ("raises", ["ValueError: corpus shard 7 is missing", "data.py:10"]),
+    ],
+)
+def test_data_builder_probed_in_the_launcher(cli, tmp_path, fn, needles):
+    (tmp_path / "data.py").write_text(DATA_BUILDERS)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(DATA_RECIPE.format(fn=fn))
+    proc = cli.run(recipe, "--cpu", "2", "--run-dir", tmp_path / "run")
+    _refused(proc, "r.yaml", "data.builder", *needles)
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_builder_value_and_type_errors_in_a_worker_exit_2_with_the_traceback_kept(cli, tmp_path):
+    # rank 0's data is fine, so the launcher's probe passes; rank 1's builder raises only in its worker
+    (tmp_path / "data.py").write_text(DATA_BUILDERS)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(DATA_RECIPE.format(fn="bad_on_rank_1"))
+    run_dir = tmp_path / "run"
+    proc = cli.run(recipe, "--cpu", "2", "--run-dir", run_dir, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert "data.builder" in out and "TypeError: rank 1 cannot open its shard" in out, out[-3000:]
+    assert out.count("rank 1 cannot open its shard") == 1, out[-3000:]
+    records = [r.read_text() for r in (run_dir / "logs").glob("*/attempt_0/*/error.json")]
+    assert any("Traceback" in r and "TypeError" in r for r in records), records

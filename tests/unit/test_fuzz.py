@@ -5,8 +5,7 @@ bytes) go through `load_recipe` in-process; mutations of a valid checkpoint (tru
 edited or junk manifest JSON) go through `CheckpointReader` and a full read. A case passes when it raises a
 `UserError` with a message, or succeeds with the right data: a recipe that loads must hold the mutated value
 as given (a wrong type accepted silently fails), a checkpoint that reads must give the pristine tensors.
-Not compared: the manifest's free-form `extra` JSON (data position, RNG); no checksum covers the manifest
-itself, so an edit there is read as written (a known gap, named in the README).
+The manifest's own crc32 covers its JSON, `extra` included, so the ranks' extras are compared too.
 Anything else (a TypeError, a KeyError, a wrong tensor) fails the test with the case that caused it.
 A handful of cases also go through the CLI (CliRunner): exit 0 or 2 and no traceback. Prints the counts.
 
@@ -191,6 +190,7 @@ def read_everything(folder: Path) -> dict:
                     else:
                         out[f"{kind}/{p.name}"] = reader.full_param(p.name, kind)
         out.update({f"replicated/{k}": v for k, v in reader.replicated_state().items()})
+        out.update({f"extra/{r}": reader.extra(r) for r in range(reader.manifest.world_size)})
         return out
 
 

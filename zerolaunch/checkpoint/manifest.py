@@ -6,12 +6,16 @@ Rank files hold tensors under three prefixes: `{kind}/{param}/{start}` (one frag
 {name}` (frozen params and buffers, rank 0 only) and `extra/{key}` (tensor leaves of that rank's `extra`).
 The manifest lists every parameter (name, shape, dtype, trainable, aliases), every rank's fragments and
 file size, the step, stage, engine state_meta and each rank's JSON `extra`, so a checkpoint describes itself
-and loads at any world size. This module owns that schema; it reads no tensors.
+and loads at any world size. The rank files' bytes are covered by per-tensor crc32s (RankEntry.checksums);
+the manifest itself, whose JSON `extra` holds the data position, the RNG's JSON leaves and the HF config that
+convert-checkpoint writes out, by one crc32 of its own canonical JSON (the top-level `checksum`). This module
+owns that schema; it reads no tensors.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,6 +24,15 @@ from zerolaunch.checkpoint.errors import CheckpointError
 FORMAT = "zerolaunch.checkpoint"
 VERSION = 1
 MANIFEST_NAME = "manifest.json"
+CHECKSUM_KEY = "checksum"
+"""Top-level manifest key: {"algorithm": "crc32", "body": crc32 of every other key, see manifest_crc}."""
+
+
+def manifest_crc(d: dict) -> int:
+    """crc32 of the manifest without its own checksum, as canonical JSON (sorted keys, no spaces), so it
+    does not depend on how the file was indented or on tuples written as lists."""
+    body = {k: v for k, v in d.items() if k != CHECKSUM_KEY}
+    return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
 def rank_file_name(rank: int) -> str:
@@ -87,11 +100,12 @@ class Manifest:
     """The saving engine's reduce_bucket_size, reused when resharding offline to another world size."""
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        return {"format": FORMAT, "version": VERSION, **d}
+        d = {"format": FORMAT, "version": VERSION, **asdict(self)}
+        d[CHECKSUM_KEY] = {"algorithm": "crc32", "body": manifest_crc(d)}
+        return d
 
     @staticmethod
-    def from_json(d: dict, where: Path) -> Manifest:
+    def from_json(d: dict, where: Path, *, verify: bool = True) -> Manifest:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise CheckpointError(f"{where} is not a zerolaunch checkpoint manifest (no format={FORMAT!r})")
         if d.get("version") != VERSION:
@@ -100,6 +114,8 @@ class Manifest:
                 f"(this zerolaunch reads version {VERSION}); convert it with the "
                 "zerolaunch version that wrote it"
             )
+        if verify:
+            check_manifest_crc(d, where)
         try:
             manifest = Manifest(
                 step=_int(d["step"]),
@@ -171,6 +187,33 @@ class Manifest:
                 )
 
 
+def check_manifest_crc(d: dict, where: Path) -> None:
+    """The manifest's own crc32 matches its content; a CheckpointError naming the file if not.
+
+    A manifest with no `checksum` is accepted only when its rank entries carry none either (a checkpoint
+    written before checksums existed); one that lost it while its ranks kept theirs was edited."""
+    recorded = d.get(CHECKSUM_KEY)
+    fix = "Use another checkpoint (or a good copy of this file); --no-verify reads it unchecked"
+    if recorded is None:
+        ranks = d.get("ranks")
+        if isinstance(ranks, list) and any(isinstance(r, dict) and r.get("checksums") for r in ranks):
+            raise CheckpointError(
+                f"{where} has no `{CHECKSUM_KEY}` though its rank files have checksums: it was edited or "
+                f"damaged. {fix}"
+            )
+        return
+    if not isinstance(recorded, dict) or recorded.get("algorithm") != "crc32":
+        raise CheckpointError(f"{where}: corrupt manifest (`{CHECKSUM_KEY}` is {recorded!r:.80}). {fix}")
+    want, got = recorded.get("body"), manifest_crc(d)
+    if isinstance(want, bool) or not isinstance(want, int) or want != got:
+        shown = f"{want:#010x}" if isinstance(want, int) and not isinstance(want, bool) else f"{want!r:.40}"
+        raise CheckpointError(
+            f"{where} is damaged or was edited: its content has crc32 {got:#010x}, the manifest recorded "
+            f"{shown} when it was written (it covers the step, the layout and every rank's extra: data "
+            f"position, RNG, HF config). {fix}"
+        )
+
+
 def _int(value) -> int:
     """A whole number as JSON writes one: int("7"), int(7.9) or int(True) would accept an edited manifest."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -202,7 +245,7 @@ def _checksums(value) -> dict | None:
     }
 
 
-def read_manifest(folder: Path) -> Manifest:
+def read_manifest(folder: Path, *, verify: bool = True) -> Manifest:
     path = Path(folder) / MANIFEST_NAME
     try:
         text = path.read_text()
@@ -218,4 +261,4 @@ def read_manifest(folder: Path) -> Manifest:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path} is corrupt: {e}") from None
-    return Manifest.from_json(d, path)
+    return Manifest.from_json(d, path, verify=verify)

@@ -22,10 +22,10 @@ from zerolaunch.checkpoint.tensorfile import SafetensorsReader, dtype_from_name
 
 class CheckpointReader:
     def __init__(self, folder, *, verify: bool = True):
-        """verify: check every tensor read against the manifest's crc32 (checkpoints without checksums,
-        written before they existed, are read unverified)."""
+        """verify: check the manifest's own crc32 now and every tensor read against the manifest's crc32s
+        (checkpoints without checksums, written before they existed, are read unverified)."""
         self.folder = Path(folder)
-        self.manifest: Manifest = read_manifest(self.folder)
+        self.manifest: Manifest = read_manifest(self.folder, verify=verify)
         self._files: list[SafetensorsReader] = []
         try:
             for r, entry in enumerate(self.manifest.ranks):

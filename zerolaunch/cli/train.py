@@ -40,6 +40,14 @@ def train(
     rdzv_backend: Annotated[
         str | None, typer.Option("--rdzv-backend", help="c10d or static (default c10d; static under SLURM).")
     ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify/--no-verify",
+            help="Check every checkpoint file against the crc32s in its manifest when --resume or "
+            "model.init_from reads it (--no-verify: read a damaged one unchecked).",
+        ),
+    ] = True,
     max_restarts: Annotated[
         int, typer.Option("--max-restarts", help="Restart a failed worker group K times.")
     ] = 0,
@@ -85,6 +93,7 @@ def train(
         sets=list(sets or []),
         run_dir=run_dir,
         resume=resume,
+        verify=verify,
         nnodes=1 if nnodes is None else nnodes,
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,

@@ -24,6 +24,7 @@ from .auto import resolve_train
 from .builders import check_builder_spec, import_builder
 from .engine_options import build_engine
 from .errors import RecipeError, did_you_mean
+from .paths import resolve_path_args
 from .schema import (
     DEFAULT_DATA_BUILDER,
     DEFAULT_MODEL_BUILDER,
@@ -296,38 +297,6 @@ def _local_path(r: Resolver, key: str, path: Path, base_dir: FsPath, must_be_fil
     return str(full)
 
 
-HF_MODEL_BUILDER = "zerolaunch.models.hf:build"
-
-
-def _hf_model_path(r: Resolver, value: str, base_dir: FsPath) -> str:
-    """HF `model.args.path`: a folder relative to the recipe's folder (as `entrypoint:` / `deepspeed:`), or
-    a hub id ("gpt2", "org/name") found in the local Hugging Face cache (nothing is downloaded)."""
-    full = (base_dir / os.path.expanduser(value)).resolve()
-    if full.exists():
-        return str(full)
-    is_hub_id = not value.startswith((".", "/", "~")) and value.count("/") <= 1
-    if is_hub_id:
-        try:
-            from huggingface_hub import try_to_load_from_cache
-        except ImportError:
-            found = None
-        else:
-            found = try_to_load_from_cache(value, "config.json")
-        if isinstance(found, str):
-            return str(FsPath(found).parent)  # the snapshot folder from_pretrained would use
-        raise r.fail(
-            ("model", "args", "path"),
-            f"names {value!r}: no folder {full}, and hub model {value!r} is not cached (not in the local Hugging Face cache)",
-            "Give a local model folder (relative paths start at the recipe's folder), or download the model "
-            "first (e.g. `huggingface-cli download " + value + "`); zerolaunch never downloads",
-        )
-    raise r.fail(
-        ("model", "args", "path"),
-        f"names {full}, which does not exist",
-        "Fix the path (relative paths start at the recipe's folder)",
-    )
-
-
 def _sections(
     r: Resolver, train: TrainSection, base_dir: FsPath
 ) -> tuple[ModelSection, DataSection, CheckpointSection, str | None]:
@@ -339,8 +308,7 @@ def _sections(
         default_args = {"size": "tiny"} if section == "model" and builder == DEFAULT_MODEL_BUILDER else {}
         args = r.convert(path, r.raw(path), "mapping") if r.tree.has(path) else copy.deepcopy(default_args)
         _record_leaves(r, f"{section}.args", path, args, default=not r.tree.has(path))
-        if section == "model" and builder == HF_MODEL_BUILDER and isinstance(args.get("path"), str):
-            args["path"] = _hf_model_path(r, args["path"], base_dir)
+        args = resolve_path_args(r, section, builder, args, base_dir)  # config/paths.py: one rule for all
         built[section] = (builder, args)
     init_from = _local_path(r, "model.init_from", ("model", "init_from"), base_dir, must_be_file=False)
     model = ModelSection(builder=built["model"][0], args=built["model"][1], init_from=init_from)

@@ -37,7 +37,7 @@ def _files(path: str | os.PathLike | list) -> list[Path]:
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(
-                f"data.args.path: {p} does not exist (relative paths are taken from {Path.cwd()}); "
+                f"data.args.path: {p} does not exist (in a recipe, relative paths start at its folder); "
                 "give a .txt/.md/.jsonl file or a directory of them"
             )
         if p.is_dir():

@@ -6,7 +6,7 @@ order shuffled by (seed, epoch) (the same permutation on every rank, so the stri
 are a pure function of the batch index (stream.py): resumable and reproducible.
 
 Recipe: `data: {builder: zerolaunch.data.text:build, args: {path: data/input.txt, seq_len: 128}}`; a relative
-path is taken from the current directory.
+path starts at the recipe's folder (config/paths.py resolves it at load).
 """
 
 from __future__ import annotations

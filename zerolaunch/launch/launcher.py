@@ -37,6 +37,8 @@ class LaunchRequest:
     sets: list[str] = field(default_factory=list)
     run_dir: str | None = None
     resume: str | None = None
+    verify: bool = True
+    """False (--no-verify): resume / model.init_from read checkpoint files without checking their crc32s."""
     nnodes: int = 1
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
@@ -96,6 +98,8 @@ def _worker_args(req: LaunchRequest, resolved: Path, workers: Workers) -> list[s
     args += ["--timeout", str(req.timeout_seconds)]
     if req.resume:
         args += ["--resume", req.resume]
+    if not req.verify:
+        args.append("--no-verify")
     return args
 
 
@@ -130,7 +134,9 @@ def launch(req: LaunchRequest, console) -> int:
     )
     from zerolaunch.launch.preflight import preflight
 
-    preflight(recipe, req.resume)  # bad input that every worker would meet: exit 2 before any starts
+    # bad input that every worker would meet: exit 2 before any starts
+    for note in preflight(recipe, req.resume, world_size=req.nnodes * workers.nproc_per_node):
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
     run_dir = Path(recipe.train.run_dir)
     # before anything is written or started: a folder the run cannot write fails here, not in a worker
     check_writable(run_dir, "run_dir")

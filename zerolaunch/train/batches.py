@@ -7,9 +7,11 @@ the loss in what it returns (a scalar tensor, or an object / dict with `loss`). 
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 
 import torch
@@ -22,6 +24,24 @@ class TrainError(UserError):
     """A recipe's builders or data that the loop cannot train with; the message names the fix."""
 
 
+@contextlib.contextmanager
+def builder_errors(key: str, spec: str, args: dict):
+    """A ValueError / TypeError raised while a builder runs is the recipe's to fix (a bad size, an unknown
+    keyword in its args): re-raised as a TrainError (one paragraph, exit 2). Chained with `from`, so the
+    original traceback stays in the rank's error record (logs/.../error.json); other exceptions pass as they
+    are (a crash panel, exit 1)."""
+    try:
+        yield
+    except (ValueError, TypeError) as err:
+        frames = traceback.extract_tb(err.__traceback__)
+        at = f" (raised at {frames[-1].filename}:{frames[-1].lineno})" if len(frames) > 1 else ""
+        raise TrainError(
+            f"{key} {spec!r} raised {type(err).__name__}: {err}{at}. Fix the builder or its args "
+            f"({key.split('.')[0]}.args = {args!r:.200}); the full traceback is in this rank's error.json "
+            "beside its log."
+        ) from err
+
+
 def build_model(recipe, *, meta_if_supported: bool = False) -> torch.nn.Module:
     """`model.builder(**model.args)`; on the meta device when asked and the builder sets `fn.meta_init`.
 
@@ -29,12 +49,13 @@ def build_model(recipe, *, meta_if_supported: bool = False) -> torch.nn.Module:
     `reset_parameters()` (the built-in GPT's is), so a stage 3 engine can materialise it one unit at a time
     and no rank ever holds the whole model. Other builders run normally and the engine shards their weights.
     """
-    fn = import_builder(recipe.model.builder, recipe.base_dir)
-    if meta_if_supported and getattr(fn, "meta_init", False):
-        with torch.device("meta"):
+    fn = import_builder(recipe.model.builder, recipe.base_dir, key="model.builder")
+    with builder_errors("model.builder", recipe.model.builder, recipe.model.args):
+        if meta_if_supported and getattr(fn, "meta_init", False):
+            with torch.device("meta"):
+                model = fn(**recipe.model.args)
+        else:
             model = fn(**recipe.model.args)
-    else:
-        model = fn(**recipe.model.args)
     if not isinstance(model, torch.nn.Module):
         raise TrainError(
             f"model.builder {recipe.model.builder!r} returned a {type(model).__name__}, not a torch.nn.Module"
@@ -43,14 +64,15 @@ def build_model(recipe, *, meta_if_supported: bool = False) -> torch.nn.Module:
 
 
 def build_data(recipe, rank: int, world_size: int):
-    fn = import_builder(recipe.data.builder, recipe.base_dir)
-    data = fn(
-        rank=rank,
-        world_size=world_size,
-        micro_batch_size=recipe.train.micro_batch_size,
-        seed=recipe.train.seed,
-        **recipe.data.args,
-    )
+    fn = import_builder(recipe.data.builder, recipe.base_dir, key="data.builder")
+    with builder_errors("data.builder", recipe.data.builder, recipe.data.args):
+        data = fn(
+            rank=rank,
+            world_size=world_size,
+            micro_batch_size=recipe.train.micro_batch_size,
+            seed=recipe.train.seed,
+            **recipe.data.args,
+        )
     if not hasattr(data, "__iter__"):
         raise TrainError(
             f"data.builder {recipe.data.builder!r} returned a {type(data).__name__}, not an iterable"

@@ -57,7 +57,7 @@ class CheckpointHook:
             return 0
         from zerolaunch.checkpoint import load_checkpoint
 
-        extra = load_checkpoint(self.engine, path, group=self.ctx.group)
+        extra = load_checkpoint(self.engine, path, group=self.ctx.group, verify=self.ctx.verify_checkpoints)
         step = int(extra.get("train_step", self.engine.global_steps))
         if "data" in extra:
             self.source.restore(extra["data"])

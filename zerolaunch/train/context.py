@@ -23,6 +23,8 @@ class RunContext:
     """torchelastic restarts so far; > 0 means resume from the latest checkpoint."""
     resume: str | None = None
     """--resume: None (fresh unless restarted), "auto" (latest checkpoint if any) or a checkpoint path."""
+    verify_checkpoints: bool = True
+    """False with `train --no-verify`: resume and model.init_from read checkpoints without their crc32 check."""
 
     @property
     def is_rank0(self) -> bool:

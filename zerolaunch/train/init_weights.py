@@ -85,13 +85,13 @@ class _CheckpointSource:
         self._source.close()
 
 
-def _open(path: Path, init_from: str):
+def _open(path: Path, init_from: str, verify: bool = True):
     if path.is_dir() and not _is_weights_folder(path):
         from zerolaunch.checkpoint.convert import open_source
         from zerolaunch.checkpoint.errors import CheckpointError
 
         try:
-            return _CheckpointSource(open_source(path))
+            return _CheckpointSource(open_source(path, verify=verify))
         except CheckpointError as err:
             raise TrainError(
                 f"model.init_from {init_from!r} is a folder without model.safetensors or {INDEX_NAME}, and "
@@ -100,12 +100,13 @@ def _open(path: Path, init_from: str):
     return _StateSource(_read_state(path))
 
 
-def load_initial_weights(model: torch.nn.Module, init_from: str) -> None:
-    """Copy the weights at `init_from` into `model` (all of them, shapes checked) in place."""
+def load_initial_weights(model: torch.nn.Module, init_from: str, verify: bool = True) -> None:
+    """Copy the weights at `init_from` into `model` (all of them, shapes checked) in place; `verify=False`
+    (train --no-verify) reads a zerolaunch checkpoint without its crc32 check."""
     path = Path(init_from)
     if not path.exists():
         raise TrainError(f"model.init_from {init_from!r} does not exist; give a weights file or folder")
-    source = _open(path, init_from)
+    source = _open(path, init_from, verify)
     try:
         _copy_into(model, source, init_from)
     finally:

@@ -126,7 +126,7 @@ class Trainer:
         on_meta = recipe.engine.zero.stage == 3 and not recipe.model.init_from
         model = build_model(_with_meta_arg(recipe) if on_meta else recipe, meta_if_supported=on_meta)
         if recipe.model.init_from:
-            load_initial_weights(model, recipe.model.init_from)
+            load_initial_weights(model, recipe.model.init_from, verify=self.ctx.verify_checkpoints)
         if recipe.train.activation_checkpointing:
             enable = getattr(model, "enable_activation_checkpointing", None)
             if enable is None:

@@ -1,11 +1,12 @@
 """The one call site of the run's reporting, on rank 0: `StepReporter` wraps `zerolaunch.report.Reporter`
-(progress, metrics.jsonl, end-of-run tables) and falls back to plain per-step lines when that package
-cannot be imported, so the loop never depends on how a step is shown.
+(progress, metrics.jsonl, end-of-run tables) and falls back to plain per-step lines when its display (rich)
+cannot be imported, so the loop never depends on how a step is shown. Both ways metrics.jsonl is written by
+the one writer, report/metrics.py's MetricsFile (rich-free): on a resume the records after the checkpoint's
+step and a line a crash cut short are dropped, and a non-finite value is written as null, never as NaN.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -31,10 +32,13 @@ class StepReporter:
 
             from zerolaunch.report import Reporter, StepMetrics
         except ImportError:
+            from zerolaunch.report.metrics import MetricsFile, StepMetrics, StepRates
+
             self._reporter = None
-            self._metrics_cls = None
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self._plain_file = (run_dir / "metrics.jsonl").open("a" if start_step else "w", encoding="utf-8")
+            self._metrics_cls = StepMetrics
+            self._no_rates = StepRates(None, None, None, None)
+            self._tokens_per_step = tokens_per_step
+            self._plain_file = MetricsFile(run_dir, resume_step=start_step if start_step > 0 else None)
             return
         self._metrics_cls = StepMetrics
         # Workers write through torchelastic's pipes, never a terminal: plain lines, a fixed width.
@@ -58,9 +62,11 @@ class StepReporter:
         if self._reporter is not None:
             self._reporter.log(self._metrics_cls(**fields))
             return
-        self._plain_file.write(json.dumps(fields) + "\n")
-        self._plain_file.flush()
+        from zerolaunch.report.metrics import metrics_record
+
         step = fields["step"]
+        record = metrics_record(self._metrics_cls(**fields), self._no_rates, step * self._tokens_per_step)
+        self._plain_file.write(record)
         if step % self.log_every == 0 or step == self.total_steps:
             lr = fields.get("lr")
             norm = fields.get("grad_norm")
@@ -84,5 +90,5 @@ class StepReporter:
     def close(self) -> None:
         if self._reporter is not None:
             self._reporter.close()
-        elif not self._plain_file.closed:
+        else:
             self._plain_file.close()
