@@ -49,10 +49,6 @@ def _disabled(value: Any) -> bool:
     return isinstance(value, dict) and value.get("enabled") is False
 
 
-NO_16BIT_SAVE = (
-    "zerolaunch writes no consolidated 16-bit model at save; export one with "
-    "`zerolaunch convert-checkpoint CKPT OUT --dtype bf16`"
-)
 NO_EFFECT_CKPT = "zerolaunch checkpoints are always elastic (any world size / stage loads)"
 
 OFFLOAD_OPTIMIZER: dict[str, Any] = {
@@ -85,8 +81,8 @@ ZERO: dict[str, Any] = {
     "stage3_prefetch_bucket_size": USE,
     "stage3_param_persistence_threshold": USE,
     "stage3_max_live_parameters": USE,
-    "stage3_gather_16bit_weights_on_model_save": Note(NO_16BIT_SAVE),
-    "stage3_gather_fp16_weights_on_model_save": Note(NO_16BIT_SAVE),
+    "stage3_gather_16bit_weights_on_model_save": USE,
+    "stage3_gather_fp16_weights_on_model_save": USE,  # DeepSpeed's deprecated spelling of the key above
     "stage3_units": USE,
     "offload_optimizer": OFFLOAD_OPTIMIZER,
     "offload_param": OFFLOAD_PARAM,

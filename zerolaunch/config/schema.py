@@ -209,9 +209,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-UNUSED_ENGINE_FIELDS = frozenset(
-    {"engine.zero.contiguous_gradients", "engine.zero.stage3_gather_16bit_weights_on_model_save"}
-)
+UNUSED_ENGINE_FIELDS = frozenset({"engine.zero.contiguous_gradients"})
 """EngineOptions fields the engine never reads: not shown as rows (the DeepSpeed keys are noted instead)."""
 
 
