@@ -393,12 +393,26 @@ def test_deprecated_cpu_offload_maps_to_offload_optimizer():
         )
 
 
-@pytest.mark.parametrize("block", ["tensorboard", "csv_monitor", "wandb"])
-def test_monitor_blocks_are_refused_by_name_unless_off(block):
-    with pytest.raises(RecipeError, match=f"{block}.*writes no .*metrics.jsonl.*not supported"):
-        load_recipe({"deepspeed": {block: {"enabled": True, "output_path": "tb/"}}})
-    off = load_recipe({"deepspeed": {block: {"enabled": False}}})
-    assert "keeps the unsupported feature off" in off.notes[f"deepspeed.{block}"]
+def test_monitor_blocks_resolve_to_train_monitors():
+    recipe = load_recipe(
+        {
+            "train": {"run_dir": "runs/x"},
+            "deepspeed": {
+                "csv_monitor": {"enabled": True, "output_path": "logs/", "job_name": "j"},
+                "tensorboard": {"enabled": False},
+            },
+        }
+    )
+    assert recipe.train.monitors == {"csv_monitor": {"dir": "logs/j"}}
+    assert "nothing written" in recipe.notes["deepspeed.tensorboard"]
+    default = load_recipe({"train": {"run_dir": "runs/x"}, "deepspeed": {"csv_monitor": {"enabled": True}}})
+    assert default.train.monitors["csv_monitor"]["dir"] == "runs/x/csv_monitor/DeepSpeedJobName"
+    with pytest.raises(RecipeError, match="csv_monitor.output`. Did you mean `output_path`"):
+        load_recipe({"deepspeed": {"csv_monitor": {"enabled": True, "output": "x"}}})
+    with pytest.raises(RecipeError, match="set by the DeepSpeed monitor blocks"):
+        load_recipe({"train": {"monitors": {"csv_monitor": {"dir": "x"}}}})
+    with pytest.raises(RecipeError, match="comet monitor"):
+        load_recipe({"deepspeed": {"comet": {"enabled": True}}})
 
 
 def test_keys_deepspeed_removed_are_refused_as_removed():

@@ -159,7 +159,6 @@ OPTIMIZER: dict[str, Any] = {"type": USE, "params": USE, "legacy_fusion": Note("
 SCHEDULER: dict[str, Any] = {"type": USE, "params": USE}
 
 _OFF_BLOCK = _disabled
-_MONITOR = "{} (zerolaunch writes no {}; every step's metrics are in <run_dir>/metrics.jsonl)"
 TOP: dict[str, Any] = {
     "train_batch_size": USE,
     "train_micro_batch_size_per_gpu": USE,
@@ -191,10 +190,10 @@ TOP: dict[str, Any] = {
         "activation_checkpointing block (use train.activation_checkpointing: true)", _OFF_BLOCK
     ),
     "flops_profiler": Unsupported("flops_profiler (zerolaunch reports MFU itself)", _OFF_BLOCK),
-    # Refused rather than noted: a user who asks for a monitor expects its files, and none would be written.
-    "tensorboard": Unsupported(_MONITOR.format("tensorboard monitor", "TensorBoard events"), _OFF_BLOCK),
-    "wandb": Unsupported(_MONITOR.format("wandb monitor", "wandb runs"), _OFF_BLOCK),
-    "csv_monitor": Unsupported(_MONITOR.format("csv_monitor", "CSV files"), _OFF_BLOCK),
+    # Written by rank 0 (report/monitors.py); config/monitors.py resolves the blocks.
+    "tensorboard": {"enabled": USE, "output_path": USE, "job_name": USE},
+    "csv_monitor": {"enabled": USE, "output_path": USE, "job_name": USE},
+    "wandb": {"enabled": USE, "group": USE, "team": USE, "project": USE},
     "comet": Unsupported("comet monitor (zerolaunch writes metrics.jsonl)", _OFF_BLOCK),
     "comms_logger": Unsupported("comms_logger (zerolaunch reports communication itself)", _OFF_BLOCK),
     "amp": Unsupported("amp (use bf16 or fp16)", _OFF_BLOCK),

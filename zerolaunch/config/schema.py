@@ -85,6 +85,9 @@ class TrainSection:
     max_nonfinite_steps: int = 3
     """Stop the run (exit code 3) after this many optimizer steps in a row with a non-finite loss or grad
     norm; each such step is skipped, not applied. 0 = never stop (the steps are still skipped)."""
+    monitors: dict[str, dict] = field(default_factory=dict)
+    """Monitors rank 0 writes besides metrics.jsonl, from the DeepSpeed blocks tensorboard / csv_monitor /
+    wandb (config/monitors.py): {"csv_monitor": {"dir": ...}, "tensorboard": {"dir": ...}, "wandb": {...}}."""
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,11 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
     seq_len = first["input_ids"].shape[-1] if seq_tokens is not None else None
     tokens_per_step = (seq_tokens or recipe.train.micro_batch_size) * gas * ctx.world_size
     reporter = None
+    monitors = None
+    if ctx.is_rank0 and recipe.train.monitors:
+        from zerolaunch.report.monitors import Monitors
+
+        monitors = Monitors(recipe.train.monitors)  # DeepSpeed's tensorboard / csv_monitor / wandb blocks
     if ctx.is_rank0:
         reporter = StepReporter(
             Path(recipe.train.run_dir),
@@ -186,6 +191,15 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
                     mem_device_bytes=device_bytes,
                     data_wait_ms=(source.wait_seconds - wait_before) * 1000.0,
                 )
+            if monitors is not None:
+                monitors.write(
+                    step,
+                    step * recipe.train.global_batch_size,
+                    loss=mean_loss,
+                    lr=info.lr,
+                    grad_norm=info.grad_norm,
+                    loss_scale=info.loss_scale if recipe.engine.precision.dtype == "fp16" else None,
+                )
             bad = guard.record(step, rank_losses, info.grad_norm)  # raises NonFiniteStop at the limit
             if bad is not None and ctx.is_rank0:
                 print(
@@ -217,5 +231,7 @@ def run_training(recipe, ctx: RunContext) -> list[float]:
         source.close()
         if reporter is not None:
             reporter.close()
+        if monitors is not None:
+            monitors.close()
         engine.close()  # deletes an nvme swap file now rather than at interpreter exit
     return losses
