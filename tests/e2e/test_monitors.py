@@ -132,3 +132,33 @@ def test_tensorboard_writes_events(tmp_path, group):
     acc = EventAccumulator(str(run_dir / "tensorboard" / "tb"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("Train/Samples/train_loss")] == [4, 8, 12]
+
+
+def test_initialize_writes_the_csv_monitor(tmp_path, group):
+    # A DeepSpeed-style script: zerolaunch.initialize with a ds_config holding csv_monitor.
+    import zerolaunch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(7, 3)
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "csv_monitor": {"enabled": True, "output_path": str(tmp_path), "job_name": "script"},
+    }
+    engine = zerolaunch.initialize(model, config)
+    losses = []
+    for step in range(3):
+        micro = []
+        for m in range(2):
+            g = torch.Generator().manual_seed(10 * step + m)
+            x, y = torch.randn(2, 7, generator=g), torch.randn(2, 3, generator=g)
+            loss = torch.nn.functional.mse_loss(engine(x), y)
+            micro.append(loss.item())
+            engine.backward(loss)
+            engine.step()
+        losses.append(sum(micro) / 2)
+    rows = _csv(tmp_path / "script" / "Train_Samples_train_loss.csv")
+    assert rows[0] == ["step", "train_loss"]
+    assert [int(r[0]) for r in rows[1:]] == [4, 8, 12]
+    assert [float(r[1]) for r in rows[1:]] == pytest.approx(losses, rel=1e-6)
