@@ -94,7 +94,13 @@ ZERO: dict[str, Any] = {
     "load_from_fp32_weights": Note("zerolaunch always resumes from the fp32 master weights"),
     "ignore_unused_parameters": Note("unused parameters are always allowed (their grads are zero)"),
     "use_multi_rank_bucket_allreduce": Note("not used by zerolaunch"),
-    "stage3_max_reuse_distance": Note("stage 3 frees a unit after its last use in each pass"),
+    # Not honoured: DeepSpeed keeps a param gathered when its next use is within this many elements; here a
+    # unit is always freed after its forward and gathered again for its backward (prefetched, so the
+    # re-gather overlaps compute), which costs one all-gather per unit that DeepSpeed may save.
+    "stage3_max_reuse_distance": Note(
+        "not honoured: each stage-3 unit is freed after its forward and gathered again (prefetched) for its "
+        "backward; DeepSpeed's keep-if-reused-soon is not implemented"
+    ),
     "zeropp_loco_param": Removed("LoCo-ZeRO++ (zero_optimization.zeropp_loco_param)"),
     "stage3_model_persistence_threshold": Note("only stage3_param_persistence_threshold applies"),
     "stage3_module_granularity_threshold": Note("stage 3 units are repeated blocks (see stage3_units)"),
