@@ -87,6 +87,12 @@ class ZeroLaunchEngine:
         self.group = engine.group
         self.rank = comm.rank(engine.group)
         self.world_size = comm.world_size(engine.group)
+        self._monitors = None  # DeepSpeed's tensorboard / csv_monitor / wandb blocks: rank 0 writes each step
+        if recipe is not None and recipe.train.monitors and self.rank == 0:
+            from zerolaunch.report.monitors import Monitors
+
+            self._monitors = Monitors(recipe.train.monitors)
+        self._losses: list[torch.Tensor] = []
 
     def __getattr__(self, name):
         # only called for names not found on the wrapper itself.
@@ -117,11 +123,28 @@ class ZeroLaunchEngine:
             raise TypeError(
                 f"engine.backward needs a scalar loss tensor or an output with .loss, got {type(loss).__name__}"
             )
+        if self._monitors is not None:
+            self._losses.append(loss.detach().float())
         self.engine.backward(loss)
 
     def step(self):
         """Call after every backward; the optimizer steps at each accumulation boundary -> StepInfo."""
-        return self.engine.step()
+        info = self.engine.step()
+        if self._monitors is not None and (info.stepped or info.skipped):
+            # rank 0's loss, averaged over the accumulation (no collective: the other ranks write nothing)
+            loss = torch.stack(self._losses).mean().item() if self._losses else None
+            self._losses.clear()
+        if self._monitors is not None and info.stepped:
+            steps = self.engine.global_steps
+            self._monitors.write(
+                steps,
+                steps * self.recipe.train.global_batch_size,
+                loss=loss,
+                lr=info.lr,
+                grad_norm=info.grad_norm,
+                loss_scale=info.loss_scale if self.recipe.engine.precision.dtype == "fp16" else None,
+            )
+        return info
 
     def save_checkpoint(self, save_dir, step: int | None = None, extra: dict | None = None):
         """COLLECTIVE: write `save_dir/step_{step}/` (default step: global_steps) and move `latest`.

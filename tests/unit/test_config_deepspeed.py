@@ -52,10 +52,9 @@ def test_hf_stage3_example_resolves_every_auto():
     )
     zero = recipe.engine.zero
     assert zero.stage == 3 and zero.offload_param.device == "cpu" and zero.offload_optimizer.device == "cpu"
-    # No 16-bit model is written at save: noted, not shown as used.
-    assert (
-        "no effect" in recipe.notes["deepspeed.zero_optimization.stage3_gather_16bit_weights_on_model_save"]
-    )
+    # HF's example asks for the consolidated 16-bit model at save: honoured, shown with its note.
+    assert zero.stage3_gather_16bit_weights_on_model_save is True
+    assert "model.safetensors" in recipe.notes["engine.zero.stage3_gather_16bit_weights_on_model_save"]
     assert zero.stage3_max_live_parameters == 1_000_000_000
     assert recipe.engine.precision.dtype == "bf16"
     assert recipe.engine.optimizer.lr == 2e-5 and recipe.engine.scheduler.warmup_max_lr == 2e-5
@@ -324,13 +323,25 @@ def test_keys_that_do_nothing_are_noted_not_shown_as_used():
     recipe = load_recipe({"deepspeed": {"zero_optimization": zero}})
     notes = recipe.notes
     assert "no effect" in notes["deepspeed.zero_optimization.contiguous_gradients"]
-    # MedicalGPT's "auto": accepted and dropped (no 16-bit model is written at save), with the way to get one.
-    save = notes["deepspeed.zero_optimization.stage3_gather_16bit_weights_on_model_save"]
-    assert save.startswith('"auto" accepted, no effect') and "convert-checkpoint" in save
-    assert not {
-        "engine.zero.contiguous_gradients",
-        "engine.zero.stage3_gather_16bit_weights_on_model_save",
-    } & (_table_keys(recipe))
+    assert "engine.zero.contiguous_gradients" not in _table_keys(recipe)
+    # MedicalGPT's "auto": false, as DeepSpeed (it drops "auto" and keeps its default); shown with its origin.
+    assert recipe.engine.zero.stage3_gather_16bit_weights_on_model_save is False
+    assert recipe.origins["engine.zero.stage3_gather_16bit_weights_on_model_save"] == "auto"
+    assert "engine.zero.stage3_gather_16bit_weights_on_model_save" in _table_keys(recipe)
+
+
+def test_gather_16bit_weights_spellings():
+    def gather(zero):
+        return load_recipe(
+            {"deepspeed": {"zero_optimization": zero}}
+        ).engine.zero.stage3_gather_16bit_weights_on_model_save
+
+    assert gather({"stage": 3}) is False
+    assert gather({"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}) is True
+    assert gather({"stage": 3, "stage3_gather_fp16_weights_on_model_save": True}) is True  # deprecated name
+    assert gather({"stage": 3, "gather_16bit_weights_on_model_save": True}) is True  # pydantic field name
+    with pytest.raises(RecipeError, match="stage3_gather_16bit_weights_on_model_save"):
+        gather({"stage": 3, "stage3_gather_16bit_weights_on_model_save": "yes please"})
 
 
 def test_max_live_parameters_zero_is_accepted():
@@ -355,6 +366,7 @@ def test_deepspeed_field_names_are_honoured_under_their_alias():
     assert recipe.origins["engine.zero.stage3_max_live_parameters"] == "file"
     assert "`max_live_parameters`" in recipe.notes["deepspeed.zero_optimization.stage3_max_live_parameters"]
     assert "no effect" in recipe.notes["deepspeed.zero_optimization.stage3_max_reuse_distance"]
+    assert z.stage3_gather_16bit_weights_on_model_save is True
     with pytest.raises(RecipeError, match="both `max_live_parameters` and `stage3_max_live_parameters`"):
         load_recipe(
             {"deepspeed": {"zero_optimization": {"max_live_parameters": 1, "stage3_max_live_parameters": 2}}}
@@ -381,12 +393,26 @@ def test_deprecated_cpu_offload_maps_to_offload_optimizer():
         )
 
 
-@pytest.mark.parametrize("block", ["tensorboard", "csv_monitor", "wandb"])
-def test_monitor_blocks_are_refused_by_name_unless_off(block):
-    with pytest.raises(RecipeError, match=f"{block}.*writes no .*metrics.jsonl.*not supported"):
-        load_recipe({"deepspeed": {block: {"enabled": True, "output_path": "tb/"}}})
-    off = load_recipe({"deepspeed": {block: {"enabled": False}}})
-    assert "keeps the unsupported feature off" in off.notes[f"deepspeed.{block}"]
+def test_monitor_blocks_resolve_to_train_monitors():
+    recipe = load_recipe(
+        {
+            "train": {"run_dir": "runs/x"},
+            "deepspeed": {
+                "csv_monitor": {"enabled": True, "output_path": "logs/", "job_name": "j"},
+                "tensorboard": {"enabled": False},
+            },
+        }
+    )
+    assert recipe.train.monitors == {"csv_monitor": {"dir": "logs/j"}}
+    assert "nothing written" in recipe.notes["deepspeed.tensorboard"]
+    default = load_recipe({"train": {"run_dir": "runs/x"}, "deepspeed": {"csv_monitor": {"enabled": True}}})
+    assert default.train.monitors["csv_monitor"]["dir"] == "runs/x/csv_monitor/DeepSpeedJobName"
+    with pytest.raises(RecipeError, match="csv_monitor.output`. Did you mean `output_path`"):
+        load_recipe({"deepspeed": {"csv_monitor": {"enabled": True, "output": "x"}}})
+    with pytest.raises(RecipeError, match="set by the DeepSpeed monitor blocks"):
+        load_recipe({"train": {"monitors": {"csv_monitor": {"dir": "x"}}}})
+    with pytest.raises(RecipeError, match="comet monitor"):
+        load_recipe({"deepspeed": {"comet": {"enabled": True}}})
 
 
 def test_keys_deepspeed_removed_are_refused_as_removed():

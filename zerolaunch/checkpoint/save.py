@@ -37,6 +37,7 @@ from zerolaunch.checkpoint.manifest import (
     ReplicatedEntry,
     rank_file_name,
 )
+from zerolaunch.checkpoint.model16 import wants_16bit_model, write_16bit_model
 from zerolaunch.checkpoint.tensorfile import dtype_name, write_safetensors
 from zerolaunch.zero import comm
 
@@ -61,6 +62,9 @@ def save_checkpoint(
     tmp = root / f"{TMP_PREFIX}{final.name}"
     _collectively(lambda: prepare_folder(root, tmp) if rank == 0 else None, group, device, "prepare", rank)
     _collectively(lambda: write_rank_files(engine, tmp, rank, extra or {}), group, device, "write", rank)
+    # stage3_gather_16bit_weights_on_model_save: written inside tmp, so it is published atomically too
+    if wants_16bit_model(engine):
+        _collectively(lambda: write_16bit_model(engine, tmp, rank=rank), group, device, "16-bit model", rank)
     _collectively(
         lambda: finalize(engine, tmp, final, world_size, step=step, keep=keep) if rank == 0 else None,
         group,

@@ -15,6 +15,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from .errors import RecipeError, dotted
+from .monitors import resolve_monitors
 from .schema import COMPILE_BACKENDS, DEFAULT_MODEL_BUILDER, LR_SCHEDULES, PRECISIONS, TrainSection
 from .tree import MISSING, Path
 from .values import AUTO, DS, Resolver
@@ -374,4 +375,5 @@ def resolve_train(
             DEFAULTS.max_nonfinite_steps,
             min=0,
         ),
+        monitors=resolve_monitors(r, run_dir),
     )

@@ -49,10 +49,6 @@ def _disabled(value: Any) -> bool:
     return isinstance(value, dict) and value.get("enabled") is False
 
 
-NO_16BIT_SAVE = (
-    "zerolaunch writes no consolidated 16-bit model at save; export one with "
-    "`zerolaunch convert-checkpoint CKPT OUT --dtype bf16`"
-)
 NO_EFFECT_CKPT = "zerolaunch checkpoints are always elastic (any world size / stage loads)"
 
 OFFLOAD_OPTIMIZER: dict[str, Any] = {
@@ -85,8 +81,8 @@ ZERO: dict[str, Any] = {
     "stage3_prefetch_bucket_size": USE,
     "stage3_param_persistence_threshold": USE,
     "stage3_max_live_parameters": USE,
-    "stage3_gather_16bit_weights_on_model_save": Note(NO_16BIT_SAVE),
-    "stage3_gather_fp16_weights_on_model_save": Note(NO_16BIT_SAVE),
+    "stage3_gather_16bit_weights_on_model_save": USE,
+    "stage3_gather_fp16_weights_on_model_save": USE,  # DeepSpeed's deprecated spelling of the key above
     "stage3_units": USE,
     "offload_optimizer": OFFLOAD_OPTIMIZER,
     "offload_param": OFFLOAD_PARAM,
@@ -98,7 +94,13 @@ ZERO: dict[str, Any] = {
     "load_from_fp32_weights": Note("zerolaunch always resumes from the fp32 master weights"),
     "ignore_unused_parameters": Note("unused parameters are always allowed (their grads are zero)"),
     "use_multi_rank_bucket_allreduce": Note("not used by zerolaunch"),
-    "stage3_max_reuse_distance": Note("stage 3 frees a unit after its last use in each pass"),
+    # Not honoured: DeepSpeed keeps a param gathered when its next use is within this many elements; here a
+    # unit is always freed after its forward and gathered again for its backward (prefetched, so the
+    # re-gather overlaps compute), which costs one all-gather per unit that DeepSpeed may save.
+    "stage3_max_reuse_distance": Note(
+        "not honoured: each stage-3 unit is freed after its forward and gathered again (prefetched) for its "
+        "backward; DeepSpeed's keep-if-reused-soon is not implemented"
+    ),
     "zeropp_loco_param": Removed("LoCo-ZeRO++ (zero_optimization.zeropp_loco_param)"),
     "stage3_model_persistence_threshold": Note("only stage3_param_persistence_threshold applies"),
     "stage3_module_granularity_threshold": Note("stage 3 units are repeated blocks (see stage3_units)"),
@@ -163,7 +165,6 @@ OPTIMIZER: dict[str, Any] = {"type": USE, "params": USE, "legacy_fusion": Note("
 SCHEDULER: dict[str, Any] = {"type": USE, "params": USE}
 
 _OFF_BLOCK = _disabled
-_MONITOR = "{} (zerolaunch writes no {}; every step's metrics are in <run_dir>/metrics.jsonl)"
 TOP: dict[str, Any] = {
     "train_batch_size": USE,
     "train_micro_batch_size_per_gpu": USE,
@@ -195,10 +196,10 @@ TOP: dict[str, Any] = {
         "activation_checkpointing block (use train.activation_checkpointing: true)", _OFF_BLOCK
     ),
     "flops_profiler": Unsupported("flops_profiler (zerolaunch reports MFU itself)", _OFF_BLOCK),
-    # Refused rather than noted: a user who asks for a monitor expects its files, and none would be written.
-    "tensorboard": Unsupported(_MONITOR.format("tensorboard monitor", "TensorBoard events"), _OFF_BLOCK),
-    "wandb": Unsupported(_MONITOR.format("wandb monitor", "wandb runs"), _OFF_BLOCK),
-    "csv_monitor": Unsupported(_MONITOR.format("csv_monitor", "CSV files"), _OFF_BLOCK),
+    # Written by rank 0 (report/monitors.py); config/monitors.py resolves the blocks.
+    "tensorboard": {"enabled": USE, "output_path": USE, "job_name": USE},
+    "csv_monitor": {"enabled": USE, "output_path": USE, "job_name": USE},
+    "wandb": {"enabled": USE, "group": USE, "team": USE, "project": USE},
     "comet": Unsupported("comet monitor (zerolaunch writes metrics.jsonl)", _OFF_BLOCK),
     "comms_logger": Unsupported("comms_logger (zerolaunch reports communication itself)", _OFF_BLOCK),
     "amp": Unsupported("amp (use bf16 or fp16)", _OFF_BLOCK),

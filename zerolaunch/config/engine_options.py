@@ -176,9 +176,28 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
         stage3_param_persistence_threshold=persistence,
         stage3_max_live_parameters=_max_live(r, base.stage3_max_live_parameters),
         stage3_units=r.value(k + "stage3_units", Z + ("stage3_units",), "str_list", ()),
+        stage3_gather_16bit_weights_on_model_save=_gather_16bit(r),
         offload_optimizer=offload_optimizer,
         offload_param=offload_param,
     )
+
+
+def _gather_16bit(r: Resolver) -> bool:
+    """stage3_gather_16bit_weights_on_model_save (or its deprecated fp16 spelling): a model.safetensors in
+    each checkpoint. "auto" is false: DeepSpeed drops "auto" in this block and keeps its default."""
+    key = "engine.zero.stage3_gather_16bit_weights_on_model_save"
+    path = Z + ("stage3_gather_16bit_weights_on_model_save",)
+    legacy = Z + ("stage3_gather_fp16_weights_on_model_save",)
+    if not r.given(path) and r.given(legacy):
+        path = legacy
+    value = r.value(
+        key, path, "bool", False, auto=lambda: (False, "DeepSpeed drops it and keeps its default")
+    )
+    if value:
+        r.notes[key] = (
+            "true: each checkpoint folder also gets model.safetensors (the model, gathered, 16-bit)"
+        )
+    return value
 
 
 def _max_live(r: Resolver, default: int) -> int:

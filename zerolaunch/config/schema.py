@@ -93,6 +93,9 @@ class TrainSection:
     max_nonfinite_steps: int = 3
     """Stop the run (exit code 3) after this many optimizer steps in a row with a non-finite loss or grad
     norm; each such step is skipped, not applied. 0 = never stop (the steps are still skipped)."""
+    monitors: dict[str, dict] = field(default_factory=dict)
+    """Monitors rank 0 writes besides metrics.jsonl, from the DeepSpeed blocks tensorboard / csv_monitor /
+    wandb (config/monitors.py): {"csv_monitor": {"dir": ...}, "tensorboard": {"dir": ...}, "wandb": {...}}."""
 
 
 @dataclass(frozen=True)
@@ -217,9 +220,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-UNUSED_ENGINE_FIELDS = frozenset(
-    {"engine.zero.contiguous_gradients", "engine.zero.stage3_gather_16bit_weights_on_model_save"}
-)
+UNUSED_ENGINE_FIELDS = frozenset({"engine.zero.contiguous_gradients"})
 """EngineOptions fields the engine never reads: not shown as rows (the DeepSpeed keys are noted instead)."""
 
 

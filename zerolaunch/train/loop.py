@@ -114,6 +114,13 @@ class Trainer:
         # the first batch is drawn now: its shape sizes the report (tokens per step, flops per token)
         self.pending = self.source.next()
         self.reporter = self._build_reporter(self.pending) if ctx.is_rank0 else None
+        self.monitors = None
+        if ctx.is_rank0 and recipe.train.monitors:
+            from zerolaunch.report.monitors import Monitors
+
+            self.monitors = Monitors(
+                recipe.train.monitors
+            )  # DeepSpeed's tensorboard / csv_monitor / wandb blocks
         self.guard = NonFiniteGuard(recipe.train.max_nonfinite_steps)
         # the card's size, for "% of device" in the per-step line
         self.device_bytes = (
@@ -215,6 +222,15 @@ class Trainer:
                 mem_device_bytes=self.device_bytes,
                 data_wait_ms=(source.wait_seconds - wait_before) * 1000.0,
             )
+        if self.monitors is not None:
+            self.monitors.write(
+                step,
+                step * self.recipe.train.global_batch_size,
+                loss=mean_loss,
+                lr=info.lr,
+                grad_norm=info.grad_norm,
+                loss_scale=info.loss_scale if self.recipe.engine.precision.dtype == "fp16" else None,
+            )
         bad = self.guard.record(step, rank_losses, info.grad_norm)  # raises NonFiniteStop at the limit
         if bad is not None and ctx.is_rank0:
             print(f"non-finite {bad.describe()}: step skipped, no checkpoint until a finite step", flush=True)
@@ -251,6 +267,8 @@ class Trainer:
         self.source.close()
         if self.reporter is not None:
             self.reporter.close()
+        if self.monitors is not None:
+            self.monitors.close()
         self.engine.close()  # deletes an nvme swap file now rather than at interpreter exit
 
 
