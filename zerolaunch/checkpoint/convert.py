@@ -23,7 +23,7 @@ import torch
 
 from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path
 from zerolaunch.checkpoint.errors import CheckpointError
-from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
+from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_TOKENIZER_KEY
 from zerolaunch.checkpoint.manifest import MANIFEST_NAME
 from zerolaunch.checkpoint.outputs import ByteProgress, OutTensor
 from zerolaunch.checkpoint.reader import CheckpointReader
@@ -68,6 +68,11 @@ class ZerolaunchSource:
         """The HF model config rank 0 saved in its extra (zerolaunch.api does), written as config.json."""
         config = self.reader.manifest.ranks[0].extra.get(HF_CONFIG_KEY)
         return config if isinstance(config, dict) else None
+
+    def hf_tokenizer_dir(self) -> Path | None:
+        """The tokenizer folder the training recipe named (rank 0's extra), copied into a folder output."""
+        folder = self.reader.manifest.ranks[0].extra.get(HF_TOKENIZER_KEY)
+        return Path(folder) if isinstance(folder, str) else None
 
     def read(self, name: str) -> torch.Tensor:
         p = self.reader.params.get(name)

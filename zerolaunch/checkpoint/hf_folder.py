@@ -54,6 +54,19 @@ def tokenizer_files(folder: Path) -> list[Path]:
     return [folder / n for n in TOKENIZER_FILES if (folder / n).is_file()]
 
 
+def recipe_tokenizer_dir(model_args: dict, data_args: dict) -> Path | None:
+    """The tokenizer folder a recipe names: `data.args.tokenizer` (the one the data was tokenized with), else
+    `model.args.path` when that model folder holds tokenizer files; None when the recipe names none.
+    Absolute, so a checkpoint converted from another directory still finds it."""
+    tokenizer = data_args.get("tokenizer")
+    if isinstance(tokenizer, (str, os.PathLike)) and Path(tokenizer).is_dir():
+        return Path(tokenizer).resolve()
+    path = model_args.get("path")
+    if isinstance(path, (str, os.PathLike)) and Path(path).is_dir() and tokenizer_files(Path(path)):
+        return Path(path).resolve()
+    return None
+
+
 class HFFolderWriter:
     def __init__(self, out: Path, *, fmt: str = "safetensors", max_shard_bytes: int | None = None):
         if fmt not in STEMS:
@@ -132,9 +145,11 @@ class HFFolderWriter:
         *,
         architecture: str | None = None,
         live_model=None,
-        tokenizer_dir: Path | None = None,
+        tokenizer_dir=None,
     ) -> Path:
-        """Name the parts, write the index, config files and tokenizer, and rename the folder into place."""
+        """Name the parts, write the index, config files and tokenizer, and rename the folder into place.
+        tokenizer_dir: a folder written by tokenizer.save_pretrained (its tokenizer files are copied), or a
+        tokenizer object (its save_pretrained writes into the folder)."""
         self._flush()
         if not self._parts:
             raise CheckpointError(f"no tensors were written for {self.out}")
@@ -157,7 +172,11 @@ class HFFolderWriter:
             write_side_files(
                 self.tmp, config, self.weights_dtype, architecture=architecture, live_model=live_model
             )
-        if tokenizer_dir is not None:
+        if hasattr(tokenizer_dir, "save_pretrained"):  # a tokenizer object: it writes its own files
+            tokenizer_dir.save_pretrained(self.tmp)
+            for path in tokenizer_files(self.tmp):
+                fsync_path(path)
+        elif tokenizer_dir is not None:
             self._copy_tokenizer(Path(tokenizer_dir))
         publish(self.tmp, self.out)
         return self.out
