@@ -10,7 +10,6 @@ train/entrypoint.py; environment variables are read in launch/env.py. This only 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -227,7 +226,12 @@ def write_hf_config(config: dict, out_dir, dtype: torch.dtype | None = None) -> 
 
 
 def save_hf_pretrained(
-    engine, out_dir, *, dtype: torch.dtype | None = None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    engine,
+    out_dir,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    tokenizer=None,
 ) -> Path:
     """COLLECTIVE: write an HF model directory that `AutoModelForCausalLM.from_pretrained` loads.
 
@@ -235,9 +239,9 @@ def save_hf_pretrained(
     model.safetensors, or shards of at most max_shard_bytes + model.safetensors.index.json. Host memory on
     rank 0 stays under one shard. dtype: of the written weights (default: as the model holds them; fp32 from a
     16-bit model gives the exact master weights). Tied weights are written once (HF re-ties them on load);
-    non-persistent buffers (rotary tables) are left out, as save_pretrained does.
+    non-persistent buffers (rotary tables) are left out, as save_pretrained does. tokenizer: a local folder
+    written by tokenizer.save_pretrained; its tokenizer files are copied in (checkpoint/hf_folder.py).
     """
-    from zerolaunch.checkpoint.tensorfile import write_safetensors
     from zerolaunch.models.hf import is_hf_model
 
     inner = getattr(engine, "engine", engine)
@@ -247,70 +251,22 @@ def save_hf_pretrained(
             f"save_hf_pretrained needs a transformers PreTrainedModel, got {type(model).__name__}; "
             "use zerolaunch convert-checkpoint for other models"
         )
-    from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path
-    from zerolaunch.checkpoint.hf_out import write_side_files
+    from zerolaunch.checkpoint.hf_folder import HFFolderWriter
 
     rank = comm.rank(inner.group)
-    out = Path(out_dir)
-    # [Note: atomic save]: rank 0 builds the folder under a temp name and renames it into place, so a crash
-    # leaves the previous folder (or none), never a mix of old and new shards.
-    tmp = out.with_name(f"{TMP_PREFIX}{out.name}")
-    persistent = set(model.state_dict().keys())
-    if rank == 0:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        remove_path(tmp)
-        tmp.mkdir()
-    shards: list[list[str]] = []
-    current: dict[str, torch.Tensor] = {}
-    current_bytes = total_bytes = total_numel = 0
-    written_dtype = None
-
-    def flush():
-        nonlocal current, current_bytes
-        if current:
-            shards.append(list(current))
-            write_safetensors(tmp / f".part-{len(shards)}.safetensors", current.items(), {"format": "pt"})
-            current, current_bytes = {}, 0
-
+    persistent = set(model.state_dict().keys())  # tied aliases appear once, non-persistent buffers not at all
+    # the one HF writer (checkpoint/hf_folder.py, also convert-checkpoint's): rank 0 builds the folder under
+    # a temp name and renames it into place, so a crash leaves the previous folder (or none), never a mix.
+    writer = HFFolderWriter(Path(out_dir), max_shard_bytes=max_shard_bytes) if rank == 0 else None
     try:
         for name, tensor in inner.full_state_dict(dtype=dtype):
-            if rank != 0 or name not in persistent:
-                continue
-            # clone: gathered tensors may be views of one bucket, and safetensors stores each on its own.
-            t = tensor.detach().to("cpu", copy=True).contiguous()
-            if t.is_floating_point():
-                written_dtype = t.dtype
-            nbytes = t.numel() * t.element_size()
-            if current and current_bytes + nbytes > max_shard_bytes:
-                flush()
-            current[name] = t
-            current_bytes += nbytes
-            total_bytes += nbytes
-            total_numel += t.numel()
-        if rank == 0:
-            flush()
-            _publish_shards(tmp, shards, total_bytes, total_numel)
-            write_side_files(tmp, hf_config_dict(model), written_dtype, live_model=model)
-            publish(tmp, out)
+            if writer is not None and name in persistent:
+                writer.add(name, tensor)
+        if writer is not None:
+            writer.finish(hf_config_dict(model), live_model=model, tokenizer_dir=tokenizer)
     except BaseException:
-        if rank == 0:
-            remove_path(tmp)
+        if writer is not None:
+            writer.abort()
         raise
     comm.barrier(inner.group)
-    return out
-
-
-def _publish_shards(out: Path, shards: list[list[str]], total_bytes: int, total_numel: int) -> None:
-    """Rename the written parts to HF's names; more than one part gets an index (name -> file)."""
-    if len(shards) == 1:
-        (out / ".part-1.safetensors").replace(out / "model.safetensors")
-        return
-    weight_map = {}
-    for i, names in enumerate(shards, start=1):
-        final = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        (out / f".part-{i}.safetensors").replace(out / final)
-        weight_map.update(dict.fromkeys(names, final))
-    from zerolaunch.checkpoint.hf_out import index_dict
-
-    index = index_dict(weight_map, total_bytes, total_numel)
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return Path(out_dir)

@@ -121,3 +121,75 @@ def test_hf_folder_equals_save_pretrained(tmp_path, config, dtype, shard, writer
         assert side[index]["metadata"] == ref_side[index]["metadata"]  # total_parameters and total_size
         assert sorted(side[index]["weight_map"]) == sorted(ref_side[index]["weight_map"])
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
+
+
+# ---- one atomic writer serves both paths -----------------------------------------------------------------
+def _write(writer, engine, tmp_path, out, **kwargs):
+    if writer == "convert":
+        engine.save_checkpoint(tmp_path / "ck")
+        return convert_checkpoint(tmp_path / "ck", out, force=True, **kwargs)
+    shard = kwargs.get("max_shard_bytes")
+    return zerolaunch.api.save_hf_pretrained(engine, out, max_shard_bytes=shard or 10**12)
+
+
+@pytest.mark.parametrize("writer", ["convert", "save_hf_pretrained"])
+def test_both_paths_use_the_one_hf_writer_and_its_index_bytes_equal_save_pretrained(
+    tmp_path, monkeypatch, writer
+):
+    from zerolaunch.checkpoint import hf_folder
+
+    used = []
+
+    class Recording(hf_folder.HFFolderWriter):
+        def finish(self, *args, **kwargs):
+            used.append(self.out)
+            return super().finish(*args, **kwargs)
+
+    monkeypatch.setattr(hf_folder, "HFFolderWriter", Recording)
+    engine = _trained_engine(GPT2)
+    ours = _write(writer, engine, tmp_path, tmp_path / "out", max_shard_bytes=8_000)
+    assert used == [ours]
+    ref = _reference(engine, GPT2, tmp_path / "ref", torch.float32, 8_000)
+    name = "model.safetensors.index.json"
+    # byte for byte: save_pretrained writes indent 2, sorted keys, a final newline (transformers 5.24)
+    ours_index, ref_index = (ours / name).read_text(), (ref / name).read_text()
+    assert json_shape(ours_index) == json_shape(ref_index)
+    assert ours_index.endswith("}\n") and ref_index.endswith("}\n")
+    for f in ("config.json", "generation_config.json"):
+        ours_json, ref_json = (ours / f).read_text(), (ref / f).read_text()
+        assert _without_version(ours_json) == _without_version(ref_json), f
+
+
+def _without_version(text):
+    """The JSON text without its transformers_version line (it may name another version)."""
+    return "\n".join(ln for ln in text.splitlines() if not ln.startswith('  "transformers_version"'))
+
+
+def json_shape(text):
+    """The index text with the shard file names blanked (the split may differ, see above)."""
+    import re
+
+    return re.sub(r"model-\d{5}-of-\d{5}\.safetensors", "SHARD", text)
+
+
+@pytest.mark.parametrize("writer", ["convert", "save_hf_pretrained"])
+def test_a_failure_mid_write_keeps_the_previous_folder_and_leaves_no_temp(tmp_path, monkeypatch, writer):
+    from zerolaunch.checkpoint import hf_folder
+
+    engine = _trained_engine(GPT2)
+    out = _write(writer, engine, tmp_path, tmp_path / "out", max_shard_bytes=8_000)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    calls = []
+
+    def failing_write_part(self, entries, tensors):
+        calls.append(len(entries))
+        if len(calls) == 2:
+            raise OSError("disk full (injected)")
+        return original(self, entries, tensors)
+
+    original = hf_folder.HFFolderWriter.write_part
+    monkeypatch.setattr(hf_folder.HFFolderWriter, "write_part", failing_write_part)
+    with pytest.raises(OSError, match="injected"):
+        _write(writer, engine, tmp_path, out, max_shard_bytes=8_000)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".trash-"))]

@@ -7,22 +7,23 @@ tensor's header first and then write each as it arrives, so peak memory is about
 (measured: 10.7 MiB for a 64 MiB model of 4 MiB tensors; DeepSpeed sources add the mmapped file pages). Outputs: `model.safetensors`, Hugging Face shards +
 `model.safetensors.index.json` past `max_shard_bytes`, or the torch equivalents (`pytorch_model.bin`,
 shards + index; torch.save needs a shard's tensors in memory at once, so there memory is one shard).
-A folder output also gets `config.json` when rank 0's extra holds an HF config (zerolaunch.api saves
-one), and leaves non-persistent buffers out, so `from_pretrained` loads it with no unexpected keys.
+A folder output is written by checkpoint/hf_folder.py (the writer api.save_hf_pretrained uses too): it also
+gets config.json + generation_config.json when rank 0's extra holds an HF config (zerolaunch saves one) and
+the tokenizer files when the extra names a tokenizer folder, stores tied weights once, and leaves
+non-persistent buffers out, so `from_pretrained` loads it with no unexpected keys.
 The output is built under a temp name and renamed into place ([Note: atomic save]); an existing output is
 replaced only with `force`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path
 from zerolaunch.checkpoint.errors import CheckpointError
-from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
+from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_TOKENIZER_KEY
 from zerolaunch.checkpoint.manifest import MANIFEST_NAME
 from zerolaunch.checkpoint.outputs import ByteProgress, OutTensor
 from zerolaunch.checkpoint.reader import CheckpointReader
@@ -67,6 +68,11 @@ class ZerolaunchSource:
         """The HF model config rank 0 saved in its extra (zerolaunch.api does), written as config.json."""
         config = self.reader.manifest.ranks[0].extra.get(HF_CONFIG_KEY)
         return config if isinstance(config, dict) else None
+
+    def hf_tokenizer_dir(self) -> Path | None:
+        """The tokenizer folder the training recipe named (rank 0's extra), copied into a folder output."""
+        folder = self.reader.manifest.ranks[0].extra.get(HF_TOKENIZER_KEY)
+        return Path(folder) if isinstance(folder, str) else None
 
     def read(self, name: str) -> torch.Tensor:
         p = self.reader.params.get(name)
@@ -151,75 +157,92 @@ def convert_checkpoint(
     source = open_source(src, verify=verify)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f"{TMP_PREFIX}{out.name}")
-        remove_path(tmp)  # left by a killed conversion
-        single_file = out.suffix in (".safetensors", ".bin", ".pt")
-        try:
-            _write(source, tmp, single_file, fmt, torch_dtype(dtype), max_shard_bytes, progress)
-        except BaseException:
-            remove_path(tmp)
-            raise
-        publish(tmp, out)
+        if out.suffix in (".safetensors", ".bin", ".pt"):
+            _write_file(source, out, fmt, torch_dtype(dtype), max_shard_bytes, progress)
+        else:
+            _write_folder(source, out, fmt, torch_dtype(dtype), max_shard_bytes, progress)
     finally:
         source.close()
     return out
 
 
-def _write(
-    source,
-    tmp: Path,
-    single_file: bool,
-    fmt: str,
-    dtype: torch.dtype,
-    max_shard_bytes: int | None,
-    progress: bool,
-) -> None:
+def _sizes(tensors: list[OutTensor], dtype: torch.dtype) -> list[int]:
+    return [_numel(t.shape) * torch.empty((), dtype=_out_dtype(t, dtype)).element_size() for t in tensors]
+
+
+def _write_file(source, out: Path, fmt: str, dtype: torch.dtype, max_shard_bytes, progress: bool) -> None:
+    """A single weights file (no config): built under a temp name, renamed into place."""
+    tensors = _tensors(source)
+    sizes = _sizes(tensors, dtype)
+    shards = plan_shards(sizes, max_shard_bytes)
+    if len(shards) > 1:
+        raise CheckpointError(
+            f"the model ({sum(sizes)} bytes) needs {len(shards)} shards at the given "
+            "max shard size: give a folder as OUT, not a file name"
+        )
+    tmp = out.with_name(f"{TMP_PREFIX}{out.name}")
+    remove_path(tmp)  # left by a killed conversion
+    try:
+        with ByteProgress(progress, sum(sizes), source.description) as bar:
+            if fmt == "safetensors":
+                _write_safetensors_shard(source, tmp, tensors, dtype, bar.advance)
+            else:
+                _write_torch_shard(source, tmp, tensors, dtype, bar.advance)
+    except BaseException:
+        remove_path(tmp)
+        raise
+    publish(tmp, out)
+
+
+def _tensors(source) -> list[OutTensor]:
     tensors = source.tensors()
     if not tensors:
         raise CheckpointError(f"{source.description} holds no tensors")
-    config = None if single_file else getattr(source, "hf_config", lambda: None)()
+    return tensors
+
+
+def _write_folder(source, out: Path, fmt: str, dtype: torch.dtype, max_shard_bytes, progress: bool) -> None:
+    """A folder through the one HF writer (checkpoint/hf_folder.py): shards + index, and config.json,
+    generation_config.json and the tokenizer when the checkpoint carries an HF config / tokenizer folder."""
+    from zerolaunch.checkpoint.hf_folder import HFFolderWriter
+
+    tensors = _tensors(source)
+    config = getattr(source, "hf_config", lambda: None)()
     if config is not None:
         from zerolaunch.checkpoint import hf_out
 
         # an HF folder stores a tied weight once, as save_pretrained does (from_pretrained re-ties it)
         drop = hf_out.tied_aliases_to_drop(config, [t.name for t in tensors if t.source != t.name])
         tensors = [t for t in tensors if t.name not in drop]
-    sizes = [_numel(t.shape) * torch.empty((), dtype=_out_dtype(t, dtype)).element_size() for t in tensors]
-    shards = plan_shards(sizes, max_shard_bytes)
-    stem, ext = ("model", "safetensors") if fmt == "safetensors" else ("pytorch_model", "bin")
-    if single_file:
-        if len(shards) > 1:
-            raise CheckpointError(
-                f"the model ({sum(sizes)} bytes) needs {len(shards)} shards at the given "
-                "max shard size: give a folder as OUT, not a file name"
-            )
-        paths = [tmp]
-    else:
-        tmp.mkdir()
-        names = (
-            [f"{stem}.{ext}"]
-            if len(shards) == 1
-            else [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.{ext}" for i in range(len(shards))]
-        )
-        paths = [tmp / n for n in names]
-    with ByteProgress(progress, sum(sizes), source.description) as bar:
-        for path, shard in zip(paths, shards, strict=True):
-            items = [tensors[i] for i in shard]
-            if fmt == "safetensors":
-                _write_safetensors_shard(source, path, items, dtype, bar.advance)
-            else:
-                _write_torch_shard(source, path, items, dtype, bar.advance)
-    if config is not None:
-        floats = [_out_dtype(t, dtype) for t in tensors if t.dtype.is_floating_point]
-        hf_out.write_side_files(tmp, config, floats[0] if floats else None)
-    if not single_file and len(shards) > 1:
-        from zerolaunch.checkpoint.hf_out import index_dict
+    sizes = _sizes(tensors, dtype)
+    writer = HFFolderWriter(out, fmt=fmt)
+    try:
+        with ByteProgress(progress, sum(sizes), source.description) as bar:
+            for shard in plan_shards(sizes, max_shard_bytes):
+                items = [tensors[i] for i in shard]
+                writer.write_part(
+                    [(t.name, tuple(t.shape), _out_dtype(t, dtype)) for t in items],
+                    _stream(source, items, dtype, bar.advance, shared=fmt == "torch"),
+                )
+        tokenizer = getattr(source, "hf_tokenizer_dir", lambda: None)()
+        writer.finish(config, tokenizer_dir=tokenizer)
+    except BaseException:
+        writer.abort()
+        raise
 
-        weight_map = {tensors[i].name: paths[s].name for s, shard in enumerate(shards) for i in shard}
-        numel = sum(_numel(t.shape) for t in tensors)
-        (tmp / f"{stem}.{ext}.index.json").write_text(
-            json.dumps(index_dict(weight_map, sum(sizes), numel), indent=2)
-        )
+
+def _stream(source, items: list[OutTensor], dtype: torch.dtype, advance, *, shared: bool):
+    """Each item's tensor, read when the writer asks for it; `shared` hands a tied alias the same tensor
+    (torch.save then stores it once, as it does for a model's state_dict)."""
+    by_source: dict[str, torch.Tensor] = {}
+    for t in items:
+        tensor = by_source.get(t.source) if shared else None
+        if tensor is None:
+            tensor = _read_as(source, t, dtype)
+            if shared:
+                by_source[t.source] = tensor
+        advance(tensor.numel() * tensor.element_size())
+        yield tensor
 
 
 def _numel(shape) -> int:

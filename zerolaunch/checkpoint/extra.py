@@ -15,6 +15,10 @@ from zerolaunch.checkpoint.errors import CheckpointError
 HF_CONFIG_KEY = "hf_config"
 """Key of rank 0's `extra` that holds a Hugging Face config dict, so convert-checkpoint can write config.json."""
 
+HF_TOKENIZER_KEY = "hf_tokenizer"
+"""Key of rank 0's `extra` that holds the absolute path of the recipe's tokenizer folder, so convert-checkpoint
+copies its files into the output (checkpoint/hf_folder.py)."""
+
 _TENSOR = "__tensor__"
 _TUPLE = "__tuple__"
 

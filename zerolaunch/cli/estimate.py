@@ -124,6 +124,34 @@ def render_gpu_table(est: Estimate) -> Table:
     return table
 
 
+def offload_costs(est: Estimate, bandwidths) -> list:
+    """(row, transfer seconds per step or None) for every supported row with an offload."""
+    from zerolaunch.memory.offload_cost import offload_step_seconds
+
+    s = est.setup
+    return [
+        (r, offload_step_seconds(r, est.numel, s.world_size, s.dtype_bytes, bandwidths))
+        for r in est.rows
+        if r.supported and r.offload != "none"
+    ]
+
+
+def render_offload_cost(est: Estimate, bandwidths) -> Table:
+    """Per offload row: seconds per optimizer step its transfers take at the measured bandwidths."""
+    gbs = lambda v: "-" if v is None else f"{v / 1e9:.1f}"  # noqa: E731
+    table = _table(
+        f"offload cost per step, measured here: h2d {gbs(bandwidths.h2d)} GB/s, d2h {gbs(bandwidths.d2h)} GB/s, "
+        f"disk read {gbs(bandwidths.disk_read)} / write {gbs(bandwidths.disk_write)} GB/s",
+        ["stage", "offload", "offload s/step"],
+    )
+    for r, cost in offload_costs(est, bandwidths):
+        text = "- (no --nvme-path)" if cost is None else f"{cost:.3f}"
+        table.add_row(str(r.stage), _OFFLOAD_SHORT[r.offload], text)
+    for note in bandwidths.notes:
+        table.caption = (table.caption + "; " if table.caption else "") + note
+    return table
+
+
 def render_host_table(est: Estimate) -> Table:
     """Per node on the host, and DeepSpeed's published figures for the same configuration."""
     table = _table(
@@ -293,7 +321,15 @@ def register(app: typer.Typer) -> None:
             [], "--set", help="Override a recipe value (repeatable).", metavar="K=V"
         ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
-        measure: bool = typer.Option(False, "--measure", help="Also run real steps of RECIPE and compare."),
+        measure: bool = typer.Option(
+            False,
+            "--measure",
+            help="Also run real steps of RECIPE and compare, and measure copy bandwidths here for the "
+            "step-time cost of each offload row.",
+        ),
+        nvme_path: str | None = typer.Option(
+            None, "--nvme-path", help="With --measure: a folder on the NVMe drive to time (a 64 MiB file)."
+        ),
         measure_steps: int = typer.Option(3, "--measure-steps", help="Steps --measure runs."),
     ) -> None:
         """Estimate per-GPU and per-node memory for ZeRO stages 0-3 with and without offload."""
@@ -330,11 +366,14 @@ def register(app: typer.Typer) -> None:
                 **fields,
             )
             est = estimate(shape, setup)
-            report = None
+            report = bandwidths = None
             if measure:
                 from zerolaunch.memory.measure import measure_recipe
 
                 report = measure_recipe(rec, est, steps=measure_steps, world_size=gpus * nodes)
+                from zerolaunch.memory.offload_cost import measure_bandwidths
+
+                bandwidths = measure_bandwidths(nvme_path)
         except (EstimateError, UserError) as exc:
             print_user_error(exc if isinstance(exc, UserError) else UserError(str(exc)))
             raise typer.Exit(2) from None
@@ -342,6 +381,9 @@ def register(app: typer.Typer) -> None:
             out = est.to_json()
             if report is not None:
                 out["measured"] = report.to_json()
+            if bandwidths is not None:
+                out["bandwidths"] = bandwidths.to_json()
+                out["offload_step_seconds"] = {r.label: c for r, c in offload_costs(est, bandwidths)}
             typer.echo(json.dumps(out, indent=2))
             return
         from rich.console import Console
@@ -352,3 +394,5 @@ def register(app: typer.Typer) -> None:
             from zerolaunch.memory.measure import render_measure
 
             console.print(render_measure(report))
+        if bandwidths is not None:
+            console.print(render_offload_cost(est, bandwidths))

@@ -193,7 +193,6 @@ def build_on_meta(builder, args: dict):
 
 def hf_model_on_meta(path: str):
     """An HF causal LM on meta from a config.json file or a model folder: shapes only, no weights read."""
-    import os
     from pathlib import Path
 
     import torch
@@ -204,7 +203,9 @@ def hf_model_on_meta(path: str):
         raise EstimateError(
             f"--model {path}: not a built-in name and not an HF config.json or a folder holding one"
         )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from zerolaunch.launch.env import hf_offline
+
+    hf_offline()
     try:
         import transformers
     except ImportError:

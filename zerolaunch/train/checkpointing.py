@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
+from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_TOKENIZER_KEY
 from zerolaunch.train import seeding
 from zerolaunch.train.batches import TrainError
 
@@ -31,6 +31,10 @@ class CheckpointHook:
         self.ctx = ctx
         self.source = source
         self.last_saved_step: int | None = None
+        from zerolaunch.checkpoint.hf_folder import recipe_tokenizer_dir
+
+        # the tokenizer the recipe names travels (as a path) with the weights: convert copies its files
+        self.tokenizer_dir = recipe_tokenizer_dir(dict(recipe.model.args), dict(recipe.data.args))
 
     def resume_path(self) -> Path | None:
         """The checkpoint to start from, or None for a fresh start."""
@@ -93,6 +97,8 @@ class CheckpointHook:
             hf_config = hf_config_dict(self.engine.module)
             if hf_config is not None:
                 extra[HF_CONFIG_KEY] = hf_config
+            if self.tokenizer_dir is not None:
+                extra[HF_TOKENIZER_KEY] = str(self.tokenizer_dir)
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
         save_checkpoint(self.engine, self.root, step=step, extra=extra, keep=self.keep, group=self.ctx.group)

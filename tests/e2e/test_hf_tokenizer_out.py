@@ -1,0 +1,100 @@
+"""Tokenizer files in a Hugging Face output folder: the recipe's tokenizer (data.args.tokenizer, else a
+model.args.path folder holding one) is copied by convert-checkpoint (via rank 0's checkpoint extra) and by
+api.save_hf_pretrained(tokenizer=...), file for file as tokenizer.save_pretrained writes them. The tokenizer
+is built on the fly with the tokenizers library (no network). Leaves out: the CLI train loop itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+import zerolaunch  # noqa: E402
+from zerolaunch.checkpoint.convert import convert_checkpoint  # noqa: E402
+from zerolaunch.checkpoint.errors import CheckpointError  # noqa: E402
+from zerolaunch.checkpoint.extra import HF_TOKENIZER_KEY  # noqa: E402
+from zerolaunch.checkpoint.hf_folder import recipe_tokenizer_dir  # noqa: E402
+from zerolaunch.models import hf  # noqa: E402
+
+GPT2 = dict(model_type="gpt2", vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=32)
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>", "<eos>"])
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20, trainer)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+
+
+@pytest.fixture
+def tokdir(tmp_path):
+    out = tmp_path / "tok"
+    _tokenizer().save_pretrained(out)
+    return out
+
+
+def _engine():
+    engine = zerolaunch.initialize(
+        hf.build(config=GPT2), {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 2}
+    )
+    x = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    engine.backward(engine(input_ids=x, labels=x).loss)
+    engine.step()
+    return engine
+
+
+def _tokenizer_files(folder):
+    names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+    return {n: (folder / n).read_bytes() for n in names if (folder / n).is_file()}
+
+
+def _check(out, tokdir):
+    ref = _tokenizer_files(tokdir)
+    assert "tokenizer.json" in ref and "tokenizer_config.json" in ref
+    assert _tokenizer_files(out) == ref
+    loaded = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert loaded("the lazy fox").input_ids == _tokenizer()("the lazy fox").input_ids
+
+
+def test_convert_copies_the_tokenizer_named_in_the_checkpoint(tmp_path, tokdir):
+    engine = _engine()
+    engine.save_checkpoint(tmp_path / "ck", extra={HF_TOKENIZER_KEY: str(tokdir)})
+    _check(convert_checkpoint(tmp_path / "ck", tmp_path / "out"), tokdir)
+
+
+def test_convert_without_a_tokenizer_writes_none(tmp_path):
+    engine = _engine()
+    engine.save_checkpoint(tmp_path / "ck")
+    assert _tokenizer_files(convert_checkpoint(tmp_path / "ck", tmp_path / "out")) == {}
+
+
+def test_convert_names_a_tokenizer_folder_that_is_gone(tmp_path, tokdir):
+    engine = _engine()
+    engine.save_checkpoint(tmp_path / "ck", extra={HF_TOKENIZER_KEY: str(tmp_path / "gone")})
+    with pytest.raises(CheckpointError, match="gone does not exist"):
+        convert_checkpoint(tmp_path / "ck", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("given", ["folder", "object"])
+def test_save_hf_pretrained_writes_the_tokenizer(tmp_path, tokdir, given):
+    tokenizer, ref = tokdir, tokdir
+    if given == "object":  # the reference: what this object's own save_pretrained writes
+        tokenizer, ref = transformers.AutoTokenizer.from_pretrained(tokdir), tmp_path / "ref"
+        tokenizer.save_pretrained(ref)
+    _check(zerolaunch.api.save_hf_pretrained(_engine(), tmp_path / "out", tokenizer=tokenizer), ref)
+
+
+def test_recipe_tokenizer_dir_prefers_data_tokenizer_then_a_model_folder_with_one(tmp_path, tokdir):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    assert recipe_tokenizer_dir({"path": str(model_dir)}, {}) is None  # a model folder without a tokenizer
+    assert recipe_tokenizer_dir({"config": GPT2}, {"tokenizer": str(tokdir)}) == tokdir.resolve()
+    (model_dir / "tokenizer.json").write_bytes((tokdir / "tokenizer.json").read_bytes())
+    assert recipe_tokenizer_dir({"path": str(model_dir)}, {}) == model_dir.resolve()
+    assert recipe_tokenizer_dir({"path": str(model_dir)}, {"tokenizer": str(tokdir)}) == tokdir.resolve()
