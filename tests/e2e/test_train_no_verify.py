@@ -1,11 +1,12 @@
 """`zerolaunch train --no-verify`: resume reads a checkpoint whose crc32s do not match without checking them.
 
 A checkpoint whose manifest records a wrong crc32 for one tensor (the file itself is intact, so its weights
-train on) is refused by `--resume` (exit 2, naming the file) and resumed from with `--no-verify`. Leaves out
+train on; the manifest's own crc32 re-stamped, as a consistent but wrong manifest) is refused by `--resume` (exit 2, naming the file) and resumed from with `--no-verify`. Leaves out
 the reader's checks themselves (tests/e2e/test_checkpoint_checksum.py).
 """
 
 import json
+import zlib
 
 import pytest
 
@@ -21,6 +22,12 @@ def test_resume_refuses_a_checksum_mismatch_and_no_verify_resumes(cli, tiny_reci
     tensors = manifest["ranks"][0]["checksums"]["tensors"]
     name = sorted(k for k in tensors if k.startswith("master/"))[0]
     tensors[name] ^= 1
+    # re-stamp the manifest's own crc32 (canonical JSON of every other key), so the manifest reads as written
+    # and the check that fires is the rank file's tensor crc
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    manifest["checksum"]["body"] = zlib.crc32(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    )
     manifest_path.write_text(json.dumps(manifest))
 
     refused = cli.run(
