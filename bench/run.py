@@ -197,11 +197,11 @@ def run_train_path(
     }
 
 
-def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro_batch: int) -> dict:
-    import torch
+def build_step(engine: str, size: str, seq_len: int):
+    """(step(batch) -> loss, make() -> a fresh model) for one configuration, on cuda:0.
 
-    if engine in TRAIN_PATH:
-        return run_train_path(engine, size, steps, warmup, seq_len, micro_batch)
+    Shared by run_one (timing) and bench/mem_snapshot.py (where the peak memory goes)."""
+    import torch
 
     from zerolaunch.models.gpt import build as build_gpt
 
@@ -210,7 +210,6 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
     vocab = 50304
     device = torch.device("cuda", 0)
     _init_single_rank_group()
-    batches = _batches(vocab, seq_len, micro_batch, steps + warmup, device)
     make = lambda: build_gpt(size=size, vocab_size=vocab, seq_len=seq_len)  # noqa: E731
 
     if engine in ("torch", "torch-compile"):
@@ -315,6 +314,16 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
             return loss
     else:
         raise SystemExit(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+    return step, make
+
+
+def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro_batch: int) -> dict:
+    import torch
+
+    if engine in TRAIN_PATH:
+        return run_train_path(engine, size, steps, warmup, seq_len, micro_batch)
+    step, make = build_step(engine, size, seq_len)
+    batches = _batches(50304, seq_len, micro_batch, steps + warmup, torch.device("cuda", 0))
 
     times_ms = []
     loss = first_ms = None
