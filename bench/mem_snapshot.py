@@ -1,12 +1,15 @@
-"""Where the peak GPU memory of one bench configuration goes: live allocations at the peak, by source line.
+"""How the peak GPU memory of bench configurations splits: what persists between steps, and each phase's peak.
 
-    python bench/mem_snapshot.py --engines zl-z2,fsdp2 --size 1.3b --steps 3
+    python bench/mem_snapshot.py --engines zl-z2,fsdp2,torch --size 1.3b --steps 3
 
-Each configuration runs in its own process (as bench/run.py's rows do) under
-`torch.cuda.memory._record_memory_history`, from before the model is built, so every allocation is in the
-trace. The trace is replayed (alloc / free_completed) to find the moment the allocated bytes peak; the blocks
-live then are grouped by the innermost stack frame in zerolaunch/, bench/ or torch/ code that is not the
-allocator itself, and the largest groups are printed with their GiB. A tool for finding memory, not a test.
+Each configuration runs in its own process (as bench/run.py's rows do), built by bench/run.py's build_step.
+Hooks on the model's forward and on the stepper's .step() (the optimizer, or the engine) cut the last step
+into forward / backward / step; for each phase it prints the allocated bytes when the phase starts and the
+phase's peak (torch.cuda.max_memory_allocated, reset at each boundary). For zerolaunch rows it also prints the
+engine's own accounting (Engine.memory_bytes(): params, grads, buckets, master, optimizer states), so
+"persistent" can be split into model states and the rest. A tool for finding memory, not a test.
+(torch.cuda.memory._record_memory_history was tried first: on torch 2.11 the GPT's checkpointed chunked
+cross-entropy then fails with "SystemError: cross_entropy_loss returned NULL", so phases it is.)
 """
 
 from __future__ import annotations
@@ -16,115 +19,80 @@ import json
 import os
 import subprocess
 import sys
-from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# frames that only say "an allocation happened": skipped when naming where a block came from
-_NOISE = ("torch/cuda/memory.py", "torch/utils/_", "<frozen", "torch/_ops.py", "torch/overrides.py")
+GIB = 2**30
 
 
-def _site(frames) -> str:
-    """The innermost frame in our code (zerolaunch/, bench/), else the innermost torch frame worth naming."""
-    ours = [f for f in frames if "/zerolaunch/" in f["filename"] or "/bench/" in f["filename"]]
-    pick = ours[0] if ours else next((f for f in frames if not any(n in f["filename"] for n in _NOISE)), None)
-    if pick is None:
-        return "?"
-    path = pick["filename"]
-    for root in ("/zerolaunch/", "/bench/", "/torch/"):
-        if root in path:
-            path = root.strip("/") + "/" + path.split(root, 1)[1]
-            break
-    return f"{path}:{pick['line']} {pick['name']}"
-
-
-def _caller(frames) -> str:
-    """The frame above the site in our code: tells apart e.g. which module's forward made an activation."""
-    ours = [f for f in frames if "/zerolaunch/" in f["filename"] or "/bench/" in f["filename"]]
-    if len(ours) < 2:
-        return ""
-    f = ours[1]
-    return f"{f['filename'].rsplit('/', 2)[-2]}/{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}"
-
-
-def peak_breakdown(snapshot: dict, top: int) -> dict:
-    trace = snapshot["device_traces"][0]
-    live: dict[int, tuple[int, list]] = {}
-    total = peak = 0
-    peak_live: dict[int, tuple[int, list]] = {}
-    peak_index = 0
-    for i, ev in enumerate(trace):
-        action = ev["action"]
-        if action == "alloc":
-            live[ev["addr"]] = (ev["size"], ev.get("frames", []))
-            total += ev["size"]
-            if total > peak:
-                peak, peak_live, peak_index = total, dict(live), i
-        elif action == "free_completed" and ev["addr"] in live:
-            total -= live.pop(ev["addr"])[0]
-    groups: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for size, frames in peak_live.values():
-        g = groups[(_site(frames), _caller(frames))]
-        g[0] += size
-        g[1] += 1
-    # what was being allocated when the peak was reached: the phase (forward / backward / step)
-    at_peak = trace[peak_index].get("frames", [])
-    rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
-    return {
-        "peak_gib": peak / 2**30,
-        "events": len(trace),
-        "at_peak": [_site(at_peak), _caller(at_peak)],
-        "rows": [
-            {"site": site, "caller": caller, "gib": b / 2**30, "blocks": n}
-            for (site, caller), (b, n) in rows[:top]
-        ],
-        "rest_gib": sum(b for _, (b, _) in rows[top:]) / 2**30,
-    }
-
-
-def run_one(engine: str, size: str, steps: int, seq_len: int, micro_batch: int, top: int) -> dict:
+def run_one(engine: str, size: str, steps: int, seq_len: int, micro_batch: int) -> dict:
     import torch
 
     from bench.run import _batches, build_step
 
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
-    step, _ = build_step(engine, size, seq_len)
+    step, _, parts = build_step(engine, size, seq_len)
     batches = _batches(50304, seq_len, micro_batch, steps, torch.device("cuda", 0))
+    marks: list[tuple[str, int, int]] = []  # (boundary, allocated now, peak since the previous boundary)
+
+    def mark(name: str) -> None:
+        torch.cuda.synchronize()
+        marks.append((name, torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()))
+        torch.cuda.reset_peak_memory_stats()
+
+    module, stepper = parts["module"], parts["stepper"]
+    module.register_forward_pre_hook(lambda *_: mark("forward start"))
+    module.register_forward_hook(lambda *_: mark("forward end"))
+    inner_step = stepper.step
+
+    def timed_step(*a, **k):
+        mark("backward end")
+        out = inner_step(*a, **k)
+        mark("step end")
+        return out
+
+    stepper.step = timed_step
     for b in batches:
+        marks.clear()
+        torch.cuda.reset_peak_memory_stats()
         step(b)
         torch.cuda.synchronize()
-    snapshot = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    out = peak_breakdown(snapshot, top)
-    out.update(engine=engine, size=size, max_allocated_gib=torch.cuda.max_memory_allocated() / 2**30)
+    # the last step's marks: each mark's peak belongs to the phase that ended at it
+    phases = []
+    for (prev, at_start, _), (name, _, peak) in zip(marks, marks[1:], strict=False):
+        phases.append({"phase": f"{prev} -> {name}", "start_gib": at_start / GIB, "peak_gib": peak / GIB})
+    out = {"engine": engine, "size": size, "phases": phases}
+    if marks:
+        out["persistent_gib"] = marks[0][1] / GIB
+    if parts.get("engine") is not None:
+        out["engine_bytes_gib"] = {k: v / GIB for k, v in parts["engine"].memory_bytes().items()}
     return out
 
 
-def print_breakdown(r: dict) -> None:
+def print_result(r: dict) -> None:
     print(
-        f"\n== {r['engine']} {r['size']}: peak {r['peak_gib']:.2f} GiB replayed "
-        f"(max_memory_allocated {r['max_allocated_gib']:.2f}), {r['events']} events"
+        f"\n== {r['engine']} {r['size']}: allocated at step start {r.get('persistent_gib', float('nan')):.2f} GiB"
     )
-    print(f"   peak reached at: {r['at_peak'][0]}  <- {r['at_peak'][1]}")
-    for row in r["rows"]:
-        print(f"   {row['gib']:7.2f} GiB {row['blocks']:6d} blk  {row['site']}  <- {row['caller']}")
-    print(f"   {r['rest_gib']:7.2f} GiB  (the rest)")
+    for ph in r["phases"]:
+        print(f"   {ph['phase']:<32} starts at {ph['start_gib']:7.2f} GiB, peak {ph['peak_gib']:7.2f} GiB")
+    if "engine_bytes_gib" in r:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in r["engine_bytes_gib"].items())
+        total = sum(r["engine_bytes_gib"].values())
+        print(f"   engine.memory_bytes(): {parts} (sum {total:.2f} GiB)")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engines", default="zl-z2,fsdp2")
+    p.add_argument("--engines", default="zl-z2,fsdp2,torch")
     p.add_argument("--one")
     p.add_argument("--size", default="1.3b")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--top", type=int, default=18)
     p.add_argument("--timeout", type=int, default=200)
     p.add_argument("--json-out")
     args = p.parse_args()
     if args.one:
-        r = run_one(args.one, args.size, args.steps, args.seq_len, args.micro_batch, args.top)
+        r = run_one(args.one, args.size, args.steps, args.seq_len, args.micro_batch)
         print("RESULT " + json.dumps(r), flush=True)
         return
     results = []
@@ -138,7 +106,6 @@ def main() -> None:
             "--micro-batch",
             str(args.micro_batch),
         ]
-        cmd += ["--top", str(args.top)]
         p_ = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         line = [ln for ln in p_.stdout.splitlines() if ln.startswith("RESULT ")]
         if p_.returncode or not line:
@@ -146,7 +113,7 @@ def main() -> None:
             continue
         r = json.loads(line[-1][len("RESULT ") :])
         results.append(r)
-        print_breakdown(r)
+        print_result(r)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(results, f, indent=1)

@@ -198,9 +198,11 @@ def run_train_path(
 
 
 def build_step(engine: str, size: str, seq_len: int):
-    """(step(batch) -> loss, make() -> a fresh model) for one configuration, on cuda:0.
+    """(step(batch) -> loss, make() -> a fresh model, parts) for one configuration, on cuda:0.
 
-    Shared by run_one (timing) and bench/mem_snapshot.py (where the peak memory goes)."""
+    parts: {"module": what runs forward, "stepper": the object whose .step() applies the update (optimizer or
+    engine), "engine": the zerolaunch engine or None}. Shared by run_one (timing) and bench/mem_snapshot.py
+    (which hooks module and stepper to see how the peak memory splits by phase)."""
     import torch
 
     from zerolaunch.models.gpt import build as build_gpt
@@ -217,6 +219,7 @@ def build_step(engine: str, size: str, seq_len: int):
         if engine == "torch-compile":
             model = torch.compile(model)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+        parts = {"module": model, "stepper": opt, "engine": None}
 
         def step(b):
             loss = model(**b).loss
@@ -243,6 +246,7 @@ def build_step(engine: str, size: str, seq_len: int):
         # fused on the CPU too (DTensor supports torch's fused CPU AdamW): the fastest step torch offers
         # an FSDP2 user; the default per-parameter loop is several times slower.
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+        parts = {"module": model, "stepper": opt, "engine": None}
 
         def step(b):
             loss = model(**b).loss
@@ -261,6 +265,7 @@ def build_step(engine: str, size: str, seq_len: int):
             model_parameters=model.parameters(),
             config=_ds_config(stage, engine.endswith("off"), lr),
         )
+        parts = {"module": eng.module, "stepper": eng, "engine": None}
 
         def step(b):
             loss = eng(**b).loss
@@ -306,6 +311,7 @@ def build_step(engine: str, size: str, seq_len: int):
             # train.compile's code path: each block's forward, in place (names and stage 3 units unchanged)
             compile_blocks(model, backend="inductor")
         eng = Engine(model, opts, device=device)
+        parts = {"module": eng.module, "stepper": eng, "engine": eng}
 
         def step(b):
             loss = eng(**b).loss
@@ -314,7 +320,7 @@ def build_step(engine: str, size: str, seq_len: int):
             return loss
     else:
         raise SystemExit(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
-    return step, make
+    return step, make, parts
 
 
 def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro_batch: int) -> dict:
@@ -322,7 +328,7 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
 
     if engine in TRAIN_PATH:
         return run_train_path(engine, size, steps, warmup, seq_len, micro_batch)
-    step, make = build_step(engine, size, seq_len)
+    step, make, _ = build_step(engine, size, seq_len)
     batches = _batches(50304, seq_len, micro_batch, steps + warmup, torch.device("cuda", 0))
 
     times_ms = []
