@@ -11,7 +11,9 @@ peak per GPU = the engine's resident bytes (model states + buffers, what memory_
 steps) + the largest of the transients that never overlap: the loss (all activations + stage 3's gathered
 units), the rest of backward (activations without the loss tensors + gathered units + stage 3's staging
 buffers) and the optimizer step (the fp32 reduce copies of stages 0/1 and the compute-dtype
-publish copies all-gathered back into the params).
+publish copies all-gathered back into the params). Stages 0-2 without offload free their fp32 grad shard
+between steps ([Note: released grad shards] in zero/grad_memory.py): it is counted with the rest of backward
+(written from the backward hooks: stage 2 and world size 1) and with the step, not under the loss.
 """
 
 from __future__ import annotations
@@ -197,8 +199,11 @@ def _zero_states() -> dict[str, int]:
 
 
 def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
-    """(gpu, host, step transient) bytes of the stage 0-2 engine (engine.py, flat.py). The stage-2 staging
-    buffers are allocated once and kept, so they are resident ("buckets")."""
+    """(gpu, host, step transient, released grads, released grads written in backward) bytes of the stage 0-2
+    engine (engine.py, flat.py). The stage-2 staging buffers are allocated once and kept, so they are
+    resident ("buckets"). gpu["grads"] counts the fp32 grad shard, which the engine holds only from the
+    first gradient write of a window to the step when it is on the device ([Note: released grad shards]
+    in zero/grad_memory.py): those bytes are returned as "released", for the peak to place them."""
     b, c, world = setup.dtype_bytes, setup.comm_bytes, setup.world_size
     lay = el.stage012_layout(
         shape.specs, stage, world, bucket_numel(setup.reduce_bucket_size, offload != "none")
@@ -242,7 +247,10 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     # _step_and_publish keeps every bucket's compute-dtype copy of its master slice until all gathers land;
     # stage 0 and world size 1 write the params in place.
     publish_transient = 0 if stage == 0 or world == 1 else b * shard
-    return gpu, host, max(reduce_transient, publish_transient)
+    released = 4 * shard if offload == "none" else 0
+    # written from the backward hooks (direct, stage 2) or only by the step's reduction (stages 0/1)
+    in_backward = released if (direct or stage == 2) else 0
+    return gpu, host, max(reduce_transient, publish_transient), released, in_backward
 
 
 def _supported(stage: int, offload: str) -> tuple[bool, str]:
@@ -306,16 +314,17 @@ def _max_micro_batch(shape: ModelShape, setup: Setup, ckpt: bool, peak_of) -> in
 
 
 def _states(shape: ModelShape, setup: Setup, stage: int, offload: str):
-    """(gpu, host, step transient, gathered bytes, staging bytes, nvme bytes per rank) of one row."""
+    """(gpu, host, step transient, gathered bytes, staging bytes, nvme bytes per rank, released grads, released
+    grads written in backward) of one row."""
     if stage == 3:
-        return stage3_states(shape, setup, offload)
-    gpu, host, transient = stage012_states(shape, setup, stage, offload)
+        return (*stage3_states(shape, setup, offload), 0, 0)
+    gpu, host, transient, released, in_backward = stage012_states(shape, setup, stage, offload)
     nvme = 0
     if offload == "optimizer-nvme":
         # the swap file holds what optimizer-cpu keeps in host memory (and the engine asserts it)
         in_memory = stage012_states(shape, setup, stage, "optimizer-cpu")[1]
         nvme = in_memory["master"] + in_memory["optimizer"]
-    return gpu, host, transient, 0, 0, nvme
+    return gpu, host, transient, 0, 0, nvme, released, in_backward
 
 
 def estimate(shape: ModelShape, setup: Setup) -> Estimate:
@@ -324,10 +333,20 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
     est = Estimate(shape.source, shape.exact, shape.numel, shape.largest_layer_numel, setup)
     for stage, offload in _rows_wanted():
         supported, note = _supported(stage, offload)
-        gpu, host, transient, gathered, staging, nvme = _states(shape, setup, stage, offload)
-        resident = sum(gpu.values())
+        gpu, host, transient, gathered, staging, nvme, released, in_backward = _states(
+            shape, setup, stage, offload
+        )
+        # released grad shards are not under the loss's peak: they exist after it (written in backward) or
+        # only in the step, on top of its own transient.
+        resident = sum(gpu.values()) - released
 
-        def peak_of(profile, resident=resident, gathered=gathered, staging=staging, transient=transient):
+        def peak_of(
+            profile,
+            resident=resident,
+            gathered=gathered,
+            staging=staging + in_backward,
+            transient=transient + released,
+        ):
             return _peak(resident, profile, gathered, staging, transient)
 
         total, total_ckpt = (peak_of(profiles[ckpt]) for ckpt in (False, True))

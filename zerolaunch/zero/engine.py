@@ -26,6 +26,7 @@ from torch import nn
 
 from . import comm, flat, offload, shard_optim
 from .engine_state import EngineStateMixin
+from .grad_memory import GradShardMemory
 from .layout import Fragment, ParamSpec, plan_layout
 from .optim import check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
@@ -98,6 +99,10 @@ class Engine(EngineStateMixin):
 
         shard_numels = [self.layout.shard_numel(g) for g in range(self.num_groups)]
         self.grad_shards = [offload.zeros(n, self.master_device, pin=pin) for n in shard_numels]
+        # on the compute device they are freed after each step ([Note: released grad shards])
+        self.grad_memory = GradShardMemory(
+            self.grad_shards, releasable=options.zero.offload_optimizer.device == "none"
+        )
         offload_device = options.zero.offload_optimizer.device
         # the sum of squares for the norm is taken from the reduced grads on the device while they are
         # still there, when those are the window's final values: saves a pass over the host shards.
@@ -126,7 +131,7 @@ class Engine(EngineStateMixin):
         self.full_grads: list[torch.Tensor] = []
         self.reducer: flat.BackwardReducer | flat.DirectAccumulator | None = None
         if self._accumulates_directly(options):
-            self.reducer = flat.DirectAccumulator(self.layout, self.grad_shards)
+            self.reducer = flat.DirectAccumulator(self.layout, self.grad_shards, self.grad_memory)
             self._hook_handles = [
                 self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
                 for slot in self.layout.params
@@ -146,6 +151,7 @@ class Engine(EngineStateMixin):
                 overlap=options.zero.overlap,
                 stats=self.comm_stats,
                 track_grad_sq=self._device_grad_sq,
+                memory=self.grad_memory,
             )
             self._hook_handles = [
                 self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
@@ -283,6 +289,7 @@ class Engine(EngineStateMixin):
                 # stage 0 all-reduces no norm: a bad loss travels as an inf in the grads it all-reduces
                 first = self.full_grads[0][:1]
                 first.add_(torch.where(loss_nonfinite, float("inf"), 0.0).to(first.dtype))
+            self.grad_memory.ensure()  # every shard element is written by the reduction below
             device_sq = flat.reduce_full_grads(
                 self.layout,
                 self.full_grads,
@@ -298,6 +305,7 @@ class Engine(EngineStateMixin):
             for g in self.full_grads:
                 g.zero_()
         offload.sync(self.device)
+        self.grad_memory.ensure_zeroed()  # a window in which nothing wrote a gradient
         loss_scale = self.scaler.scale
         scaling = check_and_scale(
             device_sq if device_sq is not None else sum_of_squares(self.grad_shards),
@@ -316,12 +324,14 @@ class Engine(EngineStateMixin):
         if self.reducer is not None:
             self.reducer.reset_accumulation()
         if skipped:
+            self.grad_memory.release()
             return StepInfo(False, True, float(scaling.grad_norm), loss_scale, self._lr)
         self._lr = self.scheduler.lr_at(self.global_steps)
         if self._step_executor is not None:
             self._in_flight = self._start_overlapped_step(scaling.multiplier)
         else:
             self._step_and_publish(scaling.multiplier)
+            self.grad_memory.release()
         self.global_steps += 1
         return StepInfo(True, False, float(scaling.grad_norm), loss_scale, self._lr)
 

@@ -26,6 +26,7 @@ from collections import deque
 import torch
 
 from . import comm, offload
+from .grad_memory import GradShardMemory
 from .layout import BucketPlan, Layout, ParamSlot
 from .optim import sum_of_squares
 
@@ -157,9 +158,12 @@ class BackwardReducer:
         stats: comm.CommStats,
         max_in_flight: int = 2,
         track_grad_sq: bool = False,
+        memory: GradShardMemory | None = None,
     ):
         self.layout = layout
         self.shards = shards
+        self.memory = memory
+        """Re-allocates released shards before a write ([Note: released grad shards])."""
         self.group = group
         self.comm_dtype = comm_dtype
         self.device = device
@@ -190,6 +194,10 @@ class BackwardReducer:
         def on_grad_ready(param: torch.Tensor) -> None:
             if param.grad is None:
                 return
+            if self.memory is not None:
+                # here, on the compute stream, not in _accumulate (which may run on the reduce stream):
+                # the block then belongs to the stream that frees it after the step.
+                self.memory.ensure()
             bucket = self.layout.buckets[slot.bucket]
             staging = self._staging_for(bucket)
             with torch.no_grad():
@@ -282,6 +290,8 @@ class BackwardReducer:
 
     def finish_backward(self) -> None:
         """Issue every bucket not yet issued (grads missing this micro-step count as zero), await all."""
+        if self.memory is not None:
+            self.memory.ensure()
         while self._next_issue < len(self.layout.buckets):
             self._issue(self.layout.buckets[self._next_issue])
         while self._inflight:
@@ -310,9 +320,11 @@ class DirectAccumulator:
     The interface is BackwardReducer's.
     """
 
-    def __init__(self, layout: Layout, shards: list[torch.Tensor]):
+    def __init__(self, layout: Layout, shards: list[torch.Tensor], memory: GradShardMemory | None = None):
         self.layout = layout
         self.shards = shards
+        self.memory = memory
+        """Re-allocates released shards before a write ([Note: released grad shards])."""
         self._views = [self._shard_slice(slot) for slot in layout.params]
         self._index = {slot.name: i for i, slot in enumerate(layout.params)}
         self._fresh = [True] * len(layout.params)
@@ -335,6 +347,8 @@ class DirectAccumulator:
             if param.grad is None:
                 return
             self._seen_this_backward = True
+            if self.memory is not None:
+                self.memory.ensure()
             with torch.no_grad():
                 if self._fresh[index]:
                     dst.copy_(param.grad.reshape(-1))
@@ -348,6 +362,8 @@ class DirectAccumulator:
     def finish_backward(self) -> None:
         """A param without a gradient in the window so far counts as zero (its slice may hold the last
         window's values: the shards are not zeroed after a step)."""
+        if self.memory is not None:
+            self.memory.ensure()
         with torch.no_grad():
             for index, fresh in enumerate(self._fresh):
                 if fresh:
