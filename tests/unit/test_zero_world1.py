@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "dis
 from _zero_models import Net, micro_batch  # noqa: E402
 
 from zerolaunch.zero import Engine  # noqa: E402
-from zerolaunch.zero import engine as engine_mod  # noqa: E402
+from zerolaunch.zero.flat_sharding import FlatSharding  # noqa: E402
 from zerolaunch.zero.options import (  # noqa: E402
     EngineOptions,
     OptimizerOptions,
@@ -82,7 +82,7 @@ def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
     engine.backward(loss)
     engine.step()
     del loss
-    padded = sum(b.numel() for b in engine.flat_params.buffers)
+    padded = sum(b.numel() for b in engine.sharding.flat_params.buffers)
     elem = torch.empty((), dtype=engine.dtype).element_size()
     mem = engine.memory_bytes()
     assert mem["grads"] == 4 * padded, mem  # the fp32 grad shard alone
@@ -98,7 +98,7 @@ def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
 def _train(options: EngineOptions, *, direct: bool, monkeypatch, steps=4, skip_param_on_micro=None):
     with monkeypatch.context() as m:
         if not direct:
-            m.setattr(engine_mod.Engine, "_accumulates_directly", lambda self, o: False)
+            m.setattr(FlatSharding, "_accumulates_directly", lambda self, o: False)
         engine = Engine(Net(0), options)
     gas = options.gradient_accumulation_steps
     norms = []
@@ -132,8 +132,8 @@ def test_direct_path_is_bit_identical_to_the_reducing_path(stage, dtype, gas, mo
     skip = (1, 0)
     want, want_norms, ref = _train(options, direct=False, monkeypatch=monkeypatch, skip_param_on_micro=skip)
     got, got_norms, eng = _train(options, direct=True, monkeypatch=monkeypatch, skip_param_on_micro=skip)
-    assert ref.full_grads or ref.reducer.staging_bytes > 0  # the reference really took the reducing path
-    assert not eng.full_grads and eng.reducer.staging_bytes == 0
+    assert ref.sharding.full_grads or ref.sharding.reducer.staging_bytes > 0  # the reference reduced
+    assert not eng.sharding.full_grads and eng.sharding.reducer.staging_bytes == 0
     assert got_norms == want_norms
     for name, w in want.items():
         torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
@@ -142,4 +142,4 @@ def test_direct_path_is_bit_identical_to_the_reducing_path(stage, dtype, gas, mo
 def test_stage1_bf16_accumulation_keeps_the_reducing_path():
     # bf16 stages 0/1 accumulate micro-steps in bf16; going straight to fp32 would change the values.
     engine = Engine(Net(0), _options(1, "bf16", gas=2))
-    assert engine.full_grads and isinstance(engine.reducer, type(None))
+    assert engine.sharding.full_grads and isinstance(engine.sharding.reducer, type(None))

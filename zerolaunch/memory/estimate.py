@@ -239,8 +239,8 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
         host["optimizer"] = el.nvme_staging_bytes(
             setup, max((bk.shard_numel for bk in lay.buckets), default=0)
         )
-    # _step_and_publish keeps every bucket's compute-dtype copy of its master slice until all gathers land;
-    # stage 0 and world size 1 write the params in place.
+    # the flat step (flat_sharding.py) keeps every bucket's compute-dtype copy of its master slice until all
+    # gathers land; stage 0 and world size 1 write the params in place.
     publish_transient = 0 if stage == 0 or world == 1 else b * shard
     return gpu, host, max(reduce_transient, publish_transient)
 

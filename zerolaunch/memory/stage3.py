@@ -68,7 +68,7 @@ def gathered_peak_numel(units: list[int], prefetch_numel: int, max_live_numel: i
 def stage3_states(shape, setup, offload: str):
     """(gpu, host, step transient, gathered bytes, staging bytes, nvme bytes) of the stage 3 engine.
 
-    gpu/host are what `Stage3Engine.memory_bytes()` reports between steps (shards, the resident unit, fp32
+    gpu/host are what `Engine.memory_bytes()` at stage 3 reports between steps (shards, the resident unit, fp32
     states; no unit gathered, no staging buffer). The gathered units and the staging buffers of the units
     being reduced exist only inside forward/backward: estimate.py adds them to the activations, the
     staging ones only after the loss (a unit's staging buffer is taken at its first grad). nvme bytes are
