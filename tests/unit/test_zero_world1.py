@@ -5,9 +5,10 @@ accounting (`memory_bytes()`) and, independently, the bytes of every live tensor
 garbage collector are params + fp32 master + fp32 grad shard + optimizer state, nothing else (before the
 change stages 0/1 also held a compute-dtype full gradient buffer and stage 2 its staging buckets);
 (2) values: the direct path gives the same weights, bit for bit (atol=0), as the reducing path it replaces
-(forced here by patching `Engine._accumulates_directly`), for stages 0-2, fp32 and bf16, one and three
+(forced here by patching `FlatSharding._accumulates_directly`), for stages 0-2, fp32 and bf16, one and three
 micro-steps, a param without a gradient in a micro-step, clipping and fp16 loss scaling;
-(3) where it is not exact (stage 1, bf16, accumulation), the reducing path is kept.
+(3) where it is not exact (stage 1, bf16, accumulation), the reducing path is kept; (4) the layout estimate-memory
+plans (memory/engine_layout.py, from names and shapes) equals the engine's, with and without decay_1d.
 Leaves out: more than one rank (tests/dist parity tests) and CUDA peaks (bench/run.py on the GPU).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -25,14 +27,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "dis
 
 from _zero_models import Net, micro_batch  # noqa: E402
 
+from zerolaunch.memory import engine_layout  # noqa: E402
 from zerolaunch.zero import Engine  # noqa: E402
 from zerolaunch.zero.flat_sharding import FlatSharding  # noqa: E402
+from zerolaunch.zero.layout import ParamSpec  # noqa: E402
 from zerolaunch.zero.options import (  # noqa: E402
     EngineOptions,
     OptimizerOptions,
     PrecisionOptions,
     ZeroOptions,
 )
+from zerolaunch.zero.param_groups import collect_params  # noqa: E402
 
 
 def _options(stage, dtype="fp32", gas=1, bucket=500_000_000, clip=0.05) -> EngineOptions:
@@ -143,3 +148,18 @@ def test_stage1_bf16_accumulation_keeps_the_reducing_path():
     # bf16 stages 0/1 accumulate micro-steps in bf16; going straight to fp32 would change the values.
     engine = Engine(Net(0), _options(1, "bf16", gas=2))
     assert engine.sharding.full_grads and isinstance(engine.sharding.reducer, type(None))
+
+
+@pytest.mark.parametrize("decay_1d", [False, True])
+@pytest.mark.parametrize("stage", [0, 2])
+def test_estimate_layout_is_the_engines_layout(stage, decay_1d):
+    """memory/engine_layout.py plans from names and shapes alone; the engine from its tensors and groups."""
+    options = _options(stage, bucket=150)
+    options = replace(options, optimizer=replace(options.optimizer, decay_1d=decay_1d))
+    engine = Engine(Net(0), options)
+    specs = [ParamSpec(n, tuple(p.shape)) for n, p in collect_params(engine.module) if p.requires_grad]
+    assert (
+        engine_layout.stage012_layout(specs, stage, 1, options.zero.bucket_numel, decay_1d=decay_1d)
+        == engine.sharding.layout
+    )
+    assert engine.sharding.layout.num_groups == (1 if decay_1d else 2)

@@ -216,9 +216,7 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     # zero/flat.py [Note: world size 1]: one rank, no offload and a comm dtype that rounds nothing: grads go
     # straight into the fp32 shard (no full grads, staging or reduce copies; stages 0/1 as the engine does
     # for one micro-step per window, which is what this estimate assumes).
-    direct = (
-        world == 1 and offload == "none" and (setup.communication_dtype or "fp32") in ("fp32", setup.dtype)
-    )
+    direct = el.accumulates_directly(stage, world, offload, setup.dtype, setup.communication_dtype)
     if direct:
         reduce_transient = 0
     elif stage in (0, 1):

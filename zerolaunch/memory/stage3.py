@@ -31,8 +31,7 @@ def largest_bucket_shard(shape, world_size: int, threshold: int) -> int:
     largest = 0
     for specs in groups:
         if specs:
-            total = sum(s.numel for s in specs)
-            lay = el.plan_layout(el.engine_specs(specs), world_size, max(1, total))
+            lay = el.unit_layout(specs, world_size)
             largest = max(largest, max(b.shard_numel for b in lay.buckets))
     return largest
 
@@ -40,9 +39,7 @@ def largest_bucket_shard(shape, world_size: int, threshold: int) -> int:
 def _padded(specs, world_size: int) -> int:
     if not specs:
         return 0
-    # stage3_flat.UnitFlat: bucket_numel = the whole unit -> exactly one bucket per param group.
-    total = sum(s.numel for s in specs)
-    return el.plan_layout(el.engine_specs(specs), world_size, max(1, total)).padded_numel
+    return el.unit_layout(specs, world_size).padded_numel
 
 
 def gathered_peak_numel(units: list[int], prefetch_numel: int, max_live_numel: int) -> int:

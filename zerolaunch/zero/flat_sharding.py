@@ -21,8 +21,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from . import comm, flat, offload, shard_optim
-from .layout import Fragment, ParamSpec, plan_layout
+from . import comm, flat, offload, plan, shard_optim
+from .layout import Fragment, ParamSpec
 from .param_groups import collect_aliases, collect_params, optimizer_groups
 from .shard_optim import Chunk, ShardOptimizer, split_chunks
 from .sharding import Sharding, nbytes
@@ -53,11 +53,9 @@ class FlatSharding(Sharding):
         specs = [
             ParamSpec(name, tuple(p.shape), g)
             for g, grp in enumerate(self._groups)
-            for name, p in reversed(list(zip(grp["names"], grp["params"], strict=True)))
+            for name, p in zip(grp["names"], grp["params"], strict=True)
         ]
-        # reverse registration order: the last layers' grads are ready first in backward -> bucket 0.
-        layout_world = 1 if self.stage == 0 else self.world_size
-        self.layout = plan_layout(specs, layout_world, options.zero.bucket_numel)
+        self.layout = plan.flat_layout(specs, self.stage, self.world_size, options.zero.bucket_numel)
         self._layout_rank = 0 if self.stage == 0 else self.rank
         self.num_groups = len(self._groups)
 
@@ -133,15 +131,16 @@ class FlatSharding(Sharding):
 
     # ---- init -----------------------------------------------------------------------------------------
     def _accumulates_directly(self, options) -> bool:
-        """World size 1 without offload: grads go straight into the fp32 shards ([Note: world size 1]),
-        wherever that gives the reducing path's values bit for bit: the comm dtype is fp32 or the compute
-        dtype (no rounding skipped), and stages 0/1 (which accumulate micro-steps in the compute dtype)
-        train in fp32 or take one micro-step per window."""
-        if self.world_size != 1 or options.zero.offload_optimizer.device != "none":
-            return False
-        if self.comm_dtype not in (torch.float32, self.dtype):
-            return False
-        return self.stage == 2 or self.dtype == torch.float32 or options.gradient_accumulation_steps == 1
+        """plan.accumulates_directly (a method: tests force the reducing path to compare the two)."""
+        p = options.precision
+        return plan.accumulates_directly(
+            self.stage,
+            self.world_size,
+            options.zero.offload_optimizer.device != "none",
+            p.dtype,
+            p.communication_dtype or "fp32",
+            options.gradient_accumulation_steps,
+        )
 
     def _chunk_of_params(self, flats: list[torch.Tensor], c: int) -> torch.Tensor:
         """Chunk c of this rank's shard, inside full-size flat buffers (params or full grads)."""
