@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import torch
 
 from .optim import STATE_KINDS
-from .options import EngineOptions
+from .options import DTYPE_NAMES, EngineOptions
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# strict: a name added to options.Dtype without its torch dtype fails at import, not at first use.
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def validate_options(options: EngineOptions) -> None:
         ("precision.communication_dtype", p.communication_dtype),
     ):
         if value is not None and value not in DTYPES:
-            raise ValueError(f"{key} must be one of fp32, bf16, fp16, got {value!r}")
+            raise ValueError(f"{key} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
     if options.optimizer.name not in STATE_KINDS:
         raise ValueError(
             f"optimizer.name {options.optimizer.name!r} is not supported; use one of: {', '.join(STATE_KINDS)}"
