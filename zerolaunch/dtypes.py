@@ -1,17 +1,19 @@
-"""The dtype names a recipe or a command line may write, defined once.
+"""The dtype names a recipe or a command line may write, for code outside zero/.
 
-Torch-free at import so config/ can validate names without torch; `torch_dtype` maps a name when torch is
-wanted. (zero/ keeps its own map: it imports only torch and itself.)
+The names are zero/options.py's (`DTYPE_NAMES`, torch-free, so config/ can validate names without torch);
+`torch_dtype` maps a name with zero/protocol.py's map, imported only when torch is wanted.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-DTYPES = ("fp32", "bf16", "fp16")
+from zerolaunch.zero.options import DTYPE_NAMES as DTYPES
+
+__all__ = ["DTYPES", "torch_dtype"]
 
 
 def torch_dtype(name: str) -> Any:
-    import torch
+    from zerolaunch.zero.protocol import DTYPES as TORCH_DTYPES
 
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    return TORCH_DTYPES[name]

@@ -86,19 +86,19 @@ def _overlap_in_backward(rank, world_size):
             # the FIRST layer's grad is among the last produced in backward
             seen["rs"] = engine.comm_stats.ops.get("reduce_scatter", None)
             seen["rs"] = 0 if seen["rs"] is None else seen["rs"].count
-            if engine.reducer is not None:
-                seen["issued"] = engine.reducer.issued_count
+            if engine.sharding.reducer is not None:
+                seen["issued"] = engine.sharding.reducer.issued_count
 
         engine.module.inp.weight.register_post_accumulate_grad_hook(count)
         x, y = micro_batch(0, 0, world_size)
         engine.backward(F.mse_loss(engine(rank_rows(x, rank)), rank_rows(y, rank)))
-        after_backward = engine.reducer.issued_count if engine.reducer is not None else 0
+        after_backward = engine.sharding.reducer.issued_count if engine.sharding.reducer is not None else 0
         engine.step()
         out[stage] = {
             "at_first_layer": seen.get("issued", seen["rs"]),
             "after_backward": after_backward,
-            "buckets": len(engine.layout.buckets),
-            "first_layer_bucket": engine.flat_params.slot_of["inp.weight"].bucket,
+            "buckets": len(engine.sharding.layout.buckets),
+            "first_layer_bucket": engine.sharding.flat_params.slot_of["inp.weight"].bucket,
         }
     return out
 
@@ -110,8 +110,8 @@ def _optimizer_bytes(rank, world_size):
         train_engine(engine, rank, world_size, 1)
         out[stage] = {
             "optimizer": engine.memory_bytes()["optimizer"],
-            "shard_numel": sum(engine.layout.shard_numel(g) for g in range(engine.num_groups)),
-            "buckets": len(engine.layout.buckets),
+            "shard_numel": sum(engine.sharding.layout.shard_numel(g) for g in range(engine.num_groups)),
+            "buckets": len(engine.sharding.layout.buckets),
             "memory": engine.memory_bytes(),
         }
     return out

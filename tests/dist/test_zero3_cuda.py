@@ -47,7 +47,7 @@ def test_cuda_matches_cpu_reference(name):
     init = {n: t.cpu() for n, t in engine.full_state_dict()}
     train(engine, model, mode, 0, 1, STEPS)
     torch.cuda.synchronize()
-    assert all(f.full_bytes_alive == 0 for f in engine.flats if f is not None and not f.resident)
+    assert all(f.full_bytes_alive == 0 for f in engine.sharding.flats if f is not None and not f.resident)
     ref, _ = reference(opts, mode, init, 1, STEPS)
     ref64, _ = reference(opts, mode, init, 1, STEPS, dtype=torch.float64)
     for pname, t in engine.full_state_dict():

@@ -24,7 +24,6 @@ from test_zero3_parity import STEPS, Net3, micro_batch, options, reference, rows
 from zerolaunch.checkpoint import load_checkpoint, save_checkpoint
 from zerolaunch.zero import Engine
 from zerolaunch.zero.options import PrecisionOptions, ZeroOptions
-from zerolaunch.zero.stage3 import Stage3Engine
 
 
 def _weights(engine) -> dict:
@@ -86,15 +85,15 @@ def _meta_case(rank, world_size):
     torch.manual_seed(1234 + rank)  # rank 0's seed must win
     with torch.device("meta"):
         model = Net3()
-    engine = Stage3Engine(model, options(persist=20))
+    engine = Engine(model, options(persist=20))
     assert all(not t.is_meta for t in list(model.parameters()) + list(model.buffers()))
     init = _weights(engine)
     train(engine, model, {"twice": True}, rank, world_size, STEPS)
     return {
         "init": init,
         "final": _weights(engine),
-        "init_peak_numel": engine.init_peak_numel,
-        "largest_unit": max(f.padded_numel for f in engine.flats if f is not None),
+        "init_peak_numel": engine.sharding.init_peak_numel,
+        "largest_unit": max(f.padded_numel for f in engine.sharding.flats if f is not None),
     }
 
 
@@ -195,10 +194,10 @@ def test_units_reduce_during_backward_and_free_after_use():
     seen = {}
 
     def at_input_grad(grad):
-        blocks = [f for f in engine.flats[1:-1] if f is not None]
-        seen["issued"] = engine.schedule.issued_count
+        blocks = [f for f in engine.sharding.flats[1:-1] if f is not None]
+        seen["issued"] = engine.sharding.schedule.issued_count
         seen["blocks_alive"] = sum(f.full_bytes_alive for f in blocks)
-        seen["root_alive"] = engine.flats[0].full_bytes_alive
+        seen["root_alive"] = engine.sharding.flats[0].full_bytes_alive
 
     x, y = micro_batch(0, 0, 1)
 
@@ -208,10 +207,10 @@ def test_units_reduce_during_backward_and_free_after_use():
     handle = model.inp.register_forward_hook(watch_input_grad)
     engine.backward(F.mse_loss(engine(rows(x, 0)), rows(y, 0)))
     handle.remove()
-    n_blocks = sum(f is not None for f in engine.flats[1:-1])
+    n_blocks = sum(f is not None for f in engine.sharding.flats[1:-1])
     assert seen["issued"] >= n_blocks - 1 and seen["blocks_alive"] == 0 and seen["root_alive"] > 0, seen
-    assert engine.schedule.issued_count == 0  # reset for the next micro-step, after all were issued
-    assert all(f.full_bytes_alive == 0 for f in engine.flats if f is not None and not f.resident)
+    assert engine.sharding.schedule.issued_count == 0  # reset for the next micro-step, after all were issued
+    assert all(f.full_bytes_alive == 0 for f in engine.sharding.flats if f is not None and not f.resident)
     # a freed param keeps its shape and reads as zeros (never the released memory); writes are refused.
     w = model.blocks[0].fc.weight
     assert w.shape == (17, 17) and float(w.detach().abs().sum()) == 0.0

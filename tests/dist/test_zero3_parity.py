@@ -210,7 +210,7 @@ def _train_cases(rank, world_size, names):
         engine = Engine(model, opts)
         init = dict(engine.full_state_dict())
         infos = train(engine, model, mode, rank, world_size, STEPS)
-        flats = [f for f in engine.flats if f is not None]
+        flats = [f for f in engine.sharding.flats if f is not None]
         out[name] = {
             "init": init,
             "final": dict(engine.full_state_dict()),
@@ -221,8 +221,8 @@ def _train_cases(rank, world_size, names):
             "resident_numel": sum(f.numel for f in flats if f.resident),
             "sharded_numel": sum(f.numel for f in flats if not f.resident),
             "buckets": sum(len(f.buckets) for f in flats if not f.resident),
-            "peak_live": engine.schedule.peak_live_numel,
-            "prefetch_hits": engine.schedule.prefetch_hits,
+            "peak_live": engine.sharding.schedule.peak_live_numel,
+            "prefetch_hits": engine.sharding.schedule.prefetch_hits,
             "largest_unit": max(f.padded_numel for f in flats if not f.resident),
         }
     return out

@@ -82,8 +82,8 @@ def _cases(rank: int, world_size: int, root: str) -> dict:
             "nvme": _weights(swapped),
             "mem": swapped.memory_bytes(),
             "plain_mem": plain.memory_bytes(),
-            "swap_bytes": swapped.param_swap.file_bytes,
-            "shards_in_memory": [f.shard is not None for f in swapped.flats if f is not None],
+            "swap_bytes": swapped.sharding.param_swap.file_bytes,
+            "shards_in_memory": [f.shard is not None for f in swapped.sharding.flats if f is not None],
             "files_open": len(os.listdir(folder)),
         }
         swapped.close()

@@ -17,9 +17,8 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from zerolaunch.models import hf  # noqa: E402
 from zerolaunch.models.hf import meta_init_fn  # noqa: E402
-from zerolaunch.zero import EngineOptions  # noqa: E402
+from zerolaunch.zero import Engine, EngineOptions  # noqa: E402
 from zerolaunch.zero.options import ZeroOptions  # noqa: E402
-from zerolaunch.zero.stage3 import Stage3Engine  # noqa: E402
 
 LLAMA = {
     "model_type": "llama",
@@ -73,7 +72,7 @@ def test_zero3_load_matches_from_pretrained_one_unit_at_a_time(tmp_path, save_kw
         seen_layers.extend(mine)
         load(module)
 
-    engine = Stage3Engine(model, STAGE3, init_fn=watched)
+    engine = Engine(model, STAGE3, init_fn=watched)
     assert sorted(set(seen_layers)) == [0, 1, 2, 3]
     # the tied weight is read once under the file's name; the rotary table is never read from the file.
     assert not any("inv_freq" in n for n in load.loaded_names)

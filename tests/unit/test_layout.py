@@ -1,7 +1,9 @@
-"""zero/layout.py: bucket packing, padding, ownership and fragments (pure arithmetic, no torch)."""
+"""zero/layout.py: bucket packing, padding, ownership and fragments; zero/plan.py: the bucket order, default
+groups and direct path the engine and estimate-memory share (pure arithmetic, no torch)."""
 
 import pytest
 
+from zerolaunch.zero import plan
 from zerolaunch.zero.layout import ParamSpec, plan_layout
 
 
@@ -61,3 +63,42 @@ def test_zero_size_params_are_skipped_and_bad_sizes_rejected():
         plan_layout(_specs(), 0, 10)
     with pytest.raises(ValueError, match="bucket_numel"):
         plan_layout(_specs(), 2, 0)
+
+
+# ---- zero/plan.py: the decisions the engine and estimate-memory share --------------------------------------
+def test_plan_bucket_order_reverses_registration_order_within_each_group():
+    specs = [ParamSpec("w1", (4, 4), 0), ParamSpec("b1", (4,), 1), ParamSpec("w2", (4, 4), 0)]
+    specs.append(ParamSpec("b2", (4,), 1))
+    assert [s.name for s in plan.bucket_order(specs)] == ["w2", "w1", "b2", "b1"]
+
+
+def test_plan_default_groups_split_on_dims_unless_decay_1d():
+    specs = [ParamSpec("w", (3, 2)), ParamSpec("b", (3,)), ParamSpec("s", ())]
+    assert [s.group for s in plan.default_specs(specs, decay_1d=False)] == [0, 1, 1]
+    assert [s.group for s in plan.default_specs(specs, decay_1d=True)] == [0, 0, 0]
+    assert (plan.default_num_groups(False), plan.default_num_groups(True)) == (2, 1)
+
+
+def test_plan_flat_layout_plans_stage_0_for_one_rank():
+    specs = plan.default_specs([ParamSpec("w", (5, 3)), ParamSpec("b", (5,))], decay_1d=False)
+    assert plan.flat_layout(specs, 0, 4, 100).world_size == 1
+    stage1 = plan.flat_layout(specs, 1, 4, 100)
+    assert stage1.world_size == 4 and [s.name for s in stage1.params] == ["w", "b"]
+    assert all(b.padded_numel % 4 == 0 for b in stage1.buckets)
+
+
+def test_plan_unit_layout_is_one_bucket_per_group():
+    specs = plan.default_specs(
+        [ParamSpec("w", (50, 30)), ParamSpec("v", (7, 3)), ParamSpec("b", (5,))], False
+    )
+    lay = plan.unit_layout(specs, 3)
+    assert [b.group for b in lay.buckets] == [0, 1]
+
+
+def test_plan_direct_accumulation_only_where_bit_identical():
+    assert plan.accumulates_directly(2, 1, False, "bf16", "bf16", 4)
+    assert not plan.accumulates_directly(1, 1, False, "bf16", "fp32", 4)  # bf16 micro-step sums would differ
+    assert plan.accumulates_directly(1, 1, False, "bf16", "fp32", 1)
+    assert not plan.accumulates_directly(2, 1, False, "bf16", "fp16", 1)  # fp16 comm would round
+    assert not plan.accumulates_directly(2, 2, False, "fp32", "fp32", 1)
+    assert not plan.accumulates_directly(2, 1, True, "fp32", "fp32", 1)

@@ -3,7 +3,7 @@
 
 Tests: the GPT's blocks are found automatically (the largest ModuleList of one class), class-name and
 dotted-path overrides, a clear error for an override that matches nothing, tied weights go to the root unit,
-frozen and small params stay resident; a meta-built GPT trains through Stage3Engine and is initialized like
+frozen and small params stay resident; a meta-built GPT trains through the stage-3 Engine and is initialized like
 the GPT's own init (same distribution), with peak init memory bounded by the largest unit (measured with the
 torch profiler's allocation events). Leaves out: several ranks (tests/dist/test_zero3_*.py).
 """
@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from zerolaunch.models.gpt import build
+from zerolaunch.zero import Engine
 from zerolaunch.zero.options import EngineOptions, OptimizerOptions, ZeroOptions
-from zerolaunch.zero.stage3 import Stage3Engine
 from zerolaunch.zero.units import ROOT, partition
 
 
@@ -91,7 +91,7 @@ def test_meta_model_materializes_one_unit_at_a_time_and_trains():
         zero=ZeroOptions(stage=3, stage3_param_persistence_threshold=0),
         optimizer=OptimizerOptions(lr=1e-3),
     )
-    engine, peak = _allocated_peak_bytes(lambda: Stage3Engine(model, options))
+    engine, peak = _allocated_peak_bytes(lambda: Engine(model, options))
     block = sum(p.numel() for p in model.transformer.h[0].parameters())
     root = n_params - 6 * block
     largest = max(block, root)
@@ -129,4 +129,4 @@ def test_meta_tensor_without_init_is_a_clear_error():
     with torch.device("meta"):
         model = NoInit()
     with pytest.raises(ValueError, match=r"buffer 'table' .*meta device and nothing initializes it"):
-        Stage3Engine(model, EngineOptions(zero=ZeroOptions(stage=3)))
+        Engine(model, EngineOptions(zero=ZeroOptions(stage=3)))

@@ -6,9 +6,10 @@ the bytes of every live tensor storage found by the garbage collector are that l
 released between steps and back after the next backward ([Note: released grad shards] in zero/grad_memory.py;
 before, stages 0/1 also held a compute-dtype full gradient buffer and stage 2 its staging buckets);
 (2) values: the direct path gives the same weights, bit for bit (atol=0), as the reducing path it replaces
-(forced here by patching `Engine._accumulates_directly`), for stages 0-2, fp32 and bf16, one and three
+(forced here by patching `FlatSharding._accumulates_directly`), for stages 0-2, fp32 and bf16, one and three
 micro-steps, a param without a gradient in a micro-step, clipping and fp16 loss scaling;
-(3) where it is not exact (stage 1, bf16, accumulation), the reducing path is kept.
+(3) where it is not exact (stage 1, bf16, accumulation), the reducing path is kept; (4) the layout estimate-memory
+plans (memory/engine_layout.py, from names and shapes) equals the engine's, with and without decay_1d.
 Leaves out: more than one rank (tests/dist parity tests) and CUDA peaks (bench/run.py on the GPU).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,14 +28,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "dis
 
 from _zero_models import Net, micro_batch  # noqa: E402
 
+from zerolaunch.memory import engine_layout  # noqa: E402
 from zerolaunch.zero import Engine  # noqa: E402
-from zerolaunch.zero import engine as engine_mod  # noqa: E402
+from zerolaunch.zero.flat_sharding import FlatSharding  # noqa: E402
+from zerolaunch.zero.layout import ParamSpec  # noqa: E402
 from zerolaunch.zero.options import (  # noqa: E402
     EngineOptions,
     OptimizerOptions,
     PrecisionOptions,
     ZeroOptions,
 )
+from zerolaunch.zero.param_groups import collect_params  # noqa: E402
 
 
 def _options(stage, dtype="fp32", gas=1, bucket=500_000_000, clip=0.05) -> EngineOptions:
@@ -79,11 +84,13 @@ def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
     y = torch.randn(8, 64)
     before = _live_storage_bytes()
     engine = Engine(WideNet(), _options(stage, dtype))
+    # not held before the first backward
+    assert sum(t.untyped_storage().nbytes() for t in engine.sharding.grad_shards) == 0
     loss = F.mse_loss(engine(x.to(engine.dtype)).float(), y)
     engine.backward(loss)
     engine.step()
     del loss
-    padded = sum(b.numel() for b in engine.flat_params.buffers)
+    padded = sum(b.numel() for b in engine.sharding.flat_params.buffers)
     elem = torch.empty((), dtype=engine.dtype).element_size()
     mem = engine.memory_bytes()
     assert mem["grads"] == 4 * padded, mem  # the fp32 grad shard alone
@@ -103,13 +110,13 @@ def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
     del loss
     live = _live_storage_bytes() - before
     assert abs(live - model_states) < 64 * 1024, (live, model_states)
-    assert sum(t.untyped_storage().nbytes() for t in engine.grad_shards) == 4 * padded
+    assert sum(t.untyped_storage().nbytes() for t in engine.sharding.grad_shards) == 4 * padded
 
 
 def _train(options: EngineOptions, *, direct: bool, monkeypatch, steps=4, skip_param_on_micro=None):
     with monkeypatch.context() as m:
         if not direct:
-            m.setattr(engine_mod.Engine, "_accumulates_directly", lambda self, o: False)
+            m.setattr(FlatSharding, "_accumulates_directly", lambda self, o: False)
         engine = Engine(Net(0), options)
     gas = options.gradient_accumulation_steps
     norms = []
@@ -143,8 +150,8 @@ def test_direct_path_is_bit_identical_to_the_reducing_path(stage, dtype, gas, mo
     skip = (1, 0)
     want, want_norms, ref = _train(options, direct=False, monkeypatch=monkeypatch, skip_param_on_micro=skip)
     got, got_norms, eng = _train(options, direct=True, monkeypatch=monkeypatch, skip_param_on_micro=skip)
-    assert ref.full_grads or ref.reducer.staging_bytes > 0  # the reference really took the reducing path
-    assert not eng.full_grads and eng.reducer.staging_bytes == 0
+    assert ref.sharding.full_grads or ref.sharding.reducer.staging_bytes > 0  # the reference reduced
+    assert not eng.sharding.full_grads and eng.sharding.reducer.staging_bytes == 0
     assert got_norms == want_norms
     for name, w in want.items():
         torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
@@ -153,4 +160,19 @@ def test_direct_path_is_bit_identical_to_the_reducing_path(stage, dtype, gas, mo
 def test_stage1_bf16_accumulation_keeps_the_reducing_path():
     # bf16 stages 0/1 accumulate micro-steps in bf16; going straight to fp32 would change the values.
     engine = Engine(Net(0), _options(1, "bf16", gas=2))
-    assert engine.full_grads and isinstance(engine.reducer, type(None))
+    assert engine.sharding.full_grads and isinstance(engine.sharding.reducer, type(None))
+
+
+@pytest.mark.parametrize("decay_1d", [False, True])
+@pytest.mark.parametrize("stage", [0, 2])
+def test_estimate_layout_is_the_engines_layout(stage, decay_1d):
+    """memory/engine_layout.py plans from names and shapes alone; the engine from its tensors and groups."""
+    options = _options(stage, bucket=150)
+    options = replace(options, optimizer=replace(options.optimizer, decay_1d=decay_1d))
+    engine = Engine(Net(0), options)
+    specs = [ParamSpec(n, tuple(p.shape)) for n, p in collect_params(engine.module) if p.requires_grad]
+    assert (
+        engine_layout.stage012_layout(specs, stage, 1, options.zero.bucket_numel, decay_1d=decay_1d)
+        == engine.sharding.layout
+    )
+    assert engine.sharding.layout.num_groups == (1 if decay_1d else 2)

@@ -221,9 +221,7 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     # zero/flat.py [Note: world size 1]: one rank, no offload and a comm dtype that rounds nothing: grads go
     # straight into the fp32 shard (no full grads, staging or reduce copies; stages 0/1 as the engine does
     # for one micro-step per window, which is what this estimate assumes).
-    direct = (
-        world == 1 and offload == "none" and (setup.communication_dtype or "fp32") in ("fp32", setup.dtype)
-    )
+    direct = el.accumulates_directly(stage, world, offload, setup.dtype, setup.communication_dtype)
     if direct:
         reduce_transient = 0
     elif stage in (0, 1):
@@ -244,8 +242,8 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
         host["optimizer"] = el.nvme_staging_bytes(
             setup, max((bk.shard_numel for bk in lay.buckets), default=0)
         )
-    # _step_and_publish keeps every bucket's compute-dtype copy of its master slice until all gathers land;
-    # stage 0 and world size 1 write the params in place.
+    # the flat step (flat_sharding.py) keeps every bucket's compute-dtype copy of its master slice until all
+    # gathers land; stage 0 and world size 1 write the params in place.
     publish_transient = 0 if stage == 0 or world == 1 else b * shard
     released = 4 * shard if offload == "none" else 0
     # written from the backward hooks (direct, stage 2) or only by the step's reduction (stages 0/1)

@@ -31,8 +31,7 @@ def largest_bucket_shard(shape, world_size: int, threshold: int) -> int:
     largest = 0
     for specs in groups:
         if specs:
-            total = sum(s.numel for s in specs)
-            lay = el.plan_layout(el.engine_specs(specs), world_size, max(1, total))
+            lay = el.unit_layout(specs, world_size)
             largest = max(largest, max(b.shard_numel for b in lay.buckets))
     return largest
 
@@ -40,9 +39,7 @@ def largest_bucket_shard(shape, world_size: int, threshold: int) -> int:
 def _padded(specs, world_size: int) -> int:
     if not specs:
         return 0
-    # stage3_flat.UnitFlat: bucket_numel = the whole unit -> exactly one bucket per param group.
-    total = sum(s.numel for s in specs)
-    return el.plan_layout(el.engine_specs(specs), world_size, max(1, total)).padded_numel
+    return el.unit_layout(specs, world_size).padded_numel
 
 
 def gathered_peak_numel(units: list[int], prefetch_numel: int, max_live_numel: int) -> int:
@@ -68,7 +65,7 @@ def gathered_peak_numel(units: list[int], prefetch_numel: int, max_live_numel: i
 def stage3_states(shape, setup, offload: str):
     """(gpu, host, step transient, gathered bytes, staging bytes, nvme bytes) of the stage 3 engine.
 
-    gpu/host are what `Stage3Engine.memory_bytes()` reports between steps (shards, the resident unit, fp32
+    gpu/host are what `Engine.memory_bytes()` at stage 3 reports between steps (shards, the resident unit, fp32
     states; no unit gathered, no staging buffer). The gathered units and the staging buffers of the units
     being reduced exist only inside forward/backward: estimate.py adds them to the activations, the
     staging ones only after the loss (a unit's staging buffer is taken at its first grad). nvme bytes are

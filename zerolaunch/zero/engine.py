@@ -1,60 +1,41 @@
-"""The Engine facade, and the ZeRO stages 0, 1 and 2 behind it.
+"""The one `Engine`: the training-step protocol of docs/ARCHITECTURE.md "The engine", for every ZeRO stage.
 
-This module owns the training-step protocol of docs/ARCHITECTURE.md "The engine" (forward, backward with
-loss scaling and accumulation, step at the accumulation boundary, memory and comm accounting, the
-checkpoint contract) for stages 0-2; `Engine(...)` with stage 3 returns a `stage3.Stage3Engine`, which
-implements the same API. The buffers and gradient buckets are flat.py's; see [Note: layout].
-
-- Stage 0: every rank holds and steps everything; grads all-reduced per bucket (a plain DDP baseline).
-- Stage 1: full grads (param.grad are views into a flat grad buffer) accumulate over micro-steps with no
-  communication; at the boundary each bucket is reduce-scattered, each rank steps the slices it owns.
-- Stage 2: reduce-scatter per bucket during backward (flat.BackwardReducer); only the fp32 shard is kept.
-- Stages 1/2: updated params return with one all-gather per gradient bucket (allgather_bucket_size is not
-  used separately: the reduce buckets already bound the message size).
-- The fp32 master + optimizer state are shard_optim.py's (on the device, the host or in an nvme swap file);
-  the step walks its chunks and all-gathers each bucket as soon as its last chunk has stepped and been sent
-  to the device, so with offload the copies overlap the CPU step ([Note: offload pipeline]).
+This module owns what does not depend on how state is sharded: construction order (options checked,
+placement and dtypes resolved, then the strategy built), forward/backward with loss scaling and
+accumulation, the step at the accumulation boundary (grad norm, clipping, the skip on inf/nan, the loss
+scaler, the lr schedule), and the engine side of the checkpoint contract (engine_state.py). Where params,
+grads and the fp32 master live is the sharding strategy's (sharding.py): `flat_sharding.FlatSharding` for
+stages 0-2, `stage3.UnitSharding` for stage 3, picked by `sharding_for`.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
-
 import torch
 from torch import nn
 
-from . import comm, flat, offload, shard_optim
+from . import comm, offload
 from .engine_state import EngineStateMixin
-from .grad_memory import GradShardMemory
-from .layout import Fragment, ParamSpec, plan_layout
+from .layout import Fragment
+from .loss_scale import LossScaler
 from .optim import check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
-from .param_groups import collect_aliases, collect_params, optimizer_groups
-from .protocol import StepInfo, validate_options
-from .shard_optim import Chunk, ShardOptimizer, split_chunks
-from .step_overlap import OverlappedStep
+from .protocol import DTYPES, StepInfo, validate_options
+from .sched import LRSchedule
+from .sharding import Sharding
+
+
+def sharding_for(stage: int) -> type[Sharding]:
+    """The strategy class of a ZeRO stage (imported here, not at the top: each pulls in its own modules)."""
+    if stage == 3:
+        from .stage3 import UnitSharding
+
+        return UnitSharding
+    from .flat_sharding import FlatSharding
+
+    return FlatSharding
 
 
 class Engine(EngineStateMixin):
-    def __new__(
-        cls,
-        model: nn.Module,
-        options: EngineOptions,
-        *,
-        group=None,
-        device: torch.device = torch.device("cpu"),
-        init_fn=None,
-        param_groups: list[dict] | None = None,
-    ):
-        validate_options(options)
-        if options.zero.stage == 3:
-            from .stage3 import Stage3Engine
-
-            # init_fn(module) initializes a unit built on the meta device (stage 3 materializes one at a time).
-            return Stage3Engine(model, options, group, device, init_fn=init_fn, param_groups=param_groups)
-        return super().__new__(cls)
-
     def __init__(
         self,
         model: nn.Module,
@@ -66,210 +47,64 @@ class Engine(EngineStateMixin):
         param_groups: list[dict] | None = None,
     ):
         """param_groups: the client's optimizer groups (param_groups.client_groups); None = the default
-        groups of options.optimizer (decay_1d)."""
-        self._init_common(options, group, device)
+        groups of options.optimizer (decay_1d). init_fn(module): stage 3 initializes a unit built on the
+        meta device with it (one unit is materialized at a time)."""
+        validate_options(options)
+        self.options = options
         self.stage = options.zero.stage
-        pin = options.zero.offload_optimizer.pin_memory
+        self.group = group
+        self.device = torch.device(device)
+        self.rank = comm.rank(group)
+        self.world_size = comm.world_size(group)
+        self.comm_stats = comm.CommStats()
+        self.dtype = DTYPES[options.precision.dtype]
+        # grads are reduced in fp32 unless asked otherwise: exact sums, FSDP2's choice.
+        self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
+        self.master_device = offload.master_device(options.zero.offload_optimizer, self.device)
 
-        self.module = (
-            model.to(device=self.device, dtype=self.dtype)
-            if self.dtype != torch.float32
-            else model.to(device=self.device)
+        self.sharding: Sharding = sharding_for(self.stage)(
+            self, model, init_fn=init_fn, param_groups=param_groups
         )
-        named = collect_params(self.module)
-        self._named = dict(named)
-        self._aliases = collect_aliases(self.module)
-        self._frozen = [(n, p) for n, p in named if not p.requires_grad]
-        self._buffers = list(self.module.named_buffers())
-        o = options.optimizer
-        self._groups = optimizer_groups(named, o.weight_decay, o.decay_1d, param_groups)
-        specs = [
-            ParamSpec(name, tuple(p.shape), g)
-            for g, grp in enumerate(self._groups)
-            for name, p in reversed(list(zip(grp["names"], grp["params"], strict=True)))
-        ]
-        # reverse registration order: the last layers' grads are ready first in backward -> bucket 0.
-        layout_world = 1 if self.stage == 0 else self.world_size
-        self.layout = plan_layout(specs, layout_world, options.zero.bucket_numel)
-        self._layout_rank = 0 if self.stage == 0 else self.rank
-        self.num_groups = len(self._groups)
+        s = self.sharding
+        self.module = s.module
+        # what the checkpoint side (engine_state.py) reads, set up by either strategy
+        self._named, self._aliases, self._frozen, self._buffers = s._named, s._aliases, s._frozen, s._buffers
+        self.shards = s.shards
+        self.num_groups = s.num_groups
 
-        self.flat_params = flat.FlatParams(self.layout, self._named, self.num_groups, self.dtype, self.device)
-        self._broadcast_initial_state()
-
-        shard_numels = [self.layout.shard_numel(g) for g in range(self.num_groups)]
-        self.grad_shards = [offload.zeros(n, self.master_device, pin=pin) for n in shard_numels]
-        # on the compute device they are freed after each step ([Note: released grad shards])
-        self.grad_memory = GradShardMemory(
-            self.grad_shards, releasable=options.zero.offload_optimizer.device == "none"
-        )
-        offload_device = options.zero.offload_optimizer.device
-        # the sum of squares for the norm is taken from the reduced grads on the device while they are
-        # still there, when those are the window's final values: saves a pass over the host shards.
-        self._device_grad_sq = offload_device != "none" and (
-            self.stage < 2 or options.gradient_accumulation_steps == 1
-        )
-        self.shards = ShardOptimizer(
-            options.optimizer,
-            options.zero.offload_optimizer,
-            shard_numels,
-            self._groups,
-            split_chunks(
-                [
-                    Chunk(b.group, self.layout.bucket_shard_offset(b), b.shard_numel, owner=b.index)
-                    for b in self.layout.buckets
-                ],
-                shard_optim.HOST_CHUNK_NUMEL if offload_device == "cpu" else None,
-            ),
-            device=self.master_device,
-            rank=self.rank,
-        )
-        """fp32 master + optimizer state of this rank's shards (on the device, the host or nvme)."""
-        buffers = self.flat_params.buffers
-        self.shards.initialize(lambda c, master: master.copy_(self._chunk_of_params(buffers, c)))
-
-        self.full_grads: list[torch.Tensor] = []
-        self.reducer: flat.BackwardReducer | flat.DirectAccumulator | None = None
-        if self._accumulates_directly(options):
-            self.reducer = flat.DirectAccumulator(self.layout, self.grad_shards, self.grad_memory)
-            self._hook_handles = [
-                self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
-                for slot in self.layout.params
-            ]
-        elif self.stage in (0, 1):
-            # autograd accumulates in place into an existing .grad of matching shape: the views persist.
-            self.full_grads = [torch.zeros_like(b) for b in self.flat_params.buffers]
-            for slot in self.layout.params:
-                self._named[slot.name].grad = self.flat_params.param_view(self.full_grads, slot)
-        else:
-            self.reducer = flat.BackwardReducer(
-                self.layout,
-                self.grad_shards,
-                group,
-                comm_dtype=self.comm_dtype,
-                device=self.device,
-                overlap=options.zero.overlap,
-                stats=self.comm_stats,
-                track_grad_sq=self._device_grad_sq,
-                memory=self.grad_memory,
-            )
-            self._hook_handles = [
-                self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
-                for slot in self.layout.params
-            ]
-
-        self._init_step_state()
-        self._in_flight: OverlappedStep | None = None
-        """The step running in the background ([Note: overlapped step]); None when settled."""
-        self._step_executor: ThreadPoolExecutor | None = None
-        if options.zero.offload_optimizer.overlap_step:
-            self._step_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerolaunch-step")
-            # the training thread keeps one core while the step runs: it launches the forward's kernels and
-            # spins in device syncs, and an OpenMP team with a preempted thread waits for it at every chunk.
-            self._step_threads = max(1, torch.get_num_threads() - 1)
-            self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-            self._register_publish_hooks()
-
-    # ---- init -----------------------------------------------------------------------------------------
-    def _accumulates_directly(self, options: EngineOptions) -> bool:
-        """World size 1 without offload: grads go straight into the fp32 shards ([Note: world size 1]),
-        wherever that gives the reducing path's values bit for bit: the comm dtype is fp32 or the compute
-        dtype (no rounding skipped), and stages 0/1 (which accumulate micro-steps in the compute dtype)
-        train in fp32 or take one micro-step per window."""
-        if self.world_size != 1 or options.zero.offload_optimizer.device != "none":
-            return False
-        if self.comm_dtype not in (torch.float32, self.dtype):
-            return False
-        return self.stage == 2 or self.dtype == torch.float32 or options.gradient_accumulation_steps == 1
-
-    def _chunk_of_params(self, flats: list[torch.Tensor], c: int) -> torch.Tensor:
-        """Chunk c of this rank's shard, inside full-size flat buffers (params or full grads)."""
-        chunk = self.shards.chunks[c]
-        owned = flat.owned_view(flats, self.layout.buckets[chunk.owner], self._layout_rank)
-        return owned[chunk.owner_offset : chunk.owner_offset + chunk.numel]
-
-    def close(self) -> None:
-        """Finish a step in flight, release the nvme swap file now (it is also removed at garbage collection
-        and at exit)."""
-        self.settle()
-        if self._step_executor is not None:
-            self._step_executor.shutdown(wait=True)
-        self.shards.close()
-
-    def _register_publish_hooks(self) -> None:
-        """overlap_step: before a module's forward, publish the buckets of its own params; after the root's
-        forward, everything ([Note: overlapped step])."""
-        slot_by_param = {id(self._named[s.name]): s for s in self.layout.params}
-        for module in self.module.modules():
-            buckets = [
-                slot_by_param[id(p)].bucket
-                for p in module.parameters(recurse=False)
-                if id(p) in slot_by_param
-            ]
-            if buckets:
-                module.register_forward_pre_hook(partial(self._publish_before_forward, min(buckets)))
-        self.module.register_forward_hook(lambda *_: self.settle())
-
-    def _publish_before_forward(self, bucket: int, *_) -> None:
-        if self._in_flight is not None:
-            self._in_flight.publish_through(bucket)
-
-    def settle(self) -> None:
-        """Wait for an overlapped step to finish and publish every param (a no-op without overlap_step).
-        Call it before reading params outside a forward after step() (e.g. model.state_dict())."""
-        if self._in_flight is not None:
-            in_flight, self._in_flight = self._in_flight, None
-            in_flight.settle()
-
-    def _broadcast_initial_state(self) -> None:
-        """Every rank starts from rank 0's weights and buffers (builders may seed differently per rank)."""
-        with torch.no_grad():
-            for buf in self.flat_params.buffers:
-                comm.broadcast(buf, 0, self.group, stats=self.comm_stats)
-            for _, t in self._frozen + self._buffers:
-                if t.is_contiguous():
-                    comm.broadcast(t.data, 0, self.group, stats=self.comm_stats)
-                else:
-                    tmp = t.data.contiguous()
-                    comm.broadcast(tmp, 0, self.group, stats=self.comm_stats)
-                    t.data.copy_(tmp)
+        self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
+        self.scaler = LossScaler(options.precision)
+        self.global_steps = 0
+        self.micro_steps = 0
+        self._loss_nonfinite: torch.Tensor | None = None
+        """Any inf/nan loss in this accumulation window (a device flag: no sync per micro-step)."""
+        self._lr = self.scheduler.lr_at(0)
 
     # ---- training step --------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+        self.sharding.begin_forward()
+        try:
+            return self.module(*args, **kwargs)
+        finally:
+            self.sharding.end_forward()
 
     def backward(self, loss: torch.Tensor) -> None:
-        """loss * loss_scale / gradient_accumulation_steps, backward; stage 2 reduces as grads arrive."""
+        """loss * loss_scale / gradient_accumulation_steps, backward; the strategy's grad hooks reduce."""
         if loss.dim() != 0:
             raise ValueError(
                 f"engine.backward expects a scalar loss, got shape {tuple(loss.shape)}; "
                 "reduce it first (e.g. loss.mean())"
             )
         self.settle()
-        self._reattach_grad_views()
+        self.sharding.begin_backward()
         self._loss_nonfinite = note_nonfinite_loss(self._loss_nonfinite, loss)
         scale = self.scaler.scale / self.options.gradient_accumulation_steps
-        (loss * scale).backward()
-        if self.reducer is not None:
-            self.reducer.finish_backward()
-
-    @torch.no_grad()
-    def _reattach_grad_views(self) -> None:
-        """Stages 0/1: param.grad must be the view into the flat grad buffer; model.zero_grad() (set_to_none)
-        or code that assigns .grad would otherwise make autograd write grads the engine never reduces."""
-        if not self.full_grads:
-            return
-        for slot in self.layout.params:
-            param = self._named[slot.name]
-            view = self.flat_params.param_view(self.full_grads, slot)
-            grad = param.grad
-            if grad is not None and grad.data_ptr() == view.data_ptr():
-                continue
-            if grad is None:
-                view.zero_()  # set_to_none meant "no gradient so far"
-            else:
-                view.copy_(grad)
-            param.grad = view
+        try:
+            (loss * scale).backward()
+        except BaseException:
+            self.sharding.abort_backward()
+            raise
+        self.sharding.finish_backward()
 
     def step(self) -> StepInfo:
         """Call after every backward; steps the optimizer only at an accumulation boundary."""
@@ -278,211 +113,64 @@ class Engine(EngineStateMixin):
         if self.micro_steps % self.options.gradient_accumulation_steps != 0:
             return StepInfo(False, False, None, self.scaler.scale, self._lr)
         loss_nonfinite, self._loss_nonfinite = self._loss_nonfinite, None
-        device_sq = None
-        if self.reducer is not None:
-            if self.reducer.busy:
-                self.reducer.finish_backward()
-            device_sq = self.reducer.take_grad_sq()
-        else:
-            self._reattach_grad_views()
-            if self.stage == 0 and loss_nonfinite is not None:
-                # stage 0 all-reduces no norm: a bad loss travels as an inf in the grads it all-reduces
-                first = self.full_grads[0][:1]
-                first.add_(torch.where(loss_nonfinite, float("inf"), 0.0).to(first.dtype))
-            self.grad_memory.ensure()  # every shard element is written by the reduction below
-            device_sq = flat.reduce_full_grads(
-                self.layout,
-                self.full_grads,
-                self.grad_shards,
-                self.group,
-                rank=self.rank,
-                sharded=self.stage == 1,
-                comm_dtype=self.comm_dtype,
-                comm_device=self.device,
-                stats=self.comm_stats,
-                track_grad_sq=self._device_grad_sq,
-            )
-            for g in self.full_grads:
-                g.zero_()
-        offload.sync(self.device)
-        self.grad_memory.ensure_zeroed()  # a window in which nothing wrote a gradient
+        device_sq, loss_nonfinite = self.sharding.finish_window(loss_nonfinite)
         loss_scale = self.scaler.scale
         scaling = check_and_scale(
-            device_sq if device_sq is not None else sum_of_squares(self.grad_shards),
+            device_sq if device_sq is not None else sum_of_squares(self.sharding.grad_shards),
             self.group,
             sharded=self.stage > 0,
             loss_scale=loss_scale,
             clip_norm=self.options.gradient_clipping,
             comm_device=self.device,
             stats=self.comm_stats,
-            # stage 0 put a bad loss into its grads above, unless they went straight to the shards
-            loss_nonfinite=loss_nonfinite if self.stage > 0 or not self.full_grads else None,
+            loss_nonfinite=loss_nonfinite,
         )
         skipped = self.scaler.update(scaling.overflow)
-        # every grad shard element is overwritten by the next window's first reduction (stages 0/1 at the
-        # boundary, stage 2 on its first micro-step): no zeroing pass over the shards.
-        if self.reducer is not None:
-            self.reducer.reset_accumulation()
+        self.sharding.reset_accumulation()
         if skipped:
-            self.grad_memory.release()
+            self.sharding.release_grads()
             return StepInfo(False, True, float(scaling.grad_norm), loss_scale, self._lr)
         self._lr = self.scheduler.lr_at(self.global_steps)
-        if self._step_executor is not None:
-            self._in_flight = self._start_overlapped_step(scaling.multiplier)
-        else:
-            self._step_and_publish(scaling.multiplier)
-            self.grad_memory.release()
+        self.sharding.step_and_publish(scaling.multiplier, self._lr)
+        self.sharding.release_grads()
         self.global_steps += 1
         return StepInfo(True, False, float(scaling.grad_norm), loss_scale, self._lr)
 
-    def _params_written_directly(self) -> bool:
-        """Stage 0 and world size 1: this rank's shard is the whole bucket, written straight into the params
-        (no all-gather, no staging copy)."""
-        return self.stage == 0 or self.world_size == 1
+    def settle(self) -> None:
+        """Wait for an overlapped step to finish and publish every param (a no-op without overlap_step).
+        Call it before reading params outside a forward after step() (e.g. model.state_dict())."""
+        self.sharding.settle()
 
-    def _send_chunk(self, c: int, master: torch.Tensor, outgoing: dict[int, torch.Tensor]) -> bool:
-        """Copy stepped chunk c to the device: into the params (direct) or into its bucket's compute-dtype
-        slice in `outgoing` (allocated on first use). Returns True when it was the bucket's last chunk.
-
-        copy_ across device and dtype at once: from pinned memory one async host->device copy and a cast on
-        the device (6x faster than .to(device, dtype=...), which casts on the host)."""
-        chunk = self.shards.chunks[c]
-        bucket = self.layout.buckets[chunk.owner]
-        if self._params_written_directly():
-            dst = self._chunk_of_params(self.flat_params.buffers, c)
-        else:
-            if bucket.index not in outgoing:
-                outgoing[bucket.index] = torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
-            dst = outgoing[bucket.index][chunk.owner_offset : chunk.owner_offset + chunk.numel]
-        dst.copy_(master, non_blocking=self.shards.copy_may_overlap(master))
-        return chunk.owner_offset + chunk.numel == bucket.shard_numel
-
-    def _all_gather_bucket(self, index: int, src: torch.Tensor):
-        """Start the all-gather of bucket `index` from this rank's updated slice; the work keeps `src` alive
-        until wait() (gloo and nccl hold their input tensors)."""
-        out = flat.bucket_view(self.flat_params.buffers, self.layout.buckets[index])
-        return comm.all_gather(out, src, self.group, stats=self.comm_stats, async_op=True)
-
-    @torch.no_grad()
-    def _step_and_publish(self, grad_multiplier: torch.Tensor | None) -> None:
-        """Step the shards chunk by chunk; send each stepped chunk to the device at once and all-gather a
-        bucket as soon as its last chunk was sent ([Note: offload pipeline] in shard_optim.py)."""
-        direct = self._params_written_directly()
-        outgoing: dict[int, torch.Tensor] = {}
-        issued = []
-
-        def on_stepped(c: int, master: torch.Tensor) -> None:
-            chunk = self.shards.chunks[c]
-            bucket = self.layout.buckets[chunk.owner]
-            # fp32 training without offload: the resident master is what the others receive. (An nvme
-            # buffer is refilled while the all-gather may still read it: that one is always copied.)
-            resident = self.shards.store is None and master.device == self.device
-            if not direct and resident and master.dtype == self.dtype and chunk.numel == bucket.shard_numel:
-                issued.append(self._all_gather_bucket(bucket.index, master))
-                return
-            if self._send_chunk(c, master, outgoing) and not direct:
-                issued.append(self._all_gather_bucket(bucket.index, outgoing.pop(bucket.index)))
-
-        self.shards.step(self.grad_shards, self._lr, on_stepped, grad_multiplier=grad_multiplier)
-        for pending in issued:
-            pending.wait()
-
-    def _start_overlapped_step(self, grad_multiplier: torch.Tensor | None) -> OverlappedStep:
-        """The step of _step_and_publish, in the background, in forward order ([Note: overlapped step])."""
-        buckets = self.layout.buckets
-        chunks = self.shards.chunks
-        direct = self._params_written_directly()
-        # staging for the all-gathers, allocated here on the compute stream (the background thread only
-        # writes into them, on its copy stream, after that stream waited for this point).
-        outgoing = (
-            {}
-            if direct
-            else {b.index: torch.empty(b.shard_numel, dtype=self.dtype, device=self.device) for b in buckets}
-        )
-
-        def publish(b: int):
-            return None if direct else self._all_gather_bucket(b, outgoing.pop(b))
-
-        def on_stepped(c: int, master: torch.Tensor) -> None:
-            if self._send_chunk(c, master, outgoing):
-                in_flight.bucket_sent(chunks[c].owner)
-
-        # the last bucket holds the first layers: step it first, so the next forward can start on it.
-        order = sorted(range(len(chunks)), key=lambda c: (-chunks[c].owner, chunks[c].owner_offset))
-        in_flight = OverlappedStep(
-            len(buckets), self.device, publish, self._step_executor, self._step_threads, self._copy_stream
-        )
-        lr = self._lr
-        in_flight.run(
-            lambda _: self.shards.step(
-                self.grad_shards, lr, on_stepped, grad_multiplier=grad_multiplier, order=order
-            )
-        )
-        return in_flight
+    def close(self) -> None:
+        """Finish a step in flight, release the nvme swap files now (they are also removed at garbage
+        collection and at exit)."""
+        self.sharding.close()
 
     # ---- accounting -----------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds per kind (model states and engine buffers; activations not included)."""
         self.settle()
-
-        def nbytes(ts):
-            return sum(t.numel() * t.element_size() for t in ts)
-
-        out = {
-            "params": nbytes(self.flat_params.buffers) + nbytes([p for _, p in self._frozen]),
-            "grads": nbytes(self.full_grads) + nbytes(self.grad_shards),
-            "buckets": self.reducer.staging_bytes if self.reducer is not None else 0,
-        }
-        # under nvme "optimizer" is the host staging buffers and "nvme" the bytes on disk.
-        return {**out, **self.shards.memory_bytes()}
+        return self.sharding.memory_bytes()
 
     # ---- checkpoint contract: collective-free unless noted ---------------------------------------------
     def owned_fragments(self) -> list[Fragment]:
-        """Fragments this rank saves. Stage 0 replicates everything: rank 0 saves it all, the others none
-        (each element is then written exactly once); every rank still loads the whole state."""
-        if self.stage == 0 and self.rank != 0:
-            return []
-        return self.layout.owned_fragments(self._layout_rank)
+        """Fragments this rank saves (each element of the model is saved by exactly one rank)."""
+        return self.sharding.owned_fragments()
 
-    @torch.no_grad()
     def load_fragment_state(self, read) -> None:
         """read(kind, name, start, stop) -> flat fp32 tensor. Loads master + optimizer state of the owned
-        fragments and every full trainable param (so no all-gather is needed). The optimizer step count
-        comes from load_state_meta, not from "step" fragments."""
+        fragments and the params they fill. The optimizer step count comes from load_state_meta, not from
+        "step" fragments."""
         self.settle()
-        for slot in self.layout.params:
-            full = read("master", slot.name, 0, slot.numel)
-            self.flat_params.param_view(self.flat_params.buffers, slot).copy_(full.reshape(slot.shape))
-        # stage 0: every rank loads everything (owned_fragments() is what rank 0 alone saves).
-        self._load_fragments(read, self.layout.owned_fragments(self._layout_rank))
+        self.sharding.load_fragment_state(read)
 
     def full_state_dict(self, dtype: torch.dtype | None = None):
         """COLLECTIVE (call on every rank, iterate to the end): (name, full tensor) for every param + buffer.
 
-        dtype=None gives the params as the model holds them. Asking fp32 from a 16-bit model gathers the fp32
-        master bucket by bucket, so the values are the exact optimizer weights, not rounded copies.
+        dtype=None gives the params as the model holds them. Asking fp32 from a 16-bit model gives the fp32
+        master, so the values are the exact optimizer weights, not rounded copies.
         """
         self.settle()
-        from_master = dtype == torch.float32 and self.dtype != torch.float32
-        gathered: dict[int, torch.Tensor] = {}
-        for name, p in self._named.items():
-            slot = self.flat_params.slot_of.get(name)
-            if slot is None or not from_master:
-                t = p.detach()
-                yield name, t if dtype is None or not t.is_floating_point() else t.to(dtype)
-                continue
-            if slot.bucket not in gathered:
-                gathered.clear()
-                gathered[slot.bucket] = self._gather_master_bucket(self.layout.buckets[slot.bucket])
-            yield name, gathered[slot.bucket][slot.offset : slot.offset + slot.numel].view(slot.shape)
+        yield from self.sharding.full_params(dtype)
         for name, b in self._buffers:
             yield name, b.detach() if dtype is None or not b.is_floating_point() else b.detach().to(dtype)
-
-    def _gather_master_bucket(self, bucket) -> torch.Tensor:
-        shard_offset = self.layout.bucket_shard_offset(bucket)
-        src = self.shards.read("master", bucket.group, shard_offset, bucket.shard_numel).to(self.device)
-        if self.stage == 0:
-            return src
-        out = torch.empty(bucket.padded_numel, dtype=torch.float32, device=self.device)
-        comm.all_gather(out, src, self.group, stats=self.comm_stats)
-        return out

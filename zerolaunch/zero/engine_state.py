@@ -1,51 +1,19 @@
-"""The engine meta and replicated tensors of a checkpoint, shared by the stage 0-2 and stage 3 engines.
+"""The engine side of the checkpoint contract, as a mixin of `Engine` (engine.py).
 
-Owns: the param specs, frozen params + buffers (identical on every rank), the JSON-able meta (steps, schedule, loss scale,
-the optimizer's step count), and the master + optimizer state of the fragments a rank owns, read from and
-written to the engine's `shards` (shard_optim.ShardOptimizer) wherever they live. It relies on attributes
-both engines set up the same way (`_frozen`, `_buffers`, `scheduler`, `scaler`, `shards`, and
-`owned_fragments()`); which fragments a rank owns, and the params they fill, stay with each engine, whose
-layouts differ.
+Owns: the param specs, frozen params + buffers (identical on every rank), the JSON-able meta (steps, schedule,
+loss scale, the optimizer's step count), and the master + optimizer state of the fragments a rank owns, read
+from the engine's `shards` (shard_optim.ShardOptimizer) wherever they live. Which fragments a rank owns, and
+the params they fill, are the sharding strategy's (`owned_fragments()`, `load_fragment_state()`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import comm, offload
 from .layout import TensorSpec
-from .loss_scale import LossScaler
-from .protocol import DTYPES
-from .sched import LRSchedule
 
 
 class EngineStateMixin:
-    def _init_common(self, options, group, device) -> None:
-        """The attributes both constructors set first (placement, dtypes, comm accounting)."""
-        self.options = options
-        self.group = group
-        self.device = torch.device(device)
-        self.rank = comm.rank(group)
-        self.world_size = comm.world_size(group)
-        self.comm_stats = comm.CommStats()
-        self.dtype = DTYPES[options.precision.dtype]
-        # grads are reduced in fp32 unless asked otherwise: exact sums, FSDP2's choice.
-        self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
-        self.master_device = offload.master_device(options.zero.offload_optimizer, self.device)
-
-    def _init_step_state(self) -> None:
-        """Schedule, loss scaler and step counters, set last by both constructors."""
-        self.scheduler = LRSchedule(self.options.scheduler, self.options.optimizer.lr)
-        self.scaler = LossScaler(self.options.precision)
-        self.global_steps = 0
-        self.micro_steps = 0
-        self._loss_nonfinite: torch.Tensor | None = None
-        """Any inf/nan loss in this accumulation window (a device flag: no sync per micro-step)."""
-        self._lr = self.scheduler.lr_at(0)
-
-    def settle(self) -> None:
-        """Finish a step still running in the background (engines with an overlapped step override this)."""
-
     def param_specs(self) -> list[TensorSpec]:
         dtype_name = str(self.dtype).removeprefix("torch.")
         return [
@@ -86,12 +54,6 @@ class EngineStateMixin:
                 out[f"{kind}/{f.name}/{f.start}"] = self.shards.read(kind, f.group, f.shard_offset, f.numel)
             out[f"step/{f.name}/{f.start}"] = step
         return out
-
-    def _load_fragments(self, read, fragments) -> None:
-        """Master + optimizer state of `fragments` <- read(kind, name, start, stop)."""
-        for f in fragments:
-            for kind in ("master", *self.shards.kinds):
-                self.shards.write(kind, f.group, f.shard_offset, read(kind, f.name, f.start, f.stop))
 
     def _optimizer_step_count(self) -> int:
         return self.shards.step_count if self.shards.counts_steps else 0

@@ -25,7 +25,7 @@ from collections import deque
 
 import torch
 
-from . import comm, offload
+from . import comm, offload, plan
 from .grad_memory import GradShardMemory
 from .layout import BucketPlan, Layout, ParamSlot
 from .optim import sum_of_squares
@@ -156,7 +156,7 @@ class BackwardReducer:
         device: torch.device,
         overlap: bool,
         stats: comm.CommStats,
-        max_in_flight: int = 2,
+        max_in_flight: int = plan.STAGING_MAX_IN_FLIGHT,
         track_grad_sq: bool = False,
         memory: GradShardMemory | None = None,
     ):
@@ -169,7 +169,8 @@ class BackwardReducer:
         self.device = device
         self.overlap = overlap
         self.stats = stats
-        self.max_in_flight = max(1, max_in_flight) if overlap else 1
+        # the policy estimate-memory replays (plan.stage2_staging_buffers)
+        self.max_in_flight = plan.staging_limit(overlap, max_in_flight)
         self.stream = torch.cuda.Stream(device) if overlap and device.type == "cuda" else None
         self._buffer_numel = max((b.padded_numel for b in layout.buckets), default=0)
         self._free: list[torch.Tensor] = []

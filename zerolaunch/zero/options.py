@@ -8,10 +8,13 @@ recipe vocabulary (that is `zerolaunch.config`, which builds these objects). Fie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Dtype = Literal["fp32", "bf16", "fp16"]
+DTYPE_NAMES: tuple[str, ...] = get_args(Dtype)
+"""The dtype names a recipe, a command line or the engine accepts, defined once (protocol.DTYPES maps them
+to torch; zerolaunch/dtypes.py re-exports them for code outside zero/)."""
 
 OFFLOADED_BUCKET_NUMEL = 50_000_000
 """Largest gradient bucket while the optimizer is offloaded: each bucket is copied to the host as soon as it

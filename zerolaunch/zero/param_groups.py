@@ -5,7 +5,8 @@ wins, later names are recorded as aliases); the default grouping (one group of e
 decayed, as DeepSpeed does with `model.parameters()`; or nanoGPT's split, decay on 2+ dims only, when
 `decay_1d` is off); and the client's own groups (DeepSpeed's `model_parameters`: params or dicts with
 `params` and any of lr, weight_decay, betas, eps, name). Frozen params are in no group. It allocates
-nothing and knows no layout.
+nothing and knows no layout. The default grouping rule itself is plan.py's, torch-free, so that
+estimate-memory groups params the same way.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from .plan import DECAY_GROUP, default_group, default_num_groups
+
 GROUP_OPTION_KEYS = ("lr", "weight_decay", "betas", "eps", "name")
 """What a client's group dict may set besides `params` (DeepSpeed's / torch's per-group options)."""
-
-DECAY_GROUP = 0
-NO_DECAY_GROUP = 1
 
 
 def collect_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -50,19 +50,9 @@ def split_decay_groups(named_params: list[tuple[str, torch.Tensor]], weight_deca
     """Two groups, always in this order: [decay (dim >= 2), no decay (dim < 2)]; frozen params excluded.
 
     Each group is dict(names=[...], params=[...], weight_decay=float). A group may be empty (a model with no
-    biases); callers keep both so group indices (DECAY_GROUP, NO_DECAY_GROUP) mean the same everywhere.
+    biases); callers keep both so group indices (plan.DECAY_GROUP, plan.NO_DECAY_GROUP) mean the same everywhere.
     """
-    if weight_decay < 0:
-        raise ValueError(f"optimizer.weight_decay must be >= 0, got {weight_decay}; use 0 to turn decay off")
-    decay = {"names": [], "params": [], "weight_decay": float(weight_decay)}
-    no_decay = {"names": [], "params": [], "weight_decay": 0.0}
-    for name, param in named_params:
-        if not param.requires_grad:
-            continue
-        target = decay if param.dim() >= 2 else no_decay
-        target["names"].append(name)
-        target["params"].append(param)
-    return [decay, no_decay]
+    return default_groups(named_params, weight_decay, decay_1d=False)
 
 
 def _group(names, params, weight_decay: float, **extra) -> dict:
@@ -73,13 +63,18 @@ def default_groups(
     named_params: list[tuple[str, torch.Tensor]], weight_decay: float, decay_1d: bool
 ) -> list[dict]:
     """decay_1d: one group of every trainable param, all decayed (DeepSpeed's `model.parameters()`);
-    otherwise split_decay_groups' two groups."""
-    if not decay_1d:
-        return split_decay_groups(named_params, weight_decay)
+    otherwise split_decay_groups' two groups. The rule is plan.default_group's (estimate-memory's too)."""
     if weight_decay < 0:
         raise ValueError(f"optimizer.weight_decay must be >= 0, got {weight_decay}; use 0 to turn decay off")
-    trainable = [(n, p) for n, p in named_params if p.requires_grad]
-    return [_group([n for n, _ in trainable], [p for _, p in trainable], weight_decay)]
+    groups = [
+        _group([], [], weight_decay if g == DECAY_GROUP else 0.0) for g in range(default_num_groups(decay_1d))
+    ]
+    for name, param in named_params:
+        if param.requires_grad:
+            target = groups[default_group(param.dim(), decay_1d)]
+            target["names"].append(name)
+            target["params"].append(param)
+    return groups
 
 
 def client_groups(

@@ -1,7 +1,5 @@
-"""What the stage 0-2 engine (engine.py) and the stage 3 engine (stage3.py) share before either is built:
-the compute dtypes, the `StepInfo` that `step()` returns, and the option checks both constructors run.
-
-Kept apart from engine.py so that stage3.py does not import engine.py (which imports stage3.py back).
+"""What the engine checks and returns, apart from the engine itself: the compute dtypes, the `StepInfo` that
+`step()` returns, and the option checks run before any strategy is built.
 """
 
 from __future__ import annotations
@@ -11,9 +9,10 @@ from dataclasses import dataclass
 import torch
 
 from .optim import STATE_KINDS
-from .options import EngineOptions
+from .options import DTYPE_NAMES, EngineOptions
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# strict: a name added to options.Dtype without its torch dtype fails at import, not at first use.
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ def validate_options(options: EngineOptions) -> None:
         ("precision.communication_dtype", p.communication_dtype),
     ):
         if value is not None and value not in DTYPES:
-            raise ValueError(f"{key} must be one of fp32, bf16, fp16, got {value!r}")
+            raise ValueError(f"{key} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
     if options.optimizer.name not in STATE_KINDS:
         raise ValueError(
             f"optimizer.name {options.optimizer.name!r} is not supported; use one of: {', '.join(STATE_KINDS)}"
@@ -59,6 +58,9 @@ def validate_options(options: EngineOptions) -> None:
             "zero.offload_optimizer.overlap_step needs zero.stage 1 or 2 with offload_optimizer.device cpu "
             f"or nvme (got stage {z.stage}, device {z.offload_optimizer.device}); remove overlap_step"
         )
+    # 0 is DeepSpeed's "no prefetch beyond the current unit": the unit needed now is always gathered.
+    if z.stage == 3 and z.stage3_max_live_parameters < 0:
+        raise ValueError(f"zero.stage3_max_live_parameters must be >= 0, got {z.stage3_max_live_parameters}")
     if z.stage < 3 and z.offload_param.device != "none":
         raise ValueError(
             "zero.offload_param needs zero.stage 3 (stages 0-2 keep the parameters on the device)"

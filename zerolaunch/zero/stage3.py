@@ -1,11 +1,10 @@
 """ZeRO stage 3: parameters, gradients and optimizer state all sharded, parameters gathered just in time.
 
-This module owns the `Stage3Engine`, which `Engine(...)` returns for `zero.stage == 3`, with the same public
-API (docs/ARCHITECTURE.md "The engine"): construction (units from units.py, one unit materialized at a time
-by meta_init.py, keeping only this rank's shard), the training step (forward/backward hooks of
-stage3_hooks.py, see [Note: stage-3 schedule]; the step itself reuses optim.py, loss_scale.py, sched.py),
-memory and comm accounting; the checkpoint contract is stage3_state.py's. Buffers: [Note: stage-3 buffers]
-in stage3_flat.py.
+This module owns `UnitSharding`, the stage-3 strategy of the one `Engine` (sharding.py has the contract):
+construction (units from units.py, one unit materialized at a time by meta_init.py, keeping only this
+rank's shard), the forward/backward hooks (stage3_hooks.py, see [Note: stage-3 schedule]), the step's
+publish of updated shards, memory accounting; the checkpoint fragments are stage3_state.py's. Buffers:
+[Note: stage-3 buffers] in stage3_flat.py.
 
 Per rank it holds: the compute-dtype shard of every unit (on the host with `offload_param.device == "cpu"`),
 the fp32 grad shards per param group and, in shard_optim.py's ShardOptimizer, the fp32 master + optimizer
@@ -26,37 +25,23 @@ from torch import nn
 from . import comm, nvme, offload, shard_optim
 from .layout import ParamSpec
 from .meta_init import materialize, param_sites, unit_seed
-from .optim import check_and_scale, note_nonfinite_loss, sum_of_squares
-from .options import EngineOptions
 from .param_groups import collect_aliases, collect_params, optimizer_groups
-from .protocol import StepInfo, validate_options
 from .shard_optim import Chunk, ShardOptimizer, split_chunks
+from .sharding import Sharding, nbytes
 from .stage3_flat import UnitFlat
 from .stage3_hooks import Stage3Schedule
-from .stage3_state import Stage3StateMixin
+from .stage3_state import UnitStateMixin
 from .units import partition
 
 
-class Stage3Engine(Stage3StateMixin):
-    def __init__(
-        self,
-        model: nn.Module,
-        options: EngineOptions,
-        group=None,
-        device: torch.device = torch.device("cpu"),
-        *,
-        init_fn=None,
-        param_groups: list[dict] | None = None,
-    ):
-        validate_options(options)
+class UnitSharding(UnitStateMixin, Sharding):
+    def __init__(self, engine, model: nn.Module, *, init_fn=None, param_groups: list[dict] | None = None):
+        """init_fn(module) initializes a unit built on the meta device (one is materialized at a time);
+        param_groups as in FlatSharding."""
+        super().__init__(engine)
+        options = self.options
+        group = self.group
         z = options.zero
-        # 0 is DeepSpeed's "no prefetch beyond the current unit": the unit needed now is always gathered.
-        if z.stage3_max_live_parameters < 0:
-            raise ValueError(
-                f"zero.stage3_max_live_parameters must be >= 0, got {z.stage3_max_live_parameters}"
-            )
-        self._init_common(options, group, device)
-        self.stage = 3
         # offload_param nvme: the shards of the units (not the small persistent params) live in a swap file.
         shard_device = {"cpu": torch.device("cpu"), "nvme": None}.get(z.offload_param.device, self.device)
         self.module = model
@@ -134,7 +119,6 @@ class Stage3Engine(Stage3StateMixin):
             # are the window's final values and would otherwise be summed again on the host.
             track_grad_sq=z.offload_optimizer.device != "none" and options.gradient_accumulation_steps == 1,
         )
-        self._init_step_state()
 
     # ---- construction --------------------------------------------------------------------------------------
     def _allocate_shards(self, groups: list[dict]) -> None:
@@ -261,61 +245,32 @@ class Stage3Engine(Stage3StateMixin):
         flat.adopt_params(named)
 
     # ---- training step -------------------------------------------------------------------------------------
-    def __call__(self, *args, **kwargs):
+    def begin_forward(self) -> None:
         self.schedule.begin_forward()
-        try:
-            return self.module(*args, **kwargs)
-        finally:
-            self.schedule.end_forward()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """loss * loss_scale / gradient_accumulation_steps, backward; units reduce-scatter as they finish."""
-        if loss.dim() != 0:
-            raise ValueError(
-                f"engine.backward expects a scalar loss, got shape {tuple(loss.shape)}; "
-                "reduce it first (e.g. loss.mean())"
-            )
-        self._loss_nonfinite = note_nonfinite_loss(self._loss_nonfinite, loss)
-        scale = self.scaler.scale / self.options.gradient_accumulation_steps
+    def end_forward(self) -> None:
+        self.schedule.end_forward()
+
+    def begin_backward(self) -> None:
         self.schedule.begin_backward()
-        try:
-            (loss * scale).backward()
-        except BaseException:
-            self.schedule.in_backward = False
-            raise
+
+    def abort_backward(self) -> None:
+        self.schedule.in_backward = False
+
+    def finish_backward(self) -> None:
+        """Units reduce-scatter as they finish; wait for the last ones."""
         self.schedule.finish_backward()
 
-    def step(self) -> StepInfo:
-        """Call after every backward; steps the optimizer only at an accumulation boundary."""
-        self.micro_steps += 1
-        if self.micro_steps % self.options.gradient_accumulation_steps != 0:
-            return StepInfo(False, False, None, self.scaler.scale, self._lr)
-        loss_nonfinite, self._loss_nonfinite = self._loss_nonfinite, None
+    def finish_window(self, loss_nonfinite: torch.Tensor | None):
         offload.sync(self.device)
-        device_sq = self.schedule.take_grad_sq()
-        loss_scale = self.scaler.scale
-        scaling = check_and_scale(
-            device_sq if device_sq is not None else sum_of_squares(self.grad_shards),
-            self.group,
-            sharded=True,
-            loss_scale=loss_scale,
-            clip_norm=self.options.gradient_clipping,
-            comm_device=self.device,
-            stats=self.comm_stats,
-            loss_nonfinite=loss_nonfinite if self.stage > 0 else None,
-        )
-        skipped = self.scaler.update(scaling.overflow)
+        return self.schedule.take_grad_sq(), loss_nonfinite
+
+    def reset_accumulation(self) -> None:
         # the next window's first reduce-scatter of each unit overwrites its grad shard: no zeroing pass.
         self.schedule.reset_accumulation()
-        if skipped:
-            return StepInfo(False, True, float(scaling.grad_norm), loss_scale, self._lr)
-        self._lr = self.scheduler.lr_at(self.global_steps)
-        self._step_and_publish(scaling.multiplier)
-        self.global_steps += 1
-        return StepInfo(True, False, float(scaling.grad_norm), loss_scale, self._lr)
 
     @torch.no_grad()
-    def _step_and_publish(self, grad_multiplier: torch.Tensor | None) -> None:
+    def step_and_publish(self, grad_multiplier: torch.Tensor | None, lr: float) -> None:
         """Step the shards chunk by chunk, each stepped chunk cast into the unit's compute-dtype shard at
         once (host->device without blocking when pinned: [Note: offload pipeline]); then the resident unit
         re-gathers its full buffer."""
@@ -329,18 +284,13 @@ class Stage3Engine(Stage3StateMixin):
                 non_blocking=self.shards.copy_may_overlap(master),
             )
 
-        self.shards.step(self.grad_shards, self._lr, on_stepped, grad_multiplier=grad_multiplier)
+        self.shards.step(self.grad_shards, lr, on_stepped, grad_multiplier=grad_multiplier)
         for flat in self.flats:
             if flat is not None:
                 flat.regather_resident(self.group, stats=self.comm_stats)
 
     # ---- accounting ----------------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
-        """Bytes this rank holds per kind (model states and engine buffers; activations not included)."""
-
-        def nbytes(ts):
-            return sum(t.numel() * t.element_size() for t in ts)
-
         flats = [f for f in self.flats if f is not None]
         out = {
             "params": sum(f.shard_bytes_in_memory + f.full_bytes_alive for f in flats)

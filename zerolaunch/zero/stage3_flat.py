@@ -28,9 +28,10 @@ from contextlib import nullcontext
 import torch
 
 from . import comm, offload
-from .layout import Fragment, ParamSpec, plan_layout
+from .layout import Fragment, ParamSpec
 from .nvme import SwapStore
 from .optim import sum_of_squares
+from .plan import unit_layout
 
 
 class UnitFlat:
@@ -56,9 +57,7 @@ class UnitFlat:
         self.device = device
         self.resident = resident
         """Resident units (the persistent params) are gathered once and never freed."""
-        total = sum(s.numel for s in specs)
-        # bucket_numel = the whole unit: plan_layout then gives exactly one bucket per param group.
-        self.layout = plan_layout(specs, world_size, max(1, total))
+        self.layout = unit_layout(specs, world_size)
         self.buckets = list(self.layout.buckets)
         self.bucket_offsets: list[int] = []
         self.shard_offsets: list[int] = []
@@ -70,7 +69,7 @@ class UnitFlat:
             shard_off += b.shard_numel
         self.padded_numel = full_off
         self.shard_numel = shard_off
-        self.numel = total
+        self.numel = sum(s.numel for s in specs)
         self.slots = {s.name: s for s in self.layout.params}
         self.full = torch.empty(self.padded_numel, dtype=dtype, device=device)
         self.full_nbytes = self.full.untyped_storage().nbytes()

@@ -1,10 +1,11 @@
-"""The checkpoint contract of the stage 3 engine (docs/ARCHITECTURE.md "The engine"), as a mixin.
+"""The checkpoint fragments of the stage 3 sharding (stage3.UnitSharding), as a mixin.
 
-This module owns what a checkpoint reads from and writes into a `Stage3Engine`: param specs, the fragments
-this rank owns (every unit's buckets, with offsets into the per-group fp32 master, [Note: layout]), their
-master + optimizer state, the replicated tensors, the engine meta, and the streamed `full_state_dict` (one
-unit gathered at a time: `stage3_gather_16bit_weights_on_model_save`). Everything but `full_state_dict` is
-collective-free. The tensors themselves are built by stage3.py; this module only reads and fills them.
+This module owns what a checkpoint reads from and writes into the units: the fragments this rank owns
+(every unit's buckets, with offsets into the per-group fp32 master, [Note: layout]), their master +
+optimizer state, and the streamed full params (one unit gathered at a time:
+`stage3_gather_16bit_weights_on_model_save`). Everything but `full_params` is collective-free. The
+tensors themselves are built by stage3.py; this module only reads and fills them. The engine meta and the
+replicated tensors are engine_state.py's, shared by both strategies.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from __future__ import annotations
 import torch
 
 from . import comm
-from .engine_state import EngineStateMixin
 from .layout import Fragment
 from .stage3_flat import UnitFlat
 
 
-class Stage3StateMixin(EngineStateMixin):
+class UnitStateMixin:
     def owned_fragments(self) -> list[Fragment]:
         return [frag for f in self.flats if f is not None for frag in f.fragments()]
 
@@ -37,12 +37,9 @@ class Stage3StateMixin(EngineStateMixin):
                     flat.param_view(flat.full, name).copy_(full.reshape(slot.shape))
 
     @torch.no_grad()
-    def full_state_dict(self, dtype: torch.dtype | None = None):
-        """COLLECTIVE (call on every rank, iterate to the end): (name, full tensor) for every param + buffer.
-
-        Streamed: one unit is gathered at a time (stage3_gather_16bit_weights_on_model_save). dtype=fp32 from
-        a 16-bit model gathers the fp32 master instead, so the values are the exact optimizer weights.
-        """
+    def full_params(self, dtype: torch.dtype | None = None):
+        """Streamed: one unit is gathered at a time (stage3_gather_16bit_weights_on_model_save). dtype=fp32
+        from a 16-bit model gathers the fp32 master instead, so the values are the exact optimizer weights."""
         from_master = dtype == torch.float32 and self.dtype != torch.float32
         current: tuple[int, torch.Tensor] | None = None
         for name, p in self._named.items():
@@ -56,8 +53,6 @@ class Stage3StateMixin(EngineStateMixin):
                 current = (k, self._gather_for_save(flat, from_master))
             t = flat.param_view(current[1], name).clone()
             yield name, t if dtype is None else t.to(dtype)
-        for name, b in self._buffers:
-            yield name, b.detach() if dtype is None or not b.is_floating_point() else b.detach().to(dtype)
 
     def _bucket_master(self, flat: UnitFlat, i: int) -> torch.Tensor:
         """The fp32 master of bucket i of `flat` (a copy read from the swap file under nvme)."""

@@ -1,0 +1,411 @@
+"""ZeRO stages 0, 1 and 2: the flat-bucket sharding strategy of the `Engine` (sharding.py has the contract).
+
+The buffers and gradient buckets are flat.py's; see [Note: layout].
+
+- Stage 0: every rank holds and steps everything; grads all-reduced per bucket (a plain DDP baseline).
+- Stage 1: full grads (param.grad are views into a flat grad buffer) accumulate over micro-steps with no
+  communication; at the boundary each bucket is reduce-scattered, each rank steps the slices it owns.
+- Stage 2: reduce-scatter per bucket during backward (flat.BackwardReducer); only the fp32 shard is kept.
+- Stages 1/2: updated params return with one all-gather per gradient bucket (allgather_bucket_size is not
+  used separately: the reduce buckets already bound the message size).
+- The fp32 master + optimizer state are shard_optim.py's (on the device, the host or in an nvme swap file);
+  the step walks its chunks and all-gathers each bucket as soon as its last chunk has stepped and been sent
+  to the device, so with offload the copies overlap the CPU step ([Note: offload pipeline]).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import torch
+from torch import nn
+
+from . import comm, flat, offload, plan, shard_optim
+from .grad_memory import GradShardMemory
+from .layout import Fragment, ParamSpec
+from .param_groups import collect_aliases, collect_params, optimizer_groups
+from .shard_optim import Chunk, ShardOptimizer, split_chunks
+from .sharding import Sharding, nbytes
+from .step_overlap import OverlappedStep
+
+
+class FlatSharding(Sharding):
+    def __init__(self, engine, model: nn.Module, *, init_fn=None, param_groups: list[dict] | None = None):
+        """param_groups: the client's optimizer groups (param_groups.client_groups); None = the default
+        groups of options.optimizer (decay_1d). init_fn is stage 3's (stages 0-2 take built weights)."""
+        super().__init__(engine)
+        options = self.options
+        group = self.group
+        pin = options.zero.offload_optimizer.pin_memory
+
+        self.module = (
+            model.to(device=self.device, dtype=self.dtype)
+            if self.dtype != torch.float32
+            else model.to(device=self.device)
+        )
+        named = collect_params(self.module)
+        self._named = dict(named)
+        self._aliases = collect_aliases(self.module)
+        self._frozen = [(n, p) for n, p in named if not p.requires_grad]
+        self._buffers = list(self.module.named_buffers())
+        o = options.optimizer
+        self._groups = optimizer_groups(named, o.weight_decay, o.decay_1d, param_groups)
+        specs = [
+            ParamSpec(name, tuple(p.shape), g)
+            for g, grp in enumerate(self._groups)
+            for name, p in zip(grp["names"], grp["params"], strict=True)
+        ]
+        self.layout = plan.flat_layout(specs, self.stage, self.world_size, options.zero.bucket_numel)
+        self._layout_rank = 0 if self.stage == 0 else self.rank
+        self.num_groups = len(self._groups)
+
+        self.flat_params = flat.FlatParams(self.layout, self._named, self.num_groups, self.dtype, self.device)
+        self._broadcast_initial_state()
+
+        shard_numels = [self.layout.shard_numel(g) for g in range(self.num_groups)]
+        self.grad_shards = [offload.zeros(n, self.master_device, pin=pin) for n in shard_numels]
+        # on the compute device they are freed after each step ([Note: released grad shards])
+        self.grad_memory = GradShardMemory(
+            self.grad_shards, releasable=options.zero.offload_optimizer.device == "none"
+        )
+        offload_device = options.zero.offload_optimizer.device
+        # the sum of squares for the norm is taken from the reduced grads on the device while they are
+        # still there, when those are the window's final values: saves a pass over the host shards.
+        self._device_grad_sq = offload_device != "none" and (
+            self.stage < 2 or options.gradient_accumulation_steps == 1
+        )
+        self.shards = ShardOptimizer(
+            options.optimizer,
+            options.zero.offload_optimizer,
+            shard_numels,
+            self._groups,
+            split_chunks(
+                [
+                    Chunk(b.group, self.layout.bucket_shard_offset(b), b.shard_numel, owner=b.index)
+                    for b in self.layout.buckets
+                ],
+                shard_optim.HOST_CHUNK_NUMEL if offload_device == "cpu" else None,
+            ),
+            device=self.master_device,
+            rank=self.rank,
+        )
+        """fp32 master + optimizer state of this rank's shards (on the device, the host or nvme)."""
+        buffers = self.flat_params.buffers
+        self.shards.initialize(lambda c, master: master.copy_(self._chunk_of_params(buffers, c)))
+
+        self.full_grads: list[torch.Tensor] = []
+        self.reducer: flat.BackwardReducer | flat.DirectAccumulator | None = None
+        if self._accumulates_directly(options):
+            self.reducer = flat.DirectAccumulator(self.layout, self.grad_shards, self.grad_memory)
+            self._hook_handles = [
+                self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
+                for slot in self.layout.params
+            ]
+        elif self.stage in (0, 1):
+            # autograd accumulates in place into an existing .grad of matching shape: the views persist.
+            self.full_grads = [torch.zeros_like(b) for b in self.flat_params.buffers]
+            for slot in self.layout.params:
+                self._named[slot.name].grad = self.flat_params.param_view(self.full_grads, slot)
+        else:
+            self.reducer = flat.BackwardReducer(
+                self.layout,
+                self.grad_shards,
+                group,
+                comm_dtype=self.comm_dtype,
+                device=self.device,
+                overlap=options.zero.overlap,
+                stats=self.comm_stats,
+                track_grad_sq=self._device_grad_sq,
+                memory=self.grad_memory,
+            )
+            self._hook_handles = [
+                self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
+                for slot in self.layout.params
+            ]
+        # not held before the first backward either (the reducers' views above are taken): the first
+        # forward's peak is then every step's peak
+        self.grad_memory.release()
+
+        self._in_flight: OverlappedStep | None = None
+        """The step running in the background ([Note: overlapped step]); None when settled."""
+        self._step_executor: ThreadPoolExecutor | None = None
+        if options.zero.offload_optimizer.overlap_step:
+            self._step_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerolaunch-step")
+            # the training thread keeps one core while the step runs: it launches the forward's kernels and
+            # spins in device syncs, and an OpenMP team with a preempted thread waits for it at every chunk.
+            self._step_threads = max(1, torch.get_num_threads() - 1)
+            self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+            self._register_publish_hooks()
+
+    # ---- init -----------------------------------------------------------------------------------------
+    def _accumulates_directly(self, options) -> bool:
+        """plan.accumulates_directly (a method: tests force the reducing path to compare the two)."""
+        p = options.precision
+        return plan.accumulates_directly(
+            self.stage,
+            self.world_size,
+            options.zero.offload_optimizer.device != "none",
+            p.dtype,
+            p.communication_dtype or "fp32",
+            options.gradient_accumulation_steps,
+        )
+
+    def _chunk_of_params(self, flats: list[torch.Tensor], c: int) -> torch.Tensor:
+        """Chunk c of this rank's shard, inside full-size flat buffers (params or full grads)."""
+        chunk = self.shards.chunks[c]
+        owned = flat.owned_view(flats, self.layout.buckets[chunk.owner], self._layout_rank)
+        return owned[chunk.owner_offset : chunk.owner_offset + chunk.numel]
+
+    def close(self) -> None:
+        """Finish a step in flight, release the nvme swap file now (it is also removed at garbage collection
+        and at exit)."""
+        self.settle()
+        if self._step_executor is not None:
+            self._step_executor.shutdown(wait=True)
+        self.shards.close()
+
+    def _register_publish_hooks(self) -> None:
+        """overlap_step: before a module's forward, publish the buckets of its own params; after the root's
+        forward, everything ([Note: overlapped step])."""
+        slot_by_param = {id(self._named[s.name]): s for s in self.layout.params}
+        for module in self.module.modules():
+            buckets = [
+                slot_by_param[id(p)].bucket
+                for p in module.parameters(recurse=False)
+                if id(p) in slot_by_param
+            ]
+            if buckets:
+                module.register_forward_pre_hook(partial(self._publish_before_forward, min(buckets)))
+        self.module.register_forward_hook(lambda *_: self.settle())
+
+    def _publish_before_forward(self, bucket: int, *_) -> None:
+        if self._in_flight is not None:
+            self._in_flight.publish_through(bucket)
+
+    def settle(self) -> None:
+        if self._in_flight is not None:
+            in_flight, self._in_flight = self._in_flight, None
+            in_flight.settle()
+
+    def _broadcast_initial_state(self) -> None:
+        """Every rank starts from rank 0's weights and buffers (builders may seed differently per rank)."""
+        with torch.no_grad():
+            for buf in self.flat_params.buffers:
+                comm.broadcast(buf, 0, self.group, stats=self.comm_stats)
+            for _, t in self._frozen + self._buffers:
+                if t.is_contiguous():
+                    comm.broadcast(t.data, 0, self.group, stats=self.comm_stats)
+                else:
+                    tmp = t.data.contiguous()
+                    comm.broadcast(tmp, 0, self.group, stats=self.comm_stats)
+                    t.data.copy_(tmp)
+
+    # ---- training step --------------------------------------------------------------------------------
+    def begin_backward(self) -> None:
+        self._reattach_grad_views()
+
+    def finish_backward(self) -> None:
+        """Stage 2 reduces as grads arrive: wait for the last buckets."""
+        if self.reducer is not None:
+            self.reducer.finish_backward()
+
+    @torch.no_grad()
+    def _reattach_grad_views(self) -> None:
+        """Stages 0/1: param.grad must be the view into the flat grad buffer; model.zero_grad() (set_to_none)
+        or code that assigns .grad would otherwise make autograd write grads the engine never reduces."""
+        if not self.full_grads:
+            return
+        for slot in self.layout.params:
+            param = self._named[slot.name]
+            view = self.flat_params.param_view(self.full_grads, slot)
+            grad = param.grad
+            if grad is not None and grad.data_ptr() == view.data_ptr():
+                continue
+            if grad is None:
+                view.zero_()  # set_to_none meant "no gradient so far"
+            else:
+                view.copy_(grad)
+            param.grad = view
+
+    def finish_window(self, loss_nonfinite: torch.Tensor | None):
+        if self.reducer is not None:
+            if self.reducer.busy:
+                self.reducer.finish_backward()
+            device_sq = self.reducer.take_grad_sq()
+        else:
+            self._reattach_grad_views()
+            if self.stage == 0 and loss_nonfinite is not None:
+                # stage 0 all-reduces no norm: a bad loss travels as an inf in the grads it all-reduces
+                first = self.full_grads[0][:1]
+                first.add_(torch.where(loss_nonfinite, float("inf"), 0.0).to(first.dtype))
+            self.grad_memory.ensure()  # every shard element is written by the reduction below
+            device_sq = flat.reduce_full_grads(
+                self.layout,
+                self.full_grads,
+                self.grad_shards,
+                self.group,
+                rank=self.rank,
+                sharded=self.stage == 1,
+                comm_dtype=self.comm_dtype,
+                comm_device=self.device,
+                stats=self.comm_stats,
+                track_grad_sq=self._device_grad_sq,
+            )
+            for g in self.full_grads:
+                g.zero_()
+        offload.sync(self.device)
+        self.grad_memory.ensure_zeroed()  # a window in which nothing wrote a gradient
+        # stage 0 put a bad loss into its grads above, unless they went straight to the shards
+        return device_sq, loss_nonfinite if self.stage > 0 or not self.full_grads else None
+
+    def reset_accumulation(self) -> None:
+        # every grad shard element is overwritten by the next window's first reduction (stages 0/1 at the
+        # boundary, stage 2 on its first micro-step): no zeroing pass over the shards.
+        if self.reducer is not None:
+            self.reducer.reset_accumulation()
+
+    def step_and_publish(self, grad_multiplier: torch.Tensor | None, lr: float) -> None:
+        if self._step_executor is not None:
+            self._in_flight = self._start_overlapped_step(grad_multiplier, lr)
+        else:
+            self._step_in_place(grad_multiplier, lr)
+
+    def release_grads(self) -> None:
+        if self._in_flight is None:  # an overlapped step (host shards: never released) still reads them
+            self.grad_memory.release()
+
+    def _params_written_directly(self) -> bool:
+        """Stage 0 and world size 1: this rank's shard is the whole bucket, written straight into the params
+        (no all-gather, no staging copy)."""
+        return self.stage == 0 or self.world_size == 1
+
+    def _send_chunk(self, c: int, master: torch.Tensor, outgoing: dict[int, torch.Tensor]) -> bool:
+        """Copy stepped chunk c to the device: into the params (direct) or into its bucket's compute-dtype
+        slice in `outgoing` (allocated on first use). Returns True when it was the bucket's last chunk.
+
+        copy_ across device and dtype at once: from pinned memory one async host->device copy and a cast on
+        the device (6x faster than .to(device, dtype=...), which casts on the host)."""
+        chunk = self.shards.chunks[c]
+        bucket = self.layout.buckets[chunk.owner]
+        if self._params_written_directly():
+            dst = self._chunk_of_params(self.flat_params.buffers, c)
+        else:
+            if bucket.index not in outgoing:
+                outgoing[bucket.index] = torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
+            dst = outgoing[bucket.index][chunk.owner_offset : chunk.owner_offset + chunk.numel]
+        dst.copy_(master, non_blocking=self.shards.copy_may_overlap(master))
+        return chunk.owner_offset + chunk.numel == bucket.shard_numel
+
+    def _all_gather_bucket(self, index: int, src: torch.Tensor):
+        """Start the all-gather of bucket `index` from this rank's updated slice; the work keeps `src` alive
+        until wait() (gloo and nccl hold their input tensors)."""
+        out = flat.bucket_view(self.flat_params.buffers, self.layout.buckets[index])
+        return comm.all_gather(out, src, self.group, stats=self.comm_stats, async_op=True)
+
+    @torch.no_grad()
+    def _step_in_place(self, grad_multiplier: torch.Tensor | None, lr: float) -> None:
+        """Step the shards chunk by chunk; send each stepped chunk to the device at once and all-gather a
+        bucket as soon as its last chunk was sent ([Note: offload pipeline] in shard_optim.py)."""
+        direct = self._params_written_directly()
+        outgoing: dict[int, torch.Tensor] = {}
+        issued = []
+
+        def on_stepped(c: int, master: torch.Tensor) -> None:
+            chunk = self.shards.chunks[c]
+            bucket = self.layout.buckets[chunk.owner]
+            # fp32 training without offload: the resident master is what the others receive. (An nvme
+            # buffer is refilled while the all-gather may still read it: that one is always copied.)
+            resident = self.shards.store is None and master.device == self.device
+            if not direct and resident and master.dtype == self.dtype and chunk.numel == bucket.shard_numel:
+                issued.append(self._all_gather_bucket(bucket.index, master))
+                return
+            if self._send_chunk(c, master, outgoing) and not direct:
+                issued.append(self._all_gather_bucket(bucket.index, outgoing.pop(bucket.index)))
+
+        self.shards.step(self.grad_shards, lr, on_stepped, grad_multiplier=grad_multiplier)
+        for pending in issued:
+            pending.wait()
+
+    def _start_overlapped_step(self, grad_multiplier: torch.Tensor | None, lr: float) -> OverlappedStep:
+        """The step of _step_in_place, in the background, in forward order ([Note: overlapped step])."""
+        buckets = self.layout.buckets
+        chunks = self.shards.chunks
+        direct = self._params_written_directly()
+        # staging for the all-gathers, allocated here on the compute stream (the background thread only
+        # writes into them, on its copy stream, after that stream waited for this point).
+        outgoing = (
+            {}
+            if direct
+            else {b.index: torch.empty(b.shard_numel, dtype=self.dtype, device=self.device) for b in buckets}
+        )
+
+        def publish(b: int):
+            return None if direct else self._all_gather_bucket(b, outgoing.pop(b))
+
+        def on_stepped(c: int, master: torch.Tensor) -> None:
+            if self._send_chunk(c, master, outgoing):
+                in_flight.bucket_sent(chunks[c].owner)
+
+        # the last bucket holds the first layers: step it first, so the next forward can start on it.
+        order = sorted(range(len(chunks)), key=lambda c: (-chunks[c].owner, chunks[c].owner_offset))
+        in_flight = OverlappedStep(
+            len(buckets), self.device, publish, self._step_executor, self._step_threads, self._copy_stream
+        )
+        in_flight.run(
+            lambda _: self.shards.step(
+                self.grad_shards, lr, on_stepped, grad_multiplier=grad_multiplier, order=order
+            )
+        )
+        return in_flight
+
+    # ---- accounting -----------------------------------------------------------------------------------
+    def memory_bytes(self) -> dict[str, int]:
+        out = {
+            "params": nbytes(self.flat_params.buffers) + nbytes([p for _, p in self._frozen]),
+            "grads": nbytes(self.full_grads) + nbytes(self.grad_shards),
+            "buckets": self.reducer.staging_bytes if self.reducer is not None else 0,
+        }
+        # under nvme "optimizer" is the host staging buffers and "nvme" the bytes on disk.
+        return {**out, **self.shards.memory_bytes()}
+
+    # ---- checkpoint fragments: collective-free unless noted --------------------------------------------
+    def owned_fragments(self) -> list[Fragment]:
+        """Stage 0 replicates everything: rank 0 saves it all, the others none (each element is then
+        written exactly once); every rank still loads the whole state."""
+        if self.stage == 0 and self.rank != 0:
+            return []
+        return self.layout.owned_fragments(self._layout_rank)
+
+    @torch.no_grad()
+    def load_fragment_state(self, read) -> None:
+        """Every full trainable param is read too, so no all-gather is needed."""
+        for slot in self.layout.params:
+            full = read("master", slot.name, 0, slot.numel)
+            self.flat_params.param_view(self.flat_params.buffers, slot).copy_(full.reshape(slot.shape))
+        # stage 0: every rank loads everything (owned_fragments() is what rank 0 alone saves).
+        self._load_fragments(read, self.layout.owned_fragments(self._layout_rank))
+
+    def full_params(self, dtype: torch.dtype | None = None):
+        """Asking fp32 from a 16-bit model gathers the fp32 master bucket by bucket."""
+        from_master = dtype == torch.float32 and self.dtype != torch.float32
+        gathered: dict[int, torch.Tensor] = {}
+        for name, p in self._named.items():
+            slot = self.flat_params.slot_of.get(name)
+            if slot is None or not from_master:
+                t = p.detach()
+                yield name, t if dtype is None or not t.is_floating_point() else t.to(dtype)
+                continue
+            if slot.bucket not in gathered:
+                gathered.clear()
+                gathered[slot.bucket] = self._gather_master_bucket(self.layout.buckets[slot.bucket])
+            yield name, gathered[slot.bucket][slot.offset : slot.offset + slot.numel].view(slot.shape)
+
+    def _gather_master_bucket(self, bucket) -> torch.Tensor:
+        shard_offset = self.layout.bucket_shard_offset(bucket)
+        src = self.shards.read("master", bucket.group, shard_offset, bucket.shard_numel).to(self.device)
+        if self.stage == 0:
+            return src
+        out = torch.empty(bucket.padded_numel, dtype=torch.float32, device=self.device)
+        comm.all_gather(out, src, self.group, stats=self.comm_stats)
+        return out

@@ -1,0 +1,97 @@
+"""The contract between the one `Engine` (engine.py) and its sharding strategy, and what every strategy shares.
+
+The engine owns the step protocol (loss scaling, accumulation, the boundary's grad norm + clipping + skip,
+the lr schedule, the checkpoint meta). A strategy owns where params, grads and the fp32 master live and how
+they move between ranks:
+
+- `flat_sharding.FlatSharding`: stages 0-2, params in flat buffers cut into gradient buckets (flat.py).
+- `stage3.UnitSharding`: stage 3, params sharded per unit and gathered just in time (stage3_hooks.py).
+
+A strategy sets at construction: `module`, `_named` (name -> trainable or frozen param, tied counted once),
+`_aliases`, `_frozen`, `_buffers`, `shards` (shard_optim.ShardOptimizer), `grad_shards` (fp32, one per param
+group), `num_groups`; and supplies the methods of `Sharding` below that it overrides.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Sharding:
+    def __init__(self, engine) -> None:
+        # the placement and dtypes the engine resolved from the options (Engine.__init__), copied so
+        # that a strategy reads them as its own attributes.
+        self.options = engine.options
+        self.stage = engine.stage
+        self.group = engine.group
+        self.device = engine.device
+        self.rank = engine.rank
+        self.world_size = engine.world_size
+        self.comm_stats = engine.comm_stats
+        self.dtype = engine.dtype
+        self.comm_dtype = engine.comm_dtype
+        self.master_device = engine.master_device
+
+    # ---- hooks around forward and backward (no-ops unless a strategy needs them) ---------------------
+    def begin_forward(self) -> None:
+        pass
+
+    def end_forward(self) -> None:
+        pass
+
+    def begin_backward(self) -> None:
+        pass
+
+    def abort_backward(self) -> None:
+        """backward() raised: leave the hooks ready for the next forward."""
+
+    def finish_backward(self) -> None:
+        """After each micro-step's backward: drain what the grad hooks started."""
+
+    # ---- the boundary --------------------------------------------------------------------------------
+    def finish_window(self, loss_nonfinite: torch.Tensor | None):
+        """At an accumulation boundary: bring the window's grads into `grad_shards`, the device synced.
+        Returns (sum of squares taken on the device or None, the loss flag the norm check should still OR in
+        or None where the strategy already put it into the grads)."""
+        raise NotImplementedError
+
+    def reset_accumulation(self) -> None:
+        """After the norm check: the next window starts accumulating afresh."""
+
+    def step_and_publish(self, grad_multiplier: torch.Tensor | None, lr: float) -> None:
+        """Step the fp32 shards and bring the updated params back to where the forward reads them."""
+        raise NotImplementedError
+
+    def release_grads(self) -> None:
+        """After the step read the grad shards (or a skipped step discarded them): free what the next window
+        re-allocates at its first write ([Note: released grad shards] in grad_memory.py). Default: keep."""
+
+    def settle(self) -> None:
+        """Finish a step still running in the background (only an overlapped step has one)."""
+
+    def close(self) -> None:
+        self.shards.close()
+
+    def memory_bytes(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    # ---- checkpoint fragments ------------------------------------------------------------------------
+    def owned_fragments(self) -> list:
+        raise NotImplementedError
+
+    def load_fragment_state(self, read) -> None:
+        raise NotImplementedError
+
+    def full_params(self, dtype: torch.dtype | None = None):
+        """COLLECTIVE: (name, full tensor) of every param, trainable and frozen (Engine.full_state_dict)."""
+        raise NotImplementedError
+
+    def _load_fragments(self, read, fragments) -> None:
+        """Master + optimizer state of `fragments` <- read(kind, name, start, stop)."""
+        for f in fragments:
+            for kind in ("master", *self.shards.kinds):
+                self.shards.write(kind, f.group, f.shard_offset, read(kind, f.name, f.start, f.stop))
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
