@@ -140,15 +140,7 @@ class ZeroLaunchEngine:
             loss = torch.stack(self._losses).mean().item() if self._losses else None
             self._losses.clear()
         if self._monitors is not None and info.stepped:
-            steps = self.engine.global_steps
-            self._monitors.write(
-                steps,
-                steps * self.recipe.train.global_batch_size,
-                loss=loss,
-                lr=info.lr,
-                grad_norm=info.grad_norm,
-                loss_scale=info.loss_scale if self.recipe.engine.precision.dtype == "fp16" else None,
-            )
+            self._monitors.write_step(self.engine.global_steps, info, loss, self.recipe)
         return info
 
     # ---- the rest of DeepSpeed's engine surface (deepspeed/runtime/engine.py, 0.19.8) -----------------------
