@@ -132,8 +132,10 @@ class ZeroLaunchEngine:
 
     def step(self):
         """Call after every backward; the optimizer steps at each accumulation boundary -> StepInfo."""
-        # DeepSpeed's message and exception type: a step would reduce the grads no_sync holds back.
-        assert not self._in_no_sync, "It is illegal to call Engine.step() inside no_sync context manager"
+        # DeepSpeed's message and exception type (raised, not asserted: python -O keeps it): a step would
+        # reduce the grads no_sync holds back.
+        if self._in_no_sync:
+            raise AssertionError("It is illegal to call Engine.step() inside no_sync context manager")
         info = self.engine.step()
         if self._monitors is not None and (info.stepped or info.skipped):
             # rank 0's loss, averaged over the accumulation (no collective: the other ranks write nothing)
@@ -192,12 +194,14 @@ class ZeroLaunchEngine:
         """DeepSpeed's: refused at ZeRO stage 2/3 (their grads are reduce-scattered during backward); at
         stages 0/1 the backwards inside accumulate locally, and step() inside is an error. Stages 0/1 here
         never communicate in backward (the grads are reduced once, at the boundary), so the context only holds
-        step() back. Asserts, as DeepSpeed's context does."""
+        step() back. Raises AssertionError, as DeepSpeed's asserts do."""
         stage = self.engine.options.zero.stage
-        assert stage < 2, (
-            f"no_sync context manager is incompatible with gradient partitioning logic of ZeRO stage {stage}"
-        )
-        assert not self._in_no_sync, "no_sync context manager reentry is unsupported"
+        if stage >= 2:
+            raise AssertionError(
+                f"no_sync context manager is incompatible with gradient partitioning logic of ZeRO stage {stage}"
+            )
+        if self._in_no_sync:
+            raise AssertionError("no_sync context manager reentry is unsupported")
         self._in_no_sync = True
         try:
             yield
