@@ -11,6 +11,7 @@ train/entrypoint.py; environment variables are read in launch/env.py. This only 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,6 +93,9 @@ class ZeroLaunchEngine:
 
             self._monitors = Monitors(recipe.train.monitors)
         self._losses: list[torch.Tensor] = []
+        self.global_rank = self.rank  # DeepSpeed's name for the rank in the data-parallel group
+        self.local_rank = env.local_rank()  # DeepSpeed reads LOCAL_RANK too
+        self._in_no_sync = False
 
     def __getattr__(self, name):
         # only called for names not found on the wrapper itself.
@@ -128,22 +132,110 @@ class ZeroLaunchEngine:
 
     def step(self):
         """Call after every backward; the optimizer steps at each accumulation boundary -> StepInfo."""
+        # DeepSpeed's message and exception type (raised, not asserted: python -O keeps it): a step would
+        # reduce the grads no_sync holds back.
+        if self._in_no_sync:
+            raise AssertionError("It is illegal to call Engine.step() inside no_sync context manager")
         info = self.engine.step()
         if self._monitors is not None and (info.stepped or info.skipped):
             # rank 0's loss, averaged over the accumulation (no collective: the other ranks write nothing)
             loss = torch.stack(self._losses).mean().item() if self._losses else None
             self._losses.clear()
         if self._monitors is not None and info.stepped:
-            steps = self.engine.global_steps
-            self._monitors.write(
-                steps,
-                steps * self.recipe.train.global_batch_size,
-                loss=loss,
-                lr=info.lr,
-                grad_norm=info.grad_norm,
-                loss_scale=info.loss_scale if self.recipe.engine.precision.dtype == "fp16" else None,
-            )
+            self._monitors.write_step(self.engine.global_steps, info, loss, self.recipe)
         return info
+
+    # ---- the rest of DeepSpeed's engine surface (deepspeed/runtime/engine.py, 0.19.8) -----------------------
+    def train(self, mode: bool = True) -> None:
+        self.module.train(mode)
+
+    def eval(self) -> None:
+        self.module.train(False)
+
+    def zero_grad(self) -> None:
+        """DeepSpeed's: every param's .grad = None. The engine's own accumulation needs no call (step() clears
+        it); in a window it drops what was accumulated so far, at stages 0/1 (the engine re-attaches zeroed
+        grad views at the next backward); at stages 2/3 the grads already reduced into shards are kept, as in
+        DeepSpeed's ZeRO-2/3 buffers."""
+        for param in self.module.parameters():
+            param.grad = None
+
+    def get_lr(self) -> list[float]:
+        """The lr of each optimizer param group for the next optimizer step (DeepSpeed steps its scheduler
+        after each optimizer step, so its param groups already hold the next step's lr)."""
+        inner = self.engine
+        lr = inner.scheduler.lr_at(inner.global_steps)
+        return [lr * ratio for ratio in inner.shards._lr_ratio]
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.engine.options.gradient_accumulation_steps
+
+    def _batch_key(self, name: str, key: str) -> int:
+        if self.recipe is None:
+            raise ValueError(
+                f"engine.{name}() needs the batch sizes of a config: initialize was given EngineOptions, which "
+                "carry no batch size; pass a recipe or DeepSpeed config instead"
+            )
+        return getattr(self.recipe.train, key)
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._batch_key("train_micro_batch_size_per_gpu", "micro_batch_size")
+
+    def train_batch_size(self) -> int:
+        return self._batch_key("train_batch_size", "global_batch_size")
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the next step() steps the optimizer: DeepSpeed's (micro_steps + 1) % accumulation == 0, with
+        micro_steps counted by step()."""
+        return (self.engine.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    @contextmanager
+    def no_sync(self):
+        """DeepSpeed's: refused at ZeRO stage 2/3 (their grads are reduce-scattered during backward); at
+        stages 0/1 the backwards inside accumulate locally, and step() inside is an error. Stages 0/1 here
+        never communicate in backward (the grads are reduced once, at the boundary), so the context only holds
+        step() back. Raises AssertionError, as DeepSpeed's asserts do."""
+        stage = self.engine.options.zero.stage
+        if stage >= 2:
+            raise AssertionError(
+                f"no_sync context manager is incompatible with gradient partitioning logic of ZeRO stage {stage}"
+            )
+        if self._in_no_sync:
+            raise AssertionError("no_sync context manager reentry is unsupported")
+        self._in_no_sync = True
+        try:
+            yield
+        finally:
+            self._in_no_sync = False
+
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin") -> bool:
+        """COLLECTIVE: rank 0 writes the whole model in its compute dtype into save_dir, as safetensors (the
+        checkpoint's model16 writer: one unit gathered at a time, no pickle).
+
+        The file is `save_filename` with a .safetensors suffix; DeepSpeed's default `pytorch_model.bin` becomes
+        `model.safetensors`, the name `from_pretrained` looks for. As DeepSpeed, ZeRO-3 without
+        stage3_gather_16bit_weights_on_model_save writes nothing and returns False; otherwise True.
+        """
+        from zerolaunch.checkpoint.model16 import MODEL16_NAME, wants_16bit_model, write_16bit_model
+
+        if self.engine.options.zero.stage == 3 and not wants_16bit_model(self.engine):
+            if self.rank == 0:
+                print(
+                    f"zerolaunch: save_16bit_model wrote nothing to {save_dir}: ZeRO-3 needs "
+                    "stage3_gather_16bit_weights_on_model_save: true (as DeepSpeed)",
+                    flush=True,
+                )
+            return False
+        name = Path(save_filename)
+        name = MODEL16_NAME if str(name) == "pytorch_model.bin" else str(name.with_suffix(".safetensors"))
+        folder = Path(save_dir)
+        if self.rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+        try:
+            write_16bit_model(self.engine, folder, rank=self.rank, name=name)
+        finally:  # a failed write on rank 0 still releases the others before it raises
+            comm.barrier(self.group)
+        return True
 
     def save_checkpoint(self, save_dir, step: int | None = None, extra: dict | None = None):
         """COLLECTIVE: write `save_dir/step_{step}/` (default step: global_steps) and move `latest`.

@@ -365,7 +365,8 @@ def test_deepspeed_field_names_are_honoured_under_their_alias():
     assert z.stage3_max_live_parameters == 5000
     assert recipe.origins["engine.zero.stage3_max_live_parameters"] == "file"
     assert "`max_live_parameters`" in recipe.notes["deepspeed.zero_optimization.stage3_max_live_parameters"]
-    assert "no effect" in recipe.notes["deepspeed.zero_optimization.stage3_max_reuse_distance"]
+    assert z.stage3_max_reuse_distance == 7
+    assert "`max_reuse_distance`" in recipe.notes["deepspeed.zero_optimization.stage3_max_reuse_distance"]
     assert z.stage3_gather_16bit_weights_on_model_save is True
     with pytest.raises(RecipeError, match="both `max_live_parameters` and `stage3_max_live_parameters`"):
         load_recipe(
@@ -426,3 +427,15 @@ def test_warmup_shorter_than_deepspeeds_minimum_is_noted():
         {"deepspeed": {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}}}
     )
     assert "at least 2 steps" in recipe.notes["engine.scheduler.warmup_num_steps"]
+
+
+def test_max_reuse_distance_is_honoured_and_defaults_to_zero():
+    """Given: the value (and a note saying what it does); absent, even in a DeepSpeed block: 0 (DeepSpeed's
+    default would be 1e9, see the option's docstring); negative: refused naming the key."""
+    given = load_recipe({"deepspeed": {"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 1e9}}})
+    assert given.engine.zero.stage3_max_reuse_distance == 1_000_000_000
+    assert "stays gathered" in given.notes["engine.zero.stage3_max_reuse_distance"]
+    absent = load_recipe({"deepspeed": {"zero_optimization": {"stage": 3}}})
+    assert absent.engine.zero.stage3_max_reuse_distance == 0
+    with pytest.raises(RecipeError, match="stage3_max_reuse_distance"):
+        load_recipe({"deepspeed": {"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": -1}}})

@@ -42,8 +42,8 @@ def _entries(engine, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], tor
     return entries
 
 
-def write_16bit_model(engine, folder: Path, *, rank: int) -> Path | None:
-    """COLLECTIVE (every rank calls it): rank 0 writes `folder/model.safetensors`; returns its path there.
+def write_16bit_model(engine, folder: Path, *, rank: int, name: str = MODEL16_NAME) -> Path | None:
+    """COLLECTIVE (every rank calls it): rank 0 writes `folder/name`; returns its path there.
 
     The tensors are the model's weights in its compute dtype (bf16 / fp16; fp32 for an fp32 run, as
     DeepSpeed's file holds the module's own dtype). If rank 0's write fails, it still takes part in every
@@ -52,7 +52,7 @@ def write_16bit_model(engine, folder: Path, *, rank: int) -> Path | None:
     dtype = engine.dtype
     writer = None
     error: BaseException | None = None
-    path = Path(folder) / MODEL16_NAME
+    path = Path(folder) / name
     if rank == 0:
         writer = SafetensorsWriter(path, _entries(engine, dtype), metadata={"format": "pt"})
     for name, tensor in engine.full_state_dict(dtype=dtype):

@@ -81,6 +81,7 @@ ZERO: dict[str, Any] = {
     "stage3_prefetch_bucket_size": USE,
     "stage3_param_persistence_threshold": USE,
     "stage3_max_live_parameters": USE,
+    "stage3_max_reuse_distance": USE,
     "stage3_gather_16bit_weights_on_model_save": USE,
     "stage3_gather_fp16_weights_on_model_save": USE,  # DeepSpeed's deprecated spelling of the key above
     "stage3_units": USE,
@@ -94,13 +95,6 @@ ZERO: dict[str, Any] = {
     "load_from_fp32_weights": Note("zerolaunch always resumes from the fp32 master weights"),
     "ignore_unused_parameters": Note("unused parameters are always allowed (their grads are zero)"),
     "use_multi_rank_bucket_allreduce": Note("not used by zerolaunch"),
-    # Not honoured: DeepSpeed keeps a param gathered when its next use is within this many elements; here a
-    # unit is always freed after its forward and gathered again for its backward (prefetched, so the
-    # re-gather overlaps compute), which costs one all-gather per unit that DeepSpeed may save.
-    "stage3_max_reuse_distance": Note(
-        "not honoured: each stage-3 unit is freed after its forward and gathered again (prefetched) for its "
-        "backward; DeepSpeed's keep-if-reused-soon is not implemented"
-    ),
     "zeropp_loco_param": Removed("LoCo-ZeRO++ (zero_optimization.zeropp_loco_param)"),
     "stage3_model_persistence_threshold": Note("only stage3_param_persistence_threshold applies"),
     "stage3_module_granularity_threshold": Note("stage 3 units are repeated blocks (see stage3_units)"),

@@ -175,6 +175,7 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
         stage3_prefetch_bucket_size=prefetch,
         stage3_param_persistence_threshold=persistence,
         stage3_max_live_parameters=_max_live(r, base.stage3_max_live_parameters),
+        stage3_max_reuse_distance=_max_reuse(r, base.stage3_max_reuse_distance),
         stage3_units=r.value(k + "stage3_units", Z + ("stage3_units",), "str_list", ()),
         stage3_gather_16bit_weights_on_model_save=_gather_16bit(r),
         offload_optimizer=offload_optimizer,
@@ -205,6 +206,17 @@ def _max_live(r: Resolver, default: int) -> int:
     value = r.value(key, Z + ("stage3_max_live_parameters",), "int", default, min=0)
     if value == 0:
         r.notes[key] = "0: no prefetch beyond the unit in use (that unit is always gathered)"
+    return value
+
+
+def _max_reuse(r: Resolver, default: int) -> int:
+    key = "engine.zero.stage3_max_reuse_distance"
+    value = r.value(key, Z + ("stage3_max_reuse_distance",), "int", default, min=0)
+    if value > 0:
+        r.notes[key] = (
+            f"{value}: a stage-3 unit reused within {value} gathered elements (the last ones of the forward) "
+            "stays gathered into its backward, within stage3_max_live_parameters"
+        )
     return value
 
 

@@ -1,7 +1,8 @@
 """DeepSpeed-style monitors written by rank 0 beside metrics.jsonl: csv_monitor, tensorboard, wandb.
 
 `Monitors(train.monitors)` opens the enabled ones (config/monitors.py resolved the blocks and checked the
-packages); `write(step, samples, loss=..., lr=..., grad_norm=..., loss_scale=...)` records one optimizer step
+packages); `write_step(step, info, loss, recipe)` records one optimizer step from the engine's StepInfo
+(`write(step, samples, loss=..., lr=..., grad_norm=..., loss_scale=...)` underneath)
 as DeepSpeed's events: the name `Train/Samples/<metric>` and the x value `samples` (the samples seen so far,
 DeepSpeed's `global_samples`), with train_loss as DeepSpeed's pipeline engine names it. A metric given as
 None (loss_scale outside fp16) is not written.
@@ -95,6 +96,20 @@ class Monitors:
         ]
         for monitor in self._open:
             monitor.write_events(events)
+
+    def write_step(self, step: int, info, loss: float | None, recipe) -> None:
+        """One optimizer step as both writers of monitors record it (the built-in loop and a script's
+        engine.step()): `info` is the engine's StepInfo, x = step * the recipe's global batch size (samples
+        seen), the loss scale only in an fp16 run (bf16/fp32 have none worth plotting)."""
+        fp16 = recipe.engine.precision.dtype == "fp16"
+        self.write(
+            step,
+            step * recipe.train.global_batch_size,
+            loss=loss,
+            lr=info.lr,
+            grad_norm=info.grad_norm,
+            loss_scale=info.loss_scale if fp16 else None,
+        )
 
     def close(self) -> None:
         for monitor in self._open:

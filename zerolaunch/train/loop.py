@@ -223,14 +223,7 @@ class Trainer:
                 data_wait_ms=(source.wait_seconds - wait_before) * 1000.0,
             )
         if self.monitors is not None:
-            self.monitors.write(
-                step,
-                step * self.recipe.train.global_batch_size,
-                loss=mean_loss,
-                lr=info.lr,
-                grad_norm=info.grad_norm,
-                loss_scale=info.loss_scale if self.recipe.engine.precision.dtype == "fp16" else None,
-            )
+            self.monitors.write_step(step, info, mean_loss, self.recipe)
         bad = self.guard.record(step, rank_losses, info.grad_norm)  # raises NonFiniteStop at the limit
         if bad is not None and ctx.is_rank0:
             print(f"non-finite {bad.describe()}: step skipped, no checkpoint until a finite step", flush=True)

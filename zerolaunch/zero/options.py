@@ -63,6 +63,10 @@ class ZeroOptions:
     """Stage 3 params with fewer elements than this stay gathered on every rank."""
     stage3_max_live_parameters: int = 1_000_000_000
     """Upper bound on gathered (non-persistent) elements alive at once in stage 3."""
+    stage3_max_reuse_distance: int = 0
+    """Stage 3: a unit whose next use is within this many gathered elements stays gathered after its forward
+    (DeepSpeed's rule, within stage3_max_live_parameters); 0 frees every unit after its forward. DeepSpeed's
+    default is 1e9; a DeepSpeed config that leaves it out gets 0 here (zerolaunch's memory behaviour)."""
     stage3_gather_16bit_weights_on_model_save: bool = False
     """On save, also write the consolidated 16-bit model (streamed unit by unit)."""
     stage3_units: tuple[str, ...] = ()

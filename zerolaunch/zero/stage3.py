@@ -113,6 +113,7 @@ class UnitSharding(UnitStateMixin, Sharding):
             comm_dtype=self.comm_dtype,
             prefetch_numel=z.stage3_prefetch_bucket_size,
             max_live_numel=z.stage3_max_live_parameters,
+            max_reuse_numel=z.stage3_max_reuse_distance,
             overlap=z.overlap,
             stats=self.comm_stats,
             # the norm's sum of squares is taken on the device from each unit's reduced grads when they

@@ -9,6 +9,13 @@
   registers a hook on each of its output tensors that need grad: autograd calls it before the unit's own
   backward, which gathers the unit again (and prefetches the next ones in reverse call order). A unit whose
   outputs hold no tensor we can see (a dataclass, say) is kept gathered until its backward is done.
+- `stage3_max_reuse_distance` (DeepSpeed's rule, partitioned_param_coordinator.__params_to_release): the
+  post-hook does not free a unit whose next use in the predicted trace (the rest of this forward, then the
+  backward in reverse) comes before `max_reuse_distance` elements of other units have been gathered; it
+  stays gathered into that use and is freed after its backward as usual. Typically the last units of the
+  forward, which would otherwise be gathered again at once. Unlike DeepSpeed, a unit is only kept while
+  the root, the kept units and the largest unit gathered before its reuse fit in
+  `stage3_max_live_parameters`. 0 (the default) frees every unit after its forward.
   The root stays gathered after a forward with grad enabled: backward needs it first.
 - Activation checkpointing (use_reentrant=False) re-runs a unit's forward inside backward: the hooks see
   `in_backward` and only make sure the unit is gathered.
@@ -49,6 +56,7 @@ class Stage3Schedule:
         prefetch_numel: int,
         max_live_numel: int,
         overlap: bool,
+        max_reuse_numel: int = 0,
         stats: comm.CommStats,
         max_reduces_in_flight: int = 2,
         track_grad_sq: bool = False,
@@ -61,6 +69,9 @@ class Stage3Schedule:
         self.comm_dtype = comm_dtype
         self.prefetch_numel = max(0, prefetch_numel)
         self.max_live_numel = max_live_numel
+        if max_reuse_numel < 0:
+            raise ValueError(f"zero.stage3_max_reuse_distance must be >= 0, got {max_reuse_numel}")
+        self.max_reuse_numel = max_reuse_numel
         self.overlap = overlap
         self.stats = stats
         self.max_in_flight = max(1, max_reduces_in_flight) if overlap else 1
@@ -82,6 +93,9 @@ class Stage3Schedule:
         self._bwd_seq: list[int] = []
         self._bwd_pos = 0
         self._held: set[int] = set()
+        """Units kept gathered from their forward until their backward is done (see the Note)."""
+        self.reuse_kept = 0
+        """Units kept gathered by max_reuse_distance, over the run (tests read it)."""
         self._reset_backward_state()
         self.peak_live_numel = 0
         """Largest sum of gathered non-resident elements seen at once (tests read it)."""
@@ -179,8 +193,37 @@ class Stage3Schedule:
                 return output
             for t in tensors:
                 t.register_hook(partial(self._pre_backward, k))
+            if self._reused_soon(k):
+                self._held.add(k)
+                self.reuse_kept += 1
+                return output
         self.free(k)
         return output
+
+    def _reused_soon(self, k: int) -> bool:
+        """max_reuse_distance: whether unit k's next use comes within max_reuse_numel gathered elements of
+        other units (the predicted rest of this forward, then the backward in reverse call order), and
+        keeping it gathered until then stays within max_live_numel."""
+        if self.max_reuse_numel == 0 or self.flats[k].resident:
+            return False
+        upcoming = self.predicted[len(self.calls) :] + list(reversed(self.predicted))
+        between, largest = 0, 0
+        for j in upcoming:
+            if j == k:
+                break
+            flat = self.flats[j]
+            if flat is None or flat.resident or j == ROOT:  # the root stays gathered: no gather to count
+                continue
+            between += flat.padded_numel
+            largest = max(largest, flat.padded_numel)
+            if between >= self.max_reuse_numel:  # DeepSpeed stops looking at the distance
+                return False
+        else:
+            return False  # not used again in the predicted trace
+        root = self.flats[ROOT]
+        kept = sum(self.flats[j].padded_numel for j in self._held | {k} if not self.flats[j].resident)
+        root_numel = root.padded_numel if root is not None and not root.resident and k != ROOT else 0
+        return root_numel + kept + largest <= self.max_live_numel
 
     # ---- backward ------------------------------------------------------------------------------------------
     def begin_backward(self) -> None:

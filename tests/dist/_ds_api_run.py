@@ -1,0 +1,145 @@
+"""One script that calls the engine methods of DeepSpeed's API, run by DeepSpeed and by zerolaunch.
+
+    python tests/dist/_ds_api_run.py {deepspeed|zerolaunch} OUT.pt SAVE_ROOT
+
+Spawns 2 CPU gloo ranks (FileStore rendezvous). For each case of CASES rank 0 records what the script saw:
+get_lr() before training and after every step() (a WarmupLR schedule over two groups with their own lr),
+is_gradient_accumulation_boundary() before every micro-step (accumulation 2), train()/eval() on
+module.training, local_rank / global_rank / world_size, the batch-size getters, global_steps, what no_sync()
+does (entered, or the exception type; step() inside it), zero_grad() after each optimizer step, the final
+weights, and save_16bit_model's return value and file (SAVE_ROOT/<engine>/<case>/). The net, the data and
+the DeepSpeed set-up are _ds_parity_run.py's. Needs deepspeed 0.19.8 for the deepspeed side.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _ds_parity_run import Net, _init_deepspeed, batch, model_parameters  # noqa: E402
+
+WORLD_SIZE = 2
+MICRO_STEPS = 8  # 4 optimizer steps at accumulation 2
+CASES = {"stage1": (1, True), "stage2": (2, True), "stage3": (3, True), "stage3_no_gather": (3, False)}
+
+
+def config(stage: int, gather: bool) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 3,
+        "gradient_accumulation_steps": 2,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1, "torch_adam": True}},
+        # no warmup_max_lr: each group warms up to its own lr (the "groups" mode gives one group 0.02)
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_num_steps": 3}},
+        "zero_optimization": {
+            "stage": stage,
+            "reduce_bucket_size": 200,
+            "allgather_bucket_size": 200,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_gather_16bit_weights_on_model_save": gather,
+        },
+        "steps_per_print": 1000,
+    }
+
+
+def _error_name(fn) -> str:
+    try:
+        fn()
+    except Exception as e:  # the type is what the script sees; recorded, compared by the test
+        return type(e).__name__
+    return "ok"
+
+
+def _no_sync(engine) -> str:
+    """What entering no_sync does; at stages 0/1 also what step() inside it does."""
+
+    try:
+        with engine.no_sync():
+            inside = _error_name(engine.step)
+    except Exception as e:
+        return type(e).__name__
+    return f"entered; step inside: {inside}"
+
+
+def _case(which: str, name: str, deepspeed, save_root: Path) -> dict:
+    stage, gather = CASES[name]
+    rank = torch.distributed.get_rank()
+    torch.manual_seed(0)
+    model = Net()
+    params = model_parameters(model, "groups")
+    if which == "deepspeed":
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=config(stage, gather))
+    else:
+        import zerolaunch
+
+        engine = zerolaunch.initialize(model, config(stage, gather), device="cpu", model_parameters=params)
+    seen: dict = {"no_sync": _no_sync(engine)}
+    engine.eval()
+    seen["training"] = [engine.module.training]
+    engine.train()
+    seen["training"].append(engine.module.training)
+    seen["ids"] = (engine.local_rank, engine.global_rank, engine.world_size)
+    seen["batch"] = (
+        engine.gradient_accumulation_steps(),
+        engine.train_micro_batch_size_per_gpu(),
+        engine.train_batch_size(),
+    )
+    seen["lr"], seen["boundary"] = [engine.get_lr()], []
+    for micro in range(MICRO_STEPS):
+        seen["boundary"].append(engine.is_gradient_accumulation_boundary())
+        loss = engine(*batch(rank, micro))
+        engine.backward(loss)
+        engine.step()
+        seen["lr"].append(engine.get_lr())
+        if seen["boundary"][-1]:
+            engine.zero_grad()
+    seen["global_steps"] = engine.global_steps
+    folder = save_root / which / name
+    seen["saved"] = engine.save_16bit_model(str(folder))
+    if which == "deepspeed":
+        named = list(engine.module.named_parameters())
+        with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=stage == 3):
+            seen["weights"] = {n: p.detach().clone().float() for n, p in named}
+    else:
+        seen["weights"] = {n: t.detach().clone().float() for n, t in engine.full_state_dict()}
+    return seen
+
+
+def _worker(rank: int, which: str, store_path: str, out: str, save_root: str) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_WORLD_SIZE=str(WORLD_SIZE)
+    )
+    torch.set_num_threads(1)
+    store = torch.distributed.FileStore(store_path, WORLD_SIZE)
+    torch.distributed.init_process_group(
+        "gloo", store=store, rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=300)
+    )
+    deepspeed = _init_deepspeed() if which == "deepspeed" else None
+    results = {name: _case(which, name, deepspeed, Path(save_root)) for name in CASES}
+    if rank == 0:
+        torch.save(results, out)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def main(which: str, out: str, save_root: str) -> None:
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(
+            _worker,
+            args=(which, os.path.join(tmp, "store"), out, save_root),
+            nprocs=WORLD_SIZE,
+            start_method="spawn",
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3])
