@@ -135,6 +135,107 @@ def test_activation_block_count_for_one_gpt_layer_by_hand():
     assert activation_bytes(arch, Setup(micro_batch=2, seq_len=8), checkpointing=False) == block + head + loss
 
 
+def test_chunked_loss_peak_for_one_gpt_layer_by_hand():
+    # the layer of the test above with the built-in GPT's chunked loss: 16 tokens in chunks of 5 rows
+    # (5, 5, 5, 1), bf16 logits 2 B * 16 * 100 = 3200 B, one fp32 chunk 4 * 5 * 100 = 2000 B.
+    # forward: the logits (kept by the chunks' checkpoints) + one chunk's fp32 copy and log_softmax = 3200 + 4000
+    # backward: the logits + max(their accumulated grad + 3 fp32 chunks = 3200 + 6000,
+    #                            old sum + new slice grad + new sum = 3 * 3200) = 3200 + 9600
+    from zerolaunch.memory.shape import Arch
+
+    arch = Arch(n_layer=1, d_model=64, n_head=4, vocab_size=100, d_ff=256, loss_chunk_rows=5)
+    tokens = 16
+    block = 2 * tokens * 17 * 64 + 16 * tokens + 4 * 2 * 4 * 8
+    head = 2 * tokens * 2 * 64 + 8 * tokens
+    assert (
+        activation_bytes(arch, Setup(micro_batch=2, seq_len=8), checkpointing=False) == block + head + 12800
+    )
+    # one chunk holds every row: the logits + the unchunked loss's 3 fp32 (tokens, V) tensors
+    one = Arch(n_layer=1, d_model=64, n_head=4, vocab_size=100, d_ff=256, loss_chunk_rows=64)
+    assert activation_bytes(one, Setup(micro_batch=2, seq_len=8), checkpointing=False) == block + head + (
+        3200 + 3 * 4 * tokens * 100
+    )
+
+
+def test_chunked_loss_is_cheaper_than_unchunked_at_gpt_350m_shapes():
+    # micro batch 8 x seq 2048 = 16384 tokens, vocab 50304, bf16; the GPT's chunk: 2**27 // 50304 = 2668 rows
+    from zerolaunch.memory.activations import loss_peak_bytes
+
+    tokens, vocab = 16384, 50304
+    logits = 2 * tokens * vocab  # 1.54 GiB
+    chunk = 4 * 2668 * vocab  # 0.50 GiB
+    assert (
+        loss_peak_bytes(tokens, vocab, 2, 2668) == logits + max(logits + 3 * chunk, 3 * logits) == 4 * logits
+    )
+    assert loss_peak_bytes(tokens, vocab, 2, None) == 12 * tokens * vocab == 6 * logits
+
+
+def test_detect_arch_gives_the_built_in_gpts_loss_chunk_and_none_elsewhere():
+    import torch
+
+    from zerolaunch.memory.modules import detect_arch
+    from zerolaunch.models.gpt import CE_CHUNK_ELEMENTS, build
+
+    with torch.device("meta"):
+        gpt = build(size="tiny", vocab_size=1000, seq_len=16)
+    assert detect_arch(gpt).loss_chunk_rows == CE_CHUNK_ELEMENTS // 1000
+
+    class Other(torch.nn.Module):
+        class config:  # noqa: N801 - Hugging Face's attribute name
+            num_hidden_layers, hidden_size, num_attention_heads, vocab_size = 2, 64, 4, 1000
+
+    assert detect_arch(Other()).loss_chunk_rows is None
+
+
+@pytest.mark.parametrize(
+    "rows, dtype", [(64, "bfloat16"), (512, "bfloat16"), (1024, "bfloat16"), (512, "float32")]
+)
+def test_chunked_loss_peak_matches_live_tensor_bytes_on_cpu(monkeypatch, rows, dtype):
+    """The formula against the real chunked_cross_entropy: the most bytes of tensors alive at once during its
+    forward and backward on (1024, 1000) logits, counted by storage as aten allocates and frees them."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    import zerolaunch.models.gpt as gpt
+    from zerolaunch.memory.activations import loss_peak_bytes
+
+    n, v = 1024, 1000
+    monkeypatch.setattr(gpt, "CE_CHUNK_ELEMENTS", rows * v)
+    logits = torch.randn(n, v, dtype=getattr(torch, dtype), requires_grad=True)
+    labels = torch.randint(0, v, (n,))
+    outside = {logits.untyped_storage().data_ptr(), labels.untyped_storage().data_ptr()}
+
+    class LiveBytes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.live, self.now, self.peak = {}, 0, 0
+
+        def _free(self, key):
+            self.now -= self.live.pop(key, 0)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    key = t.untyped_storage().data_ptr()
+                    # a view shares its base's storage: counted once, when the base was made
+                    if key and key not in self.live and key not in outside:
+                        self.live[key] = t.untyped_storage().nbytes()
+                        self.now += self.live[key]
+                        self.peak = max(self.peak, self.now)
+                        weakref.finalize(t, self._free, key)
+            return out
+
+    with LiveBytes() as live:
+        gpt.chunked_cross_entropy(logits, labels).backward()
+    # the logits are the caller's (the lm_head output, alive anyway); the formula counts them
+    measured = live.peak + logits.numel() * logits.element_size()
+    assert measured == pytest.approx(loss_peak_bytes(n, v, logits.element_size(), rows), rel=0.01)
+
+
 def test_stage2_staging_buffers_follow_the_reducer_policy():
     shape = synthetic_gpt(124_000_000)
     names = [s.name for s in shape.specs]

@@ -1,7 +1,8 @@
 """Activation bytes of a GPT-style decoder for one micro-batch on one rank, with and without checkpointing.
 
 Owns the count of what autograd keeps for backward in zerolaunch/models/gpt.py's forward (pre-LN blocks,
-fused scaled-dot-product attention, GELU MLP, tied lm_head, fp32 cross-entropy), and the peak around the loss.
+fused scaled-dot-product attention, GELU MLP, tied lm_head, fp32 cross-entropy in chunks of rows), and the
+peak around the loss (chunked for the built-in GPT, unchunked for other models: `Arch.loss_chunk_rows`).
 It ignores dropout masks (the built-in GPT defaults to dropout 0) and allocator fragmentation. Torch-free.
 """
 
@@ -25,6 +26,35 @@ def block_saved_bytes(arch: Arch, tokens: int, dtype_bytes: int, batch: int, seq
     return dtype_bytes * tokens * (9 * h + mlp) + 4 * tokens * 4 + 4 * batch * arch.n_head * seq_len
 
 
+def loss_peak_bytes(tokens: int, vocab_size: int, dtype_bytes: int, chunk_rows: int | None) -> int:
+    """Peak bytes of the cross-entropy over (tokens, vocab) logits, forward and backward, on top of the
+    blocks' saved tensors.
+
+    Unchunked (chunk_rows None, e.g. a Hugging Face model): the loss is computed on logits.float();
+    log_softmax keeps its fp32 output, and its backward holds that, the incoming fp32 grad and the fp32 grad
+    it produces at once -> 3 fp32 (tokens, V) tensors; the compute-dtype logits are freed after forward.
+
+    Chunked (the built-in GPT, models/gpt.py chunked_cross_entropy, each chunk under non-reentrant
+    checkpoint): the compute-dtype logits stay alive until the last chunk's backward (the checkpoints keep
+    their input chunks, views of them). Forward adds one chunk's fp32 copy and its log_softmax (the copy
+    only when the logits are not fp32 already). Backward recomputes a chunk and holds 3 fp32 chunks as
+    above; from the second chunk on, the logits' grad accumulated so far (one full (tokens, V) tensor, each
+    slice's backward is a full-size zero-padded tensor) is alive too; and each accumulation holds the old
+    sum, the new slice's full-size grad and their sum at once: 3 full compute-dtype (tokens, V) tensors.
+    Checked against live tensor bytes on the CPU (tests/unit/test_memory.py).
+    """
+    if chunk_rows is None:
+        return 3 * 4 * tokens * vocab_size
+    rows = min(chunk_rows, tokens)
+    chunk = 4 * rows * vocab_size  # one fp32 chunk
+    logits = dtype_bytes * tokens * vocab_size
+    forward = (1 if dtype_bytes == 4 else 2) * chunk
+    backward = 3 * chunk
+    if tokens > rows:  # two chunks or more: the grad accumulates over slices
+        backward = max(logits + 3 * chunk, 3 * logits)
+    return logits + max(forward, backward)
+
+
 def activation_bytes(arch: Arch | None, setup, *, checkpointing: bool) -> int | None:
     """Peak activation bytes of forward + backward on one rank; None when the model's sizes are unknown."""
     profile = activation_profile(arch, setup, checkpointing=checkpointing)
@@ -45,10 +75,7 @@ def activation_profile(arch: Arch | None, setup, *, checkpointing: bool) -> tupl
     block = block_saved_bytes(arch, tokens, b, setup.micro_batch, setup.seq_len)
     # ln_f input and output (the lm_head input), + ln_f's fp32 mean/rstd.
     head_saved = b * tokens * 2 * h + 8 * tokens
-    # The loss is computed on logits.float(): log_softmax keeps its fp32 output, and its backward holds that,
-    # the incoming fp32 grad and the fp32 grad it produces at once -> 3 fp32 (tokens, V) tensors. The bf16
-    # logits are freed after forward (the .float() cast keeps nothing for backward).
-    loss_peak = 3 * 4 * tokens * V
+    loss_peak = loss_peak_bytes(tokens, V, b, arch.loss_chunk_rows)
     if not checkpointing:
         # The peak is at the start of backward: every block's saved tensors + the head + the loss tensors.
         saved = L * block + head_saved

@@ -21,11 +21,16 @@ class Arch:
     d_ff: int
     gated_mlp: bool = False
     """A SwiGLU-style MLP (Llama, Mistral, Qwen): act(gate(x)) * up(x), which keeps 4 d_ff-wide tensors."""
+    loss_chunk_rows: int | None = None
+    """Rows of (tokens, vocab) logits per fp32 cross-entropy chunk (the built-in GPT's chunked loss,
+    models/gpt.py chunked_cross_entropy); None = one fp32 cross-entropy over all rows (Hugging Face models)."""
 
     def __post_init__(self):
         for k in ("n_layer", "d_model", "n_head", "vocab_size", "d_ff"):
             if getattr(self, k) < 1:
                 raise EstimateError(f"model {k} must be >= 1, got {getattr(self, k)}")
+        if self.loss_chunk_rows is not None and self.loss_chunk_rows < 1:
+            raise EstimateError(f"model loss_chunk_rows must be >= 1 or None, got {self.loss_chunk_rows}")
 
 
 @dataclass(frozen=True)

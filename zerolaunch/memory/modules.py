@@ -57,5 +57,13 @@ def detect_arch(model) -> Arch | None:
                 got["vocab_size"],
                 got["d_ff"] or 4 * got["d_model"],
                 gated,
+                _loss_chunk_rows(model, got["vocab_size"]),
             )
     return None
+
+
+def _loss_chunk_rows(model, vocab_size: int) -> int | None:
+    """The built-in GPT's cross-entropy chunk (its own rule); None for other models (one unchunked loss)."""
+    from zerolaunch.models.gpt import CE_CHUNK_ELEMENTS, GPT
+
+    return max(1, CE_CHUNK_ELEMENTS // vocab_size) if isinstance(model, GPT) else None

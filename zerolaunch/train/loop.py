@@ -2,16 +2,16 @@
 
 Per optimizer step: for each of `gradient_accumulation_steps` micro-batches, `out = engine(**batch)`,
 `engine.backward(loss)`, `engine.step()`; then the step's mean loss over micro-batches and ranks is reduced
-with one small all-reduce (the loop's only collectives are these metrics; the engine's go through
-zero/comm.py) and rank 0 reports it. Owns the order of things, not their details (batches.py,
-checkpointing.py, reporting.py, seeding.py): `Trainer.__init__` builds the components, `train_step(step)` runs
+with one small all-reduce queued on the device (the loop's only collective; the engine's go through
+zero/comm.py) and rank 0 reports it one step later, while the next step runs ([Note: deferred step reads]
+in train_step, step_stats.py). Owns the order of things, not their details (batches.py, checkpointing.py,
+reporting.py, seeding.py, step_stats.py): `Trainer.__init__` builds the components, `train_step(step)` runs
 one optimizer step, `finish()` writes the final checkpoint and the end-of-run table, and `run_training` only
 sequences them (as torchtitan's trainer does).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from zerolaunch.config import import_builder
 from zerolaunch.models.hf import meta_init_fn
 from zerolaunch.report.mfu import hf_flops_per_token
-from zerolaunch.train import seeding
+from zerolaunch.train import seeding, step_stats
 from zerolaunch.train.batches import (
     BatchSource,
     PrefetchingSource,
@@ -38,13 +38,7 @@ from zerolaunch.train.context import RunContext
 from zerolaunch.train.init_weights import load_initial_weights
 from zerolaunch.train.nonfinite import NonFiniteGuard
 from zerolaunch.train.reporting import StepReporter
-
-
-def _reduce(values: list[float], device: torch.device, group, op) -> list[float]:
-    """One all-reduce of a few metrics (the loop's own collective; not engine traffic)."""
-    t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
-    dist.all_reduce(t, op=op, group=group)
-    return t.tolist()
+from zerolaunch.zero.protocol import StepInfo
 
 
 def _memory_now(engine, device: torch.device) -> dict:
@@ -68,11 +62,6 @@ def _flops_per_token(model, seq_len: int | None) -> float | None:
         return None
     flops = hf_flops_per_token(to_dict(), seq_len)
     return None if flops is None else float(flops)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _with_meta_arg(recipe):
@@ -122,6 +111,10 @@ class Trainer:
                 recipe.train.monitors
             )  # DeepSpeed's tensorboard / csv_monitor / wandb blocks
         self.guard = NonFiniteGuard(recipe.train.max_nonfinite_steps)
+        self.unread: step_stats.PendingStep | None = None
+        """The step whose values are still on their way to the host ([Note: deferred step reads])."""
+        self.losses: list[float] = []
+        """Every step's mean loss over ranks, in step order (run_training's result)."""
         # the card's size, for "% of device" in the per-step line
         self.device_bytes = (
             torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
@@ -170,70 +163,109 @@ class Trainer:
         self.pending = None
         return batch
 
-    def train_step(self, step: int) -> float:
-        """One optimizer step (gradient_accumulation_steps micro-batches); returns the mean loss over ranks."""
+    def train_step(self, step: int) -> None:
+        """Report the previous optimizer step, then queue this one (gradient_accumulation_steps micro-batches).
+
+        [Note: deferred step reads] The loop reads no device value of a step while queuing it: the loss sum
+        and the memory peaks go to the host on the stream (step_stats.py, one all-reduce, a non_blocking copy
+        into pinned memory) and the step is read and reported when the next one begins, waiting on that copy
+        alone. Read at once instead: a skipped (non-finite) step, whose guard decision may stop the run; a
+        step that may write a checkpoint (it must know the streak is closed); the last step. The read comes
+        before the next step's first forward, not after it, so a worker killed during step N+1 has logged
+        step N (the launcher's restart line names the last logged step). It would overlap the device's work
+        if the engine's step() did not end in a device read of its own (float(grad_norm) in zero/engine.py:
+        the device is idle when step() returns); moving `self._flush()` below the first backward is then
+        the whole change. `self.losses` gets every step's mean loss over ranks, in order.
+        """
+        self._flush()
         ctx, engine, source = self.ctx, self.engine, self.source
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         comm_before = (engine.comm_stats.total_seconds(), engine.comm_stats.total_bytes())
-        t0 = time.perf_counter()
         wait_before = source.wait_seconds
-        loss_sum = torch.zeros((), device=ctx.device)
+        start = step_stats.step_start(ctx.device)
+        loss_sum = None
         info = None
         for _ in range(self.gas):
             loss = loss_of(forward(engine, self._next_batch()))
             engine.backward(loss)
             info = engine.step()
-            loss_sum += loss.detach().float()
-        _sync(ctx.device)
-        step_seconds = time.perf_counter() - t0
+            # detach().float() of an fp32 loss is the loss itself: clone so the sum never aliases it
+            loss = loss.detach().float()
+            loss_sum = loss.clone() if loss_sum is None else loss_sum.add_(loss)
+        fp16 = self.recipe.engine.precision.dtype == "fp16"
+        self.unread = step_stats.queue_step(
+            step,
+            loss_sum,
+            start,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            device=ctx.device,
+            group=ctx.group,
+            fields={
+                "grad_norm": info.grad_norm,
+                "lr": info.lr,
+                "loss_scale": info.loss_scale if fp16 else None,
+                "skipped": bool(info.skipped),
+                "comm_seconds": engine.comm_stats.total_seconds() - comm_before[0],
+                "comm_bytes": engine.comm_stats.total_bytes() - comm_before[1],
+                "data_wait_ms": (source.wait_seconds - wait_before) * 1000.0,
+            },
+        )
+        # info.skipped is a host bool the engine already decided (every rank alike): a non-finite loss on
+        # any rank or grad makes the step skipped (zero/protocol.py StepInfo), so a step the guard would
+        # call bad is always read now, and the guard stops the run at the same step as a synchronous loop.
+        every = self.checkpoints.every  # maybe_save's rule
+        if info.skipped or (every and step % every == 0) or step == self.recipe.train.steps:
+            self._flush()
+            if not self.guard.open:
+                self.checkpoints.maybe_save(step)
+
+    def _flush(self) -> None:
+        """Read and report the pending step, if any (rank 0 logs it; every rank records it in the guard)."""
+        pending, self.unread = self.unread, None
+        if pending is None:
+            return
+        ctx = self.ctx
+        loss_sums, mem_peaks, step_seconds = pending.read(ctx.world_size)
+        step, fields = pending.step, pending.fields
         if self.compiled_blocks and step == self.start_step + 1 and ctx.is_rank0:
             print(
                 f"train.compile: {self.compiled_blocks} blocks compiled ({self.recipe.train.compile_backend}); "
                 f"first step {1000 * step_seconds:.0f} ms, compile included",
                 flush=True,
             )
-        # one slot per rank in the same single all-reduce: every rank learns which rank's loss went bad
-        slots = [0.0] * ctx.world_size
-        slots[ctx.rank] = loss_sum.item()
-        rank_losses = [v / self.gas for v in _reduce(slots, ctx.device, ctx.group, dist.ReduceOp.SUM)]
+        rank_losses = [v / self.gas for v in loss_sums]
         mean_loss = sum(rank_losses) / ctx.world_size
-        mem_peaks = None
-        if ctx.device.type == "cuda":
-            mem_peaks = _reduce(
-                [torch.cuda.max_memory_allocated(ctx.device), torch.cuda.max_memory_reserved(ctx.device)],
-                ctx.device,
-                ctx.group,
-                dist.ReduceOp.MAX,
-            )
+        self.losses.append(mean_loss)
         if self.reporter is not None:
             self.reporter.log(
                 step=step,
                 loss=mean_loss,
-                grad_norm=info.grad_norm,
-                lr=info.lr,
-                loss_scale=info.loss_scale if self.recipe.engine.precision.dtype == "fp16" else None,
-                skipped=bool(info.skipped),
                 step_seconds=step_seconds,
-                comm_seconds=engine.comm_stats.total_seconds() - comm_before[0],
-                comm_bytes=engine.comm_stats.total_bytes() - comm_before[1],
                 mem_allocated_bytes=int(mem_peaks[0]) if mem_peaks else None,
                 mem_reserved_bytes=int(mem_peaks[1]) if mem_peaks else None,
                 mem_device_bytes=self.device_bytes,
-                data_wait_ms=(source.wait_seconds - wait_before) * 1000.0,
+                **fields,
             )
         if self.monitors is not None:
+            # the one monitor writer shared with api.ZeroLaunchEngine.step, given the step's fields as a StepInfo
+            info = StepInfo(
+                not fields["skipped"],
+                fields["skipped"],
+                fields["grad_norm"],
+                fields["loss_scale"],
+                fields["lr"],
+            )
             self.monitors.write_step(step, info, mean_loss, self.recipe)
-        bad = self.guard.record(step, rank_losses, info.grad_norm)  # raises NonFiniteStop at the limit
+        bad = self.guard.record(step, rank_losses, fields["grad_norm"])  # raises NonFiniteStop at the limit
         if bad is not None and ctx.is_rank0:
             print(f"non-finite {bad.describe()}: step skipped, no checkpoint until a finite step", flush=True)
-        if not self.guard.open:
-            self.checkpoints.maybe_save(step)
-        return mean_loss
 
     def finish(self) -> None:
         """COLLECTIVE: the final checkpoint (unless the run ended on non-finite steps) and the end-of-run table."""
         recipe, ctx = self.recipe, self.ctx
+        self._flush()  # the last step is read at once; this covers a loop stopped early by its caller
         total_steps = recipe.train.steps
         if self.start_step < total_steps and not self.guard.open:
             self.checkpoints.save(total_steps)
@@ -268,11 +300,10 @@ class Trainer:
 def run_training(recipe, ctx: RunContext) -> list[float]:
     """Train `recipe.train.steps` optimizer steps; returns the per-step mean losses (every rank)."""
     trainer = Trainer(recipe, ctx)
-    losses: list[float] = []
     try:
         for step in range(trainer.start_step + 1, recipe.train.steps + 1):
-            losses.append(trainer.train_step(step))
+            trainer.train_step(step)
         trainer.finish()
     finally:
         trainer.close()
-    return losses
+    return trainer.losses
