@@ -8,11 +8,10 @@ nanoGPT's formulas -- groups and lrs written in _reference.py, nothing taken fro
 
 from __future__ import annotations
 
+import _reference
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import _reference
 
 MICRO_BATCH = 3  # rows per rank per micro-step
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import _reference
 import pytest
 import torch
 import torch.nn.functional as F
-import _reference
 from _spawn import run_ranks
 from torch import nn
 from torch.utils.checkpoint import checkpoint
