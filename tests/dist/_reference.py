@@ -10,6 +10,7 @@ be on both sides and every parity test would still pass. So this module imports 
 - learning rates: DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR as deepspeed/runtime/lr_schedules.py
   defines them, driven the way DeepSpeed's engine drives them (the lr is set once when the scheduler is
   built, then `step()` after every optimizer step), and nanoGPT's `get_lr(it)` for "cosine".
+- the loop (`train`): accumulate, torch's clip_grad_norm_, set the step's lr, torch's optimizer step.
 
 The options objects are only read (duck-typed): their fields are the recipe's keys, the inputs of both sides.
 """
@@ -106,6 +107,29 @@ def nanogpt_lr(s, base_lr: float, it: int) -> float:
         return min_lr
     decay_ratio = (it - s.warmup_num_steps) / max(1, s.total_num_steps - s.warmup_num_steps)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (peak - min_lr)
+
+
+def train(model: nn.Module, options, steps: int, micro_loss) -> list[float]:
+    """Train `model` in place as EngineOptions `options` say, with torch alone: per optimizer step, the mean of
+    `micro_loss(step, micro)` over the accumulation window backward, torch's clip_grad_norm_ (off at 0),
+    that step's lr, one torch optimizer step. Returns the grad norm before clipping of every step."""
+    o = options.optimizer
+    groups = param_groups(model, o.weight_decay, o.decay_1d)
+    opt = optimizer(groups, o)
+    lrs = learning_rates(options.scheduler, o.lr, steps)
+    params = [p for g in groups for p in g["params"]]
+    gas = options.gradient_accumulation_steps
+    max_norm = options.gradient_clipping if options.gradient_clipping > 0 else float("inf")
+    norms = []
+    for step in range(steps):
+        opt.zero_grad()
+        for micro in range(gas):
+            (micro_loss(step, micro) / gas).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+        for pg in opt.param_groups:
+            pg["lr"] = lrs[step]
+        opt.step()
+    return norms
 
 
 def learning_rates(s, base_lr: float, steps: int) -> list[float]:

@@ -65,22 +65,11 @@ def train_engine(engine, rank: int, world_size: int, steps: int) -> list:
 def reference_weights(options, world_size: int, steps: int):
     """(final weights {name: tensor}, [grad norm before clipping per step]) under EngineOptions `options`."""
     model = Net(0)
-    o = options.optimizer
-    groups = _reference.param_groups(model, o.weight_decay, o.decay_1d)
-    opt = _reference.optimizer(groups, o)
-    lrs = _reference.learning_rates(options.scheduler, o.lr, steps)
-    gas = options.gradient_accumulation_steps
-    params = [p for g in groups for p in g["params"]]
-    norms = []
-    for step in range(steps):
-        opt.zero_grad()
-        for micro in range(gas):
-            x, y = micro_batch(step, micro, world_size)
-            # the global mean = the mean over ranks of equal-size per-rank means.
-            (F.mse_loss(model(x), y) / gas).backward()
-        max_norm = options.gradient_clipping if options.gradient_clipping > 0 else float("inf")
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
-        for pg in opt.param_groups:
-            pg["lr"] = lrs[step]
-        opt.step()
+
+    def micro_loss(step, micro):
+        x, y = micro_batch(step, micro, world_size)
+        # the global mean = the mean over ranks of equal-size per-rank means.
+        return F.mse_loss(model(x), y)
+
+    norms = _reference.train(model, options, steps, micro_loss)
     return {n: p.detach().clone() for n, p in model.named_parameters()}, norms

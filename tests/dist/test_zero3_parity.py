@@ -113,24 +113,13 @@ def reference(options, mode: dict, init: dict, world_size: int, steps: int, dtyp
     with torch.no_grad():
         for name, t in list(model.named_parameters()) + list(model.named_buffers()):
             t.copy_(init[name])
-    o = options.optimizer
-    torch_groups = _reference.param_groups(model, o.weight_decay, o.decay_1d)
-    opt = _reference.optimizer(torch_groups, o)
-    lrs = _reference.learning_rates(options.scheduler, o.lr, steps)
-    params = [p for g in torch_groups for p in g["params"]]
-    gas = options.gradient_accumulation_steps
-    norms = []
-    for step in range(steps):
-        opt.zero_grad()
-        for micro in range(gas):
-            set_mode(model, mode, step, micro)
-            x, y = micro_batch(step, micro, world_size)
-            (F.mse_loss(model(x.to(dtype)), y.to(dtype)) / gas).backward()
-        max_norm = options.gradient_clipping if options.gradient_clipping > 0 else float("inf")
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
-        for pg in opt.param_groups:
-            pg["lr"] = lrs[step]
-        opt.step()
+
+    def micro_loss(step, micro):
+        set_mode(model, mode, step, micro)
+        x, y = micro_batch(step, micro, world_size)
+        return F.mse_loss(model(x.to(dtype)), y.to(dtype))
+
+    norms = _reference.train(model, options, steps, micro_loss)
     return {n: p.detach().clone() for n, p in model.named_parameters()}, norms
 
 
