@@ -11,9 +11,11 @@ test also sees when a load forgets an element.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from zerolaunch.checkpoint.save import finalize, prepare_folder, step_dir_name, write_rank_files
 from zerolaunch.zero.layout import ParamSpec, plan_layout
 
 
@@ -94,3 +96,34 @@ class FakeEngine:
 
     def load_state_meta(self, d: dict) -> None:
         self.meta = dict(d)
+
+
+def fake_ranks(
+    specs: list[FakeTensorSpec],
+    world_size: int,
+    *,
+    bucket_numel: int,
+    seed: int | None = 0,
+    buffers: dict[str, tuple[int, ...]] | None = None,
+) -> list[FakeEngine]:
+    """One FakeEngine per rank of a `world_size` run, all from the same seed (the same model state)."""
+    return [
+        FakeEngine(
+            specs, rank=r, world_size=world_size, bucket_numel=bucket_numel, seed=seed, buffers=buffers
+        )
+        for r in range(world_size)
+    ]
+
+
+def save_fake(engines: list[FakeEngine], root, step: int, extras: dict | None = None, keep=None) -> Path:
+    """A checkpoint of `engines` (rank r = engines[r]) under `root`, written in this one process: the phases
+    of save_checkpoint (prepare, every rank's files, finalize) in turn, without a process group.
+    extras: {rank: that rank's `extra`}."""
+    root = Path(root)
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{final.name}"
+    prepare_folder(root, tmp)
+    for r, e in enumerate(engines):
+        write_rank_files(e, tmp, r, (extras or {}).get(r, {}))
+    finalize(engines[0], tmp, final, len(engines), step=step, keep=keep)
+    return final

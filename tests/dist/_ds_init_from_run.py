@@ -12,14 +12,11 @@ zerolaunch from each checkpoint with model.init_from and compares (tests/dist/te
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-from datetime import timedelta
 from pathlib import Path
 
+import _ds_ranks
 import torch
-import torch.multiprocessing as mp
 
 WORLD_SIZE = 2
 GPT_ARGS = {"size": "tiny", "vocab_size": 64, "seq_len": 16}
@@ -42,21 +39,9 @@ def _config(stage: int, bf16: bool) -> dict:
     }
 
 
-def _worker(rank: int, store_path: str, out_dir: str, probes_path: str) -> None:
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_WORLD_SIZE=str(WORLD_SIZE)
-    )
-    torch.set_num_threads(1)
-    store = torch.distributed.FileStore(store_path, WORLD_SIZE)
-    torch.distributed.init_process_group(
-        "gloo", store=store, rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=300)
-    )
-    import deepspeed
-    import deepspeed.comm.torch  # noqa: F401 -- the attribute path is shadowed by `torch`, hence sys.modules
-
-    # DeepSpeed would JIT-compile a shared-memory all-reduce for CPU; gloo is all these ranks need.
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-    deepspeed.init_distributed(dist_backend="gloo")
+def _worker(rank: int, world_size: int, store_path: str, out_dir: str, probes_path: str) -> None:
+    _ds_ranks.init_rank(rank, world_size, store_path)
+    deepspeed = _ds_ranks.init_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from zerolaunch.models import gpt
@@ -84,22 +69,11 @@ def _worker(rank: int, store_path: str, out_dir: str, probes_path: str) -> None:
             weights = get_fp32_state_dict_from_zero_checkpoint(str(save_dir))
             results[case] = {"losses": losses, "weights": {k: v.clone() for k, v in weights.items()}}
         engine.destroy()
-    if rank == 0:
-        torch.save(results, Path(out_dir) / "results.pt")
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    _ds_ranks.finish(rank, results, Path(out_dir) / "results.pt")
 
 
 def main(out_dir: str, probes: str) -> None:
-    os.environ["DS_ACCELERATOR"] = "cpu"
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(
-            _worker,
-            args=(os.path.join(tmp, "store"), out_dir, probes),
-            nprocs=WORLD_SIZE,
-            start_method="spawn",
-        )
+    _ds_ranks.spawn(_worker, WORLD_SIZE, out_dir, probes)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,10 @@ shards). Needs deepspeed 0.19.8 for the deepspeed side (DS_ACCELERATOR=cpu is se
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-from datetime import timedelta
 
+import _ds_ranks
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 WORLD_SIZE = 2
@@ -82,16 +79,6 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(3, 17, generator=gen), torch.randn(3, 5, generator=gen)
 
 
-def _init_deepspeed():
-    import deepspeed
-    import deepspeed.comm.torch  # noqa: F401 -- the attribute path is shadowed by `torch`, hence sys.modules
-
-    # DeepSpeed would JIT-compile a shared-memory all-reduce for CPU; gloo is all these ranks need.
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-    deepspeed.init_distributed(dist_backend="gloo")
-    return deepspeed
-
-
 def _train_case(which: str, stage: int, mode: str, deepspeed) -> dict[str, torch.Tensor]:
     rank = torch.distributed.get_rank()
     torch.manual_seed(0)
@@ -116,35 +103,20 @@ def _train_case(which: str, stage: int, mode: str, deepspeed) -> dict[str, torch
     return {n: t.detach().clone().float() for n, t in engine.full_state_dict()}
 
 
-def _worker(rank: int, which: str, store_path: str, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_WORLD_SIZE=str(WORLD_SIZE)
-    )
-    torch.set_num_threads(1)
-    store = torch.distributed.FileStore(store_path, WORLD_SIZE)
-    torch.distributed.init_process_group(
-        "gloo", store=store, rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=300)
-    )
-    deepspeed = _init_deepspeed() if which == "deepspeed" else None
+def _worker(rank: int, world_size: int, store_path: str, which: str, out: str) -> None:
+    _ds_ranks.init_rank(rank, world_size, store_path)
+    deepspeed = _ds_ranks.init_deepspeed() if which == "deepspeed" else None
     results = {}
     for stage in STAGES:
         for mode in MODES:
             if which == "deepspeed" and mode == "none":
                 continue
             results[f"stage{stage}_{mode}"] = _train_case(which, stage, mode, deepspeed)
-    if rank == 0:
-        torch.save(results, out)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    _ds_ranks.finish(rank, results, out)
 
 
 def main(which: str, out: str) -> None:
-    os.environ["DS_ACCELERATOR"] = "cpu"
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(
-            _worker, args=(which, os.path.join(tmp, "store"), out), nprocs=WORLD_SIZE, start_method="spawn"
-        )
+    _ds_ranks.spawn(_worker, WORLD_SIZE, which, out)
 
 
 if __name__ == "__main__":

@@ -2,18 +2,16 @@
 
 Awkward on purpose: a 17x31 weight (numel not divisible by 2, 3 or 4), tied weights, a frozen layer, a
 buffer, 1-D params (the no-decay group). The reference is plain torch: one process, the global batch,
-torch.optim on the same two param groups, torch's clip_grad_norm_.
+torch.optim on the same two param groups, torch's clip_grad_norm_, the lr of each step from DeepSpeed's and
+nanoGPT's formulas -- groups and lrs written in _reference.py, nothing taken from zerolaunch.
 """
 
 from __future__ import annotations
 
+import _reference
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from zerolaunch.zero.options import EngineOptions
-from zerolaunch.zero.param_groups import collect_params, split_decay_groups
-from zerolaunch.zero.sched import LRSchedule
 
 MICRO_BATCH = 3  # rows per rank per micro-step
 
@@ -64,37 +62,14 @@ def train_engine(engine, rank: int, world_size: int, steps: int) -> list:
     return infos
 
 
-def reference_weights(options: EngineOptions, world_size: int, steps: int):
-    """(final weights {name: tensor}, [grad norm before clipping per step])."""
+def reference_weights(options, world_size: int, steps: int):
+    """(final weights {name: tensor}, [grad norm before clipping per step]) under EngineOptions `options`."""
     model = Net(0)
-    wd = options.optimizer.weight_decay
-    if options.optimizer.decay_1d:  # DeepSpeed's rule: one group, every trainable param decayed
-        torch_groups = [
-            {"params": [p for _, p in collect_params(model) if p.requires_grad], "weight_decay": wd}
-        ]
-    else:
-        groups = split_decay_groups(collect_params(model), wd)
-        torch_groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in groups]
-    o = options.optimizer
-    if o.name == "adamw":
-        opt = torch.optim.AdamW(torch_groups, lr=o.lr, betas=o.betas, eps=o.eps)
-    elif o.name == "adam":
-        opt = torch.optim.Adam(torch_groups, lr=o.lr, betas=o.betas, eps=o.eps)
-    else:
-        opt = torch.optim.SGD(torch_groups, lr=o.lr, momentum=o.momentum)
-    sched = LRSchedule(options.scheduler, o.lr)
-    gas = options.gradient_accumulation_steps
-    params = [p for g in torch_groups for p in g["params"]]
-    norms = []
-    for step in range(steps):
-        opt.zero_grad()
-        for micro in range(gas):
-            x, y = micro_batch(step, micro, world_size)
-            # the global mean = the mean over ranks of equal-size per-rank means.
-            (F.mse_loss(model(x), y) / gas).backward()
-        max_norm = options.gradient_clipping if options.gradient_clipping > 0 else float("inf")
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
-        for pg in opt.param_groups:
-            pg["lr"] = sched.lr_at(step)
-        opt.step()
-    return {n: p.detach().clone() for n, p in collect_params(model)}, norms
+
+    def micro_loss(step, micro):
+        x, y = micro_batch(step, micro, world_size)
+        # the global mean = the mean over ranks of equal-size per-rank means.
+        return F.mse_loss(model(x), y)
+
+    norms = _reference.train(model, options, steps, micro_loss)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, norms

@@ -14,13 +14,15 @@ The model: a small net with stage 3's awkward cases, its data, and the one-proce
 two blocks (belongs to the root unit), a frozen layer, a buffer, 1-D params (the no-decay group). Per-call
 switches: skip block 2, call block 0 twice, activation checkpointing of every block (use_reentrant=False).
 The reference is plain torch: one process, the global batch, torch.optim.AdamW/SGD on the same two param
-groups, torch's clip_grad_norm_, from the same initial weights.
+groups, torch's clip_grad_norm_, from the same initial weights (groups and lrs from _reference.py, which
+imports nothing from zerolaunch).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import _reference
 import pytest
 import torch
 import torch.nn.functional as F
@@ -30,7 +32,6 @@ from torch.utils.checkpoint import checkpoint
 
 from zerolaunch.zero import Engine, shard_optim
 from zerolaunch.zero.options import EngineOptions, OffloadOptions, OptimizerOptions, ZeroOptions
-from zerolaunch.zero.param_groups import collect_params, split_decay_groups
 
 MICRO_BATCH = 3
 
@@ -112,32 +113,14 @@ def reference(options, mode: dict, init: dict, world_size: int, steps: int, dtyp
     with torch.no_grad():
         for name, t in list(model.named_parameters()) + list(model.named_buffers()):
             t.copy_(init[name])
-    wd = options.optimizer.weight_decay
-    if options.optimizer.decay_1d:  # DeepSpeed's rule: one group, every trainable param decayed
-        torch_groups = [
-            {"params": [p for _, p in collect_params(model) if p.requires_grad], "weight_decay": wd}
-        ]
-    else:
-        groups = split_decay_groups(collect_params(model), wd)
-        torch_groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in groups]
-    o = options.optimizer
-    if o.name == "sgd":
-        opt = torch.optim.SGD(torch_groups, lr=o.lr, momentum=o.momentum)
-    else:
-        opt = torch.optim.AdamW(torch_groups, lr=o.lr, betas=o.betas, eps=o.eps)
-    params = [p for g in torch_groups for p in g["params"]]
-    gas = options.gradient_accumulation_steps
-    norms = []
-    for step in range(steps):
-        opt.zero_grad()
-        for micro in range(gas):
-            set_mode(model, mode, step, micro)
-            x, y = micro_batch(step, micro, world_size)
-            (F.mse_loss(model(x.to(dtype)), y.to(dtype)) / gas).backward()
-        max_norm = options.gradient_clipping if options.gradient_clipping > 0 else float("inf")
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
-        opt.step()
-    return {n: p.detach().clone() for n, p in collect_params(model)}, norms
+
+    def micro_loss(step, micro):
+        set_mode(model, mode, step, micro)
+        x, y = micro_batch(step, micro, world_size)
+        return F.mse_loss(model(x.to(dtype)), y.to(dtype))
+
+    norms = _reference.train(model, options, steps, micro_loss)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, norms
 
 
 STEPS = 3

@@ -1,15 +1,19 @@
 """Helpers of the `zerolaunch train` end-to-end tests: a tiny recipe, the CLI run as a subprocess (always
-with a timeout), metrics.jsonl reading, and process lookups for the signal tests."""
+with a timeout), metrics.jsonl reading, process lookups for the signal tests, and a one-rank gloo process
+group for the tests that run the training loop in this process."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,6 +40,15 @@ deepspeed:
 
 FAULTY_MODEL = Path(__file__).resolve().parent / "_faulty_model.py"
 """The tiny GPT with a fault on one rank at one step (the failure and restart tests' model builder)."""
+
+
+@pytest.fixture
+def group(tmp_path):
+    """The default process group as one gloo rank (FileStore: no port), torn down after the test."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    yield None
+    dist.destroy_process_group()
 
 
 @pytest.fixture
@@ -94,6 +107,44 @@ class TrainCLI:
             text=True,
             timeout=timeout,
         )
+
+    @staticmethod
+    def popen(
+        *args: str, stdout=subprocess.PIPE, env: dict[str, str] | None = None, **kwargs
+    ) -> subprocess.Popen:
+        """`zerolaunch train ARGS` in the background, stderr merged into stdout (a pipe, or a file: a
+        launcher whose full pipe nobody reads stalls). The caller kills it (`stop`) when done."""
+        return subprocess.Popen(
+            TrainCLI.cmd(*args),
+            env=TrainCLI.env() if env is None else env,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            text=True,
+            **kwargs,
+        )
+
+    @staticmethod
+    def stop(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    @staticmethod
+    def wait_for_a_step(proc: subprocess.Popen, run_dir: Path, timeout: float = 150) -> None:
+        """Until metrics.jsonl has a row; fails with the output if `proc` (stdout a pipe) exits first."""
+        deadline = time.monotonic() + timeout
+        while not (run_dir / "metrics.jsonl").is_file() or not TrainCLI.metrics(run_dir):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.2)
+
+    @staticmethod
+    def survivors(pids: list[int], within: float, poll: float = 0.1) -> list[int]:
+        """The pids still alive after waiting up to `within` seconds for all of them to exit."""
+        deadline = time.monotonic() + within
+        while any(TrainCLI.alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(poll)
+        return [pid for pid in pids if TrainCLI.alive(pid)]
 
     @staticmethod
     def metrics(run_dir: Path) -> list[dict]:

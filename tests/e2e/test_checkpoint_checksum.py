@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from _fake_engine import FakeEngine, FakeTensorSpec
+from _fake_engine import FakeEngine, FakeTensorSpec, fake_ranks, save_fake
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from zerolaunch.checkpoint.errors import CheckpointError
 from zerolaunch.checkpoint.load import load_checkpoint
 from zerolaunch.checkpoint.reader import CheckpointReader
-from zerolaunch.checkpoint.save import finalize, prepare_folder, step_dir_name, write_rank_files
 from zerolaunch.cli.app import app
 
 SPECS = [
@@ -34,14 +33,9 @@ SPECS = [
 
 
 def make_checkpoint(root: Path, world_size: int = 2) -> tuple[Path, list[FakeEngine]]:
-    engines = [FakeEngine(SPECS, rank=r, world_size=world_size, bucket_numel=2000) for r in range(world_size)]
-    final = root / step_dir_name(5)
-    tmp = root / f".tmp-{final.name}"
-    prepare_folder(root, tmp)
-    for r, e in enumerate(engines):
-        write_rank_files(e, tmp, r, {"data": {"position": r}})
-    finalize(engines[0], tmp, final, world_size, step=5, keep=None)
-    return final, engines
+    engines = fake_ranks(SPECS, world_size, bucket_numel=2000)
+    extras = {r: {"data": {"position": r}} for r in range(world_size)}
+    return save_fake(engines, root, 5, extras=extras), engines
 
 
 def flip_middle(path: Path, nbytes: int = 4000) -> None:

@@ -3,6 +3,7 @@ through a fake `ssh` on PATH that logs what it was asked and runs the command lo
 environment (as a real ssh login would: only what the launcher forwards arrives). Covers a full 2-host run,
 a failing host stopping the other, and the exit-2 errors (unreachable host, slots vs --cpu, no ssh)."""
 
+import contextlib
 import json
 import os
 import socket
@@ -47,22 +48,34 @@ def _hostfile(tmp_path, text):
     return path
 
 
-def test_two_hosts_over_fake_ssh(cli, tiny_recipe, tmp_path, fake_ssh):
-    env, log = fake_ssh
-    hosts = _hostfile(tmp_path, "# two loopback nodes\n127.0.0.1 slots=1\n\nlocalhost slots=1  # second\n")
-    run_dir = tmp_path / "run"
-    out = cli.run(
-        tiny_recipe(steps=4),
+def _run_on_hosts(cli, recipe, hosts, run_dir, *args, **env):
+    """The CLI on the hostfile's hosts, one CPU worker each, on a free rendezvous port (5 minutes at most)."""
+    return cli.run(
+        recipe,
         "--cpu",
         "1",
         "--hostfile",
         str(hosts),
-        "--export",
-        "CLUSTER_MARK",
+        *args,
         "--run-dir",
         str(run_dir),
         timeout=300,
         MASTER_PORT=str(_free_port()),
+        **env,
+    )
+
+
+def test_two_hosts_over_fake_ssh(cli, tiny_recipe, tmp_path, fake_ssh):
+    env, log = fake_ssh
+    hosts = _hostfile(tmp_path, "# two loopback nodes\n127.0.0.1 slots=1\n\nlocalhost slots=1  # second\n")
+    run_dir = tmp_path / "run"
+    out = _run_on_hosts(
+        cli,
+        tiny_recipe(steps=4),
+        hosts,
+        run_dir,
+        "--export",
+        "CLUSTER_MARK",
         CLUSTER_MARK="hello world",
         NCCL_DEBUG="WARN",
         **env,
@@ -88,18 +101,8 @@ def test_a_failing_host_stops_the_others(cli, tiny_recipe, tmp_path, fake_ssh):
     hosts = _hostfile(tmp_path, "127.0.0.1 slots=1\nlocalhost slots=1\n")
     started = time.monotonic()
     # 127.0.0.1 waits at the rendezvous for a node that never comes; it must be stopped, not left waiting
-    out = cli.run(
-        tiny_recipe(steps=4),
-        "--cpu",
-        "1",
-        "--hostfile",
-        str(hosts),
-        "--run-dir",
-        str(tmp_path / "run"),
-        timeout=300,
-        MASTER_PORT=str(_free_port()),
-        FAKE_SSH_FAIL_HOST="localhost",
-        **env,
+    out = _run_on_hosts(
+        cli, tiny_recipe(steps=4), hosts, tmp_path / "run", FAKE_SSH_FAIL_HOST="localhost", **env
     )
     assert out.returncode == 3, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[localhost] boom on localhost" in out.stdout
@@ -132,43 +135,41 @@ def test_no_ssh_client_is_exit_2(cli, tiny_recipe, tmp_path):
     assert out.returncode == 2 and "needs the `ssh` client" in " ".join(out.stderr.split()), out.stderr
 
 
+@contextlib.contextmanager
+def _training_in_background(cli, tmp_path, run_dir, args, env, **popen):
+    """The CLI started with its output in tmp_path/out.log (a full pipe would stall the launcher; a file never
+    does), yielded once run_dir/metrics.jsonl exists or 180 s have passed; killed on the way out if alive."""
+    with open(tmp_path / "out.log", "w") as log_file:
+        proc = cli.popen(*args, stdout=log_file, env=env, **popen)
+        try:
+            deadline = time.monotonic() + 180
+            while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+                assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
+                time.sleep(0.5)
+            yield proc
+        finally:
+            cli.stop(proc)
+
+
 def test_ctrl_c_stops_every_host(cli, tiny_recipe, tmp_path, fake_ssh):
     import signal
-    import subprocess
 
     env, _ = fake_ssh
     hosts = _hostfile(tmp_path, "127.0.0.1 slots=1\nlocalhost slots=1\n")
     run_dir = tmp_path / "run"
-    log_file = open(tmp_path / "out.log", "w")  # a full pipe would stall the launcher; a file never does
-    proc = subprocess.Popen(
-        cli.cmd(tiny_recipe(steps=100000), "--cpu", "1", "--hostfile", hosts, "--run-dir", run_dir),
-        env=cli.env(MASTER_PORT=str(_free_port()), **env),
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
-            time.sleep(0.5)
+    args = (tiny_recipe(steps=100000), "--cpu", "1", "--hostfile", hosts, "--run-dir", run_dir)
+    with _training_in_background(
+        cli, tmp_path, run_dir, args, cli.env(MASTER_PORT=str(_free_port()), **env)
+    ) as proc:
         assert (run_dir / "metrics.jsonl").exists(), "training never started"
         tree = cli.descendants(proc.pid)
         assert len(tree) >= 4  # two host launchers and their workers
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        log_file.close()
     out = (tmp_path / "out.log").read_text()
     assert proc.returncode == 130, out[-3000:]
     assert "interrupted: stopped every host" in out
-    deadline = time.monotonic() + 60
-    while any(cli.alive(pid) for pid in tree) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not [pid for pid in tree if cli.alive(pid)], "a host's launcher or worker outlived the job"
+    assert not cli.survivors(tree, within=60, poll=0.5), "a host's launcher or worker outlived the job"
 
 
 def test_a_host_launcher_stops_when_its_ssh_channel_closes(cli, tiny_recipe, tmp_path):
@@ -176,32 +177,12 @@ def test_a_host_launcher_stops_when_its_ssh_channel_closes(cli, tiny_recipe, tmp
     import subprocess
 
     run_dir = tmp_path / "run"
-    log_file = open(tmp_path / "out.log", "w")  # a full pipe would stall the launcher; a file never does
-    proc = subprocess.Popen(
-        cli.cmd(tiny_recipe(steps=100000), "--cpu", "1", "--stop-on-stdin-eof", "--run-dir", run_dir),
-        env=cli.env(),
-        stdin=subprocess.PIPE,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
-            time.sleep(0.5)
+    args = (tiny_recipe(steps=100000), "--cpu", "1", "--stop-on-stdin-eof", "--run-dir", run_dir)
+    with _training_in_background(cli, tmp_path, run_dir, args, cli.env(), stdin=subprocess.PIPE) as proc:
         tree = cli.descendants(proc.pid)
         assert tree, "no worker started"
         proc.stdin.close()
         proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        log_file.close()
     out = (tmp_path / "out.log").read_text()
     assert proc.returncode != 0 and "interrupted by SIGTERM" in out, out[-3000:]
-    deadline = time.monotonic() + 60
-    while any(cli.alive(pid) for pid in tree) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not [pid for pid in tree if cli.alive(pid)]
+    assert not cli.survivors(tree, within=60, poll=0.5)

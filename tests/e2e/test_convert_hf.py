@@ -10,31 +10,17 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from _helpers import tiny_gpt2, tiny_llama, trained_hf_engine  # noqa: E402
+
 import zerolaunch  # noqa: E402
 from zerolaunch.checkpoint.convert import convert_checkpoint  # noqa: E402
 from zerolaunch.models import hf  # noqa: E402
 
-CONFIG = dict(
-    model_type="llama",
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=40,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=32,
-    tie_word_embeddings=True,
-)
+CONFIG = tiny_llama(intermediate_size=40, num_hidden_layers=1)
 
 
 def test_converted_hf_checkpoint_loads_with_from_pretrained(tmp_path):
-    engine = zerolaunch.initialize(
-        hf.build(config=CONFIG), {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 2}
-    )
-    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
-    for _ in range(2):
-        engine.backward(engine(input_ids=x, labels=x).loss)
-        engine.step()
+    engine, x = trained_hf_engine(CONFIG, steps=2)
     engine.save_checkpoint(tmp_path / "ck")
     out = convert_checkpoint(tmp_path / "ck", tmp_path / "out")
     assert sorted(p.name for p in out.iterdir()) == [
@@ -49,17 +35,11 @@ def test_converted_hf_checkpoint_loads_with_from_pretrained(tmp_path):
 
 
 # ---- the folder equals what save_pretrained writes for the same model ------------------------------------
-GPT2 = dict(model_type="gpt2", vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=32)
+GPT2 = tiny_gpt2()
 
 
 def _trained_engine(config):
-    engine = zerolaunch.initialize(
-        hf.build(config=config), {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 2}
-    )
-    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
-    engine.backward(engine(input_ids=x, labels=x).loss)
-    engine.step()
-    return engine
+    return trained_hf_engine(config)[0]
 
 
 def _reference(engine, config, out, dtype, shard):

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from _fake_engine import FakeEngine, FakeTensorSpec
+from _fake_engine import FakeEngine, FakeTensorSpec, fake_ranks, save_fake
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from zerolaunch.checkpoint.convert import convert_checkpoint, parse_size, plan_shards
 from zerolaunch.checkpoint.errors import CheckpointError
 from zerolaunch.checkpoint.reader import CheckpointReader
-from zerolaunch.checkpoint.save import finalize, prepare_folder, step_dir_name, write_rank_files
 from zerolaunch.cli.app import app
 
 SPECS = [
@@ -35,17 +34,9 @@ BUFFERS = {"rope": (4, 3)}
 
 
 def make_checkpoint(root: Path, world_size: int, specs=SPECS, bucket_numel: int = 150, step: int = 3):
-    engines = [
-        FakeEngine(specs, rank=r, world_size=world_size, bucket_numel=bucket_numel, buffers=BUFFERS)
-        for r in range(world_size)
-    ]
-    final = root / step_dir_name(step)
-    tmp = root / f".tmp-{final.name}"
-    prepare_folder(root, tmp)
-    for r, e in enumerate(engines):
-        write_rank_files(e, tmp, r, {"data": {"position": 10 * r}})
-    finalize(engines[0], tmp, final, world_size, step=step, keep=None)
-    return final, engines[0]
+    engines = fake_ranks(specs, world_size, bucket_numel=bucket_numel, buffers=BUFFERS)
+    extras = {r: {"data": {"position": 10 * r}} for r in range(world_size)}
+    return save_fake(engines, root, step, extras=extras), engines[0]
 
 
 def test_safetensors_output_equals_the_engine_state(tmp_path):
@@ -63,14 +54,9 @@ def test_safetensors_output_equals_the_engine_state(tmp_path):
 
 
 def test_hf_config_in_rank0_extra_becomes_config_json(tmp_path):
-    engines = [FakeEngine(SPECS, rank=r, world_size=2, bucket_numel=150, buffers=BUFFERS) for r in range(2)]
-    final = tmp_path / "ck" / step_dir_name(1)
-    tmp = tmp_path / "ck" / f".tmp-{final.name}"
-    prepare_folder(tmp_path / "ck", tmp)
+    engines = fake_ranks(SPECS, 2, bucket_numel=150, buffers=BUFFERS)
     config = {"model_type": "gpt2", "n_embd": 31, "architectures": ["GPT2LMHeadModel"]}
-    for r, e in enumerate(engines):
-        write_rank_files(e, tmp, r, {"hf_config": config} if r == 0 else {})
-    finalize(engines[0], tmp, final, 2, step=1, keep=None)
+    final = save_fake(engines, tmp_path / "ck", 1, extras={0: {"hf_config": config}})
     out = convert_checkpoint(final, tmp_path / "o")
     written = json.loads((out / "config.json").read_text())
     # written through GPT2Config as save_pretrained writes it: the saved fields kept, dtype of the weights set

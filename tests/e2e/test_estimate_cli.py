@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _helpers import tiny_llama
 from typer.testing import CliRunner
 
 from zerolaunch.cli.app import app
@@ -159,15 +160,8 @@ def test_recipe_with_a_custom_model_counts_it_and_says_activations_are_unknown(t
 
 def _tiny_hf_folder(tmp_path):
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=40,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
+    cfg = transformers.AutoConfig.for_model(
+        **tiny_llama(intermediate_size=40, num_hidden_layers=2, tie_word_embeddings=False)
     )
     model = transformers.LlamaForCausalLM(cfg)
     model.save_pretrained(tmp_path / "hf")

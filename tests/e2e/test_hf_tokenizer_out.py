@@ -6,19 +6,19 @@ is built on the fly with the tokenizers library (no network). Leaves out: the CL
 from __future__ import annotations
 
 import pytest
-import torch
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
+
+from _helpers import tiny_gpt2, trained_hf_engine  # noqa: E402
 
 import zerolaunch  # noqa: E402
 from zerolaunch.checkpoint.convert import convert_checkpoint  # noqa: E402
 from zerolaunch.checkpoint.errors import CheckpointError  # noqa: E402
 from zerolaunch.checkpoint.extra import HF_TOKENIZER_KEY  # noqa: E402
 from zerolaunch.checkpoint.hf_folder import recipe_tokenizer_dir  # noqa: E402
-from zerolaunch.models import hf  # noqa: E402
 
-GPT2 = dict(model_type="gpt2", vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=32)
+GPT2 = tiny_gpt2()
 
 
 def _tokenizer():
@@ -39,13 +39,7 @@ def tokdir(tmp_path):
 
 
 def _engine():
-    engine = zerolaunch.initialize(
-        hf.build(config=GPT2), {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 2}
-    )
-    x = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
-    engine.backward(engine(input_ids=x, labels=x).loss)
-    engine.step()
-    return engine
+    return trained_hf_engine(GPT2, seq_len=8)[0]
 
 
 def _tokenizer_files(folder):

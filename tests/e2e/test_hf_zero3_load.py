@@ -14,19 +14,10 @@ import torch
 pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dist"))
+from _helpers import tiny_llama  # noqa: E402
 from _spawn import run_ranks  # noqa: E402
 
-LLAMA = {
-    "model_type": "llama",
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 48,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32,
-    "tie_word_embeddings": True,
-}
+LLAMA = tiny_llama()
 
 
 def _load_and_forward(rank, world_size, path):

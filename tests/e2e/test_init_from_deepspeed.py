@@ -10,7 +10,6 @@ checkpoints are made in this run, not recorded. Leaves out: fp16 (DeepSpeed's fp
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import subprocess
@@ -20,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from zerolaunch.config import load_recipe
 from zerolaunch.train import batches
@@ -73,14 +71,6 @@ def deepspeed_runs(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return tmp, torch.load(tmp / "results.pt")
-
-
-@pytest.fixture
-def group(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    yield None
-    dist.destroy_process_group()
 
 
 def _ctx():

@@ -7,7 +7,6 @@ Each test drives the real CLI (tiny recipe, 2 gloo workers on CPU) as a subproce
 import json
 import os
 import signal
-import subprocess
 import time
 
 import pytest
@@ -16,27 +15,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _start(cli, recipe, run_dir, *extra):
-    return subprocess.Popen(
-        cli.cmd(recipe, "--cpu", "2", "--run-dir", run_dir, *extra),
-        env=cli.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _wait_for_a_step(cli, proc, run_dir, timeout=150):
-    deadline = time.monotonic() + timeout
-    while not (run_dir / "metrics.jsonl").is_file() or not cli.metrics(run_dir):
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < deadline, "training never started"
-        time.sleep(0.2)
-
-
-def _stop(proc):
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(timeout=10)
+    return cli.popen(recipe, "--cpu", "2", "--run-dir", run_dir, *extra)
 
 
 def test_sigkill_of_the_launcher_takes_every_worker_with_it(cli, tiny_recipe, tmp_path):
@@ -44,18 +23,15 @@ def test_sigkill_of_the_launcher_takes_every_worker_with_it(cli, tiny_recipe, tm
     proc = _start(cli, tiny_recipe(steps=100000), run_dir)
     workers = []
     try:
-        _wait_for_a_step(cli, proc, run_dir)
+        cli.wait_for_a_step(proc, run_dir)
         workers = [p for p in cli.descendants(proc.pid) if cli.alive(p)]
         assert len(workers) >= 2, workers
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        killed_at = time.monotonic()
-        while any(cli.alive(p) for p in workers) and time.monotonic() < killed_at + 10:
-            time.sleep(0.1)
-        survivors = [p for p in workers if cli.alive(p)]
+        survivors = cli.survivors(workers, within=10)
         assert not survivors, f"workers outlived the launcher: {survivors}"
     finally:
-        _stop(proc)
+        cli.stop(proc)
         for pid in workers:
             if cli.alive(pid):
                 os.kill(pid, signal.SIGKILL)
@@ -65,7 +41,7 @@ def test_a_second_run_on_the_same_run_dir_exits_2_naming_the_holder(cli, tiny_re
     run_dir = tmp_path / "run"
     first = _start(cli, tiny_recipe(steps=100000), run_dir)
     try:
-        _wait_for_a_step(cli, first, run_dir)
+        cli.wait_for_a_step(first, run_dir)
         started = time.monotonic()
         second = cli.run(tiny_recipe(steps=3), "--cpu", "2", "--run-dir", run_dir, timeout=120)
         out = second.stdout + second.stderr
@@ -76,7 +52,7 @@ def test_a_second_run_on_the_same_run_dir_exits_2_naming_the_holder(cli, tiny_re
         assert time.monotonic() - started < 60
         assert first.poll() is None  # the first run is untouched
     finally:
-        _stop(first)
+        cli.stop(first)
 
 
 def test_a_dead_runs_lock_is_taken_over_with_a_note(cli, tiny_recipe, tmp_path):
@@ -121,7 +97,7 @@ def test_ctrl_c_prints_one_line_and_no_worker_traceback(cli, tiny_recipe, tmp_pa
     run_dir = tmp_path / "run"
     proc = _start(cli, tiny_recipe(steps=100000), run_dir)
     try:
-        _wait_for_a_step(cli, proc, run_dir)
+        cli.wait_for_a_step(proc, run_dir)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 130, out[-3000:]
@@ -130,4 +106,4 @@ def test_ctrl_c_prints_one_line_and_no_worker_traceback(cli, tiny_recipe, tmp_pa
         assert "death signal" not in after
         assert "interrupted by SIGINT: all workers stopped" in after
     finally:
-        _stop(proc)
+        cli.stop(proc)

@@ -8,25 +8,14 @@ the first step's time; dynamo really compiled (unique graphs counted); bad value
 errors. Leaves out: inductor and its speed (bench/run.py on the GPU), several ranks.
 """
 
-import datetime
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from zerolaunch.config import RecipeError, load_recipe
 from zerolaunch.train.context import RunContext
 from zerolaunch.train.loop import run_training
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def group(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    yield None
-    dist.destroy_process_group()
 
 
 def _recipe(run_dir, stage, *, compile_on, train_extra=None, zero_extra=None):

@@ -7,8 +7,6 @@ Leaves out: restarts (test_train_restart.py).
 """
 
 import signal
-import subprocess
-import time
 
 import pytest
 
@@ -44,33 +42,18 @@ def test_a_failing_rank_ends_the_job_with_a_root_cause_panel(cli, tiny_recipe, t
 
 def test_ctrl_c_stops_every_worker(cli, tiny_recipe, tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        cli.cmd(tiny_recipe(steps=100000), "--cpu", "2", "--run-dir", run_dir),
-        env=cli.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = cli.popen(tiny_recipe(steps=100000), "--cpu", "2", "--run-dir", run_dir)
     try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "metrics.jsonl").is_file() or not cli.metrics(run_dir):
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "training never started"
-            time.sleep(0.2)
+        cli.wait_for_a_step(proc, run_dir, timeout=120)
         workers = [p for p in cli.descendants(proc.pid) if cli.alive(p)]
         assert len(workers) >= 2
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
-        stopped_at = time.monotonic()
         assert proc.returncode == 130, out[-3000:]
         assert "interrupted" in out
-        while any(cli.alive(p) for p in workers) and time.monotonic() < stopped_at + 5:
-            time.sleep(0.1)
-        assert not [p for p in workers if cli.alive(p)]
+        assert not cli.survivors(workers, within=5)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+        cli.stop(proc)
 
 
 def _failure(tmp_path, local_rank, exitcode, timestamp, message=None):

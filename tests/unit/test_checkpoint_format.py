@@ -12,18 +12,15 @@ import json
 import pytest
 import safetensors.torch
 import torch
-from _fake_engine import FakeEngine, FakeTensorSpec
+from _fake_engine import FakeEngine, FakeTensorSpec, save_fake
+from _fake_engine import fake_ranks as _fake_ranks
 
 from zerolaunch.checkpoint.errors import CheckpointError
 from zerolaunch.checkpoint.load import load_checkpoint
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import (
-    finalize,
     latest_checkpoint,
-    prepare_folder,
     save_checkpoint,
-    step_dir_name,
-    write_rank_files,
 )
 from zerolaunch.checkpoint.tensorfile import SafetensorsReader, SafetensorsWriter, write_safetensors
 
@@ -38,22 +35,7 @@ BUFFERS = {"rope.cache": (4, 3)}
 
 
 def fake_ranks(world_size: int, bucket_numel: int = 200, seed: int | None = 0) -> list[FakeEngine]:
-    return [
-        FakeEngine(
-            SPECS, rank=r, world_size=world_size, bucket_numel=bucket_numel, seed=seed, buffers=BUFFERS
-        )
-        for r in range(world_size)
-    ]
-
-
-def save_fake(engines: list[FakeEngine], root, step: int, extras=None, keep=None):
-    final = root / step_dir_name(step)
-    tmp = root / f".tmp-{final.name}"
-    prepare_folder(root, tmp)
-    for r, e in enumerate(engines):
-        write_rank_files(e, tmp, r, (extras or {}).get(r, {}))
-    finalize(engines[0], tmp, final, len(engines), step=step, keep=keep)
-    return final
+    return _fake_ranks(SPECS, world_size, bucket_numel=bucket_numel, seed=seed, buffers=BUFFERS)
 
 
 def load_fake(engines: list[FakeEngine], path) -> list[dict]:

@@ -24,11 +24,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from _fake_engine import FakeEngine, FakeTensorSpec
+from _fake_engine import FakeTensorSpec, fake_ranks, save_fake
 from typer.testing import CliRunner
 
 from zerolaunch.checkpoint.reader import CheckpointReader
-from zerolaunch.checkpoint.save import finalize, prepare_folder, step_dir_name, write_rank_files
 from zerolaunch.cli.app import app
 from zerolaunch.config import load_recipe
 from zerolaunch.config.errors import UserError
@@ -169,14 +168,8 @@ def test_fuzz_recipes(tmp_path, capsys):
 
 
 def make_checkpoint(root: Path, world_size: int = 2) -> Path:
-    engines = [FakeEngine(SPECS, rank=r, world_size=world_size, bucket_numel=200) for r in range(world_size)]
-    final = root / step_dir_name(5)
-    tmp = root / f".tmp-{final.name}"
-    prepare_folder(root, tmp)
-    for r, e in enumerate(engines):
-        write_rank_files(e, tmp, r, {"data": {"position": r}})
-    finalize(engines[0], tmp, final, world_size, step=5, keep=None)
-    return final
+    engines = fake_ranks(SPECS, world_size, bucket_numel=200)
+    return save_fake(engines, root, 5, extras={r: {"data": {"position": r}} for r in range(world_size)})
 
 
 def read_everything(folder: Path) -> dict:

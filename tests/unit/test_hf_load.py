@@ -13,6 +13,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from _helpers import tiny_llama  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from zerolaunch.models import hf  # noqa: E402
@@ -20,17 +21,7 @@ from zerolaunch.models.hf import meta_init_fn  # noqa: E402
 from zerolaunch.zero import Engine, EngineOptions  # noqa: E402
 from zerolaunch.zero.options import ZeroOptions  # noqa: E402
 
-LLAMA = {
-    "model_type": "llama",
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 48,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32,
-    "tie_word_embeddings": True,
-}
+LLAMA = tiny_llama()
 STAGE3 = EngineOptions(zero=ZeroOptions(stage=3, stage3_param_persistence_threshold=0))
 
 

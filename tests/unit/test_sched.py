@@ -1,7 +1,12 @@
 """zero/sched.py: DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR formulas and the nanoGPT cosine.
 
-The DeepSpeed schedules are checked against sequences DeepSpeed 0.19.8 printed (see DEEPSPEED_0_19_8).
+The DeepSpeed schedules are checked against sequences DeepSpeed 0.19.8 printed (see DEEPSPEED_0_19_8). The
+parity tests' own hand-written schedules (tests/dist/_reference.py) are held to the same literals, so the
+reference the engine is compared with is right on its own, not because it agrees with zero/sched.py.
 """
+
+import os
+import sys
 
 import pytest
 
@@ -129,6 +134,16 @@ def test_step_for_step_equal_to_deepspeed(case):
     assert [s.lr_at(k) for k in range(len(expected))] == pytest.approx(expected, rel=1e-12, abs=1e-15)
 
 
+@pytest.mark.parametrize("case", sorted(DEEPSPEED_0_19_8))
+def test_parity_reference_schedule_equals_deepspeed(case):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "dist"))
+    import _reference
+
+    options, lr, expected = DEEPSPEED_0_19_8[case]
+    got = _reference.learning_rates(SchedulerOptions(**options), lr, len(expected))
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
 def test_first_steps_run_at_the_warmup_start_like_deepspeed():
     # The issue-20 symptom: the schedule ran one step ahead (second step already warming up).
     s = LRSchedule(SchedulerOptions(name="WarmupLR", warmup_min_lr=0.1, warmup_num_steps=10), 1.0)
@@ -144,6 +159,10 @@ def test_cosine_nanogpt():
     assert s.lr_at(3) == pytest.approx(1.0)
     assert s.lr_at(8) == pytest.approx(0.1 + 0.5 * 0.9)
     assert s.lr_at(13) == s.lr_at(100) == pytest.approx(0.1)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "dist"))
+    import _reference  # the parity tests' nanoGPT get_lr, written separately
+
+    assert _reference.learning_rates(o, 1.0, 101) == pytest.approx([s.lr_at(k) for k in range(101)])
 
 
 def test_state_round_trip_and_errors():

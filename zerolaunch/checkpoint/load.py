@@ -8,15 +8,17 @@ partial load. Collective-free: every rank reads the files it needs on its own.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
+from zerolaunch.checkpoint.contract import CheckpointEngine, ParamSpecLike
 from zerolaunch.checkpoint.errors import CheckpointError
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import resolve_checkpoint
 from zerolaunch.zero import comm
 
 
-def check_compatible(reader: CheckpointReader, specs) -> None:
+def check_compatible(reader: CheckpointReader, specs: Iterable[ParamSpecLike]) -> None:
     """The engine's params match the checkpoint's in names, shapes and trainability."""
     saved = reader.params
     live = {s.name: s for s in specs}
@@ -42,7 +44,7 @@ def check_compatible(reader: CheckpointReader, specs) -> None:
             )
 
 
-def load_checkpoint(engine, path_or_root, *, group=None, verify: bool = True) -> dict:
+def load_checkpoint(engine: CheckpointEngine, path_or_root, *, group=None, verify: bool = True) -> dict:
     """Load weights, optimizer state, replicated state and engine meta; return this rank's `extra`.
 
     `path_or_root` is a checkpoint folder or a root with `latest`. At another world size, ranks beyond

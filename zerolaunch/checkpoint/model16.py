@@ -16,18 +16,19 @@ from pathlib import Path
 
 import torch
 
+from zerolaunch.checkpoint.contract import CheckpointEngine, Model16Engine
 from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
 
 MODEL16_NAME = "model.safetensors"
 
 
-def wants_16bit_model(engine) -> bool:
+def wants_16bit_model(engine: CheckpointEngine) -> bool:
     """Whether the engine's options ask for the consolidated model at save (False for engines without it)."""
     zero = getattr(getattr(engine, "options", None), "zero", None)
     return bool(getattr(zero, "stage3_gather_16bit_weights_on_model_save", False))
 
 
-def _entries(engine, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+def _entries(engine: Model16Engine, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     """(name, shape, dtype) in `full_state_dict` order: every param once (tied aliases are not repeated,
     as in DeepSpeed's consolidated state dict), then the buffers."""
     entries = []
@@ -42,7 +43,9 @@ def _entries(engine, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], tor
     return entries
 
 
-def write_16bit_model(engine, folder: Path, *, rank: int, name: str = MODEL16_NAME) -> Path | None:
+def write_16bit_model(
+    engine: Model16Engine, folder: Path, *, rank: int, name: str = MODEL16_NAME
+) -> Path | None:
     """COLLECTIVE (every rank calls it): rank 0 writes `folder/name`; returns its path there.
 
     The tensors are the model's weights in its compute dtype (bf16 / fp16; fp32 for an fp32 run, as

@@ -27,6 +27,7 @@ from zerolaunch.checkpoint.atomic import (
     write_json,
     write_text_atomic,
 )
+from zerolaunch.checkpoint.contract import CheckpointEngine, ParamSpecLike
 from zerolaunch.checkpoint.errors import CheckpointError
 from zerolaunch.checkpoint.extra import encode_extra
 from zerolaunch.checkpoint.manifest import (
@@ -50,7 +51,13 @@ def step_dir_name(step: int) -> str:
 
 
 def save_checkpoint(
-    engine, root, *, step: int, extra: dict | None = None, keep: int | None = None, group=None
+    engine: CheckpointEngine,
+    root,
+    *,
+    step: int,
+    extra: dict | None = None,
+    keep: int | None = None,
+    group=None,
 ) -> Path:
     """Collective over `group`: write `root/step_{step}` from every rank and point `root/latest` at it."""
     if keep is not None and keep < 1:
@@ -98,7 +105,7 @@ def prepare_folder(root: Path, tmp: Path) -> None:
     tmp.mkdir()
 
 
-def write_rank_files(engine, folder: Path, rank: int, extra: dict) -> None:
+def write_rank_files(engine: CheckpointEngine, folder: Path, rank: int, extra: dict) -> None:
     """This rank's shard: fragment state (+ replicated state on rank 0) + extra tensors, and its json."""
     fragments = {(f.name, f.start): f for f in engine.owned_fragments()}
     state = engine.fragment_state()
@@ -146,7 +153,9 @@ def _split_key(key: str) -> tuple[str, str, int]:
     return kind, name, int(start)
 
 
-def finalize(engine, tmp: Path, final: Path, world_size: int, *, step: int, keep: int | None) -> None:
+def finalize(
+    engine: CheckpointEngine, tmp: Path, final: Path, world_size: int, *, step: int, keep: int | None
+) -> None:
     """Rank 0: merge the rank jsons into the manifest, publish the folder, move `latest`, prune."""
     ranks, kinds, seen = [], set(), set()
     for r in range(world_size):
@@ -193,7 +202,7 @@ def finalize(engine, tmp: Path, final: Path, world_size: int, *, step: int, keep
         prune(final.parent, keep, protect=final)
 
 
-def _non_persistent_buffers(engine) -> set[str]:
+def _non_persistent_buffers(engine: CheckpointEngine) -> set[str]:
     """Buffers registered with persistent=False: named_buffers() lists them, state_dict() does not."""
     module = getattr(engine, "module", None)
     if module is None:
@@ -201,7 +210,7 @@ def _non_persistent_buffers(engine) -> set[str]:
     return {n for n, _ in module.named_buffers()} - set(module.state_dict(keep_vars=True))
 
 
-def _param_entry(spec) -> ParamEntry:
+def _param_entry(spec: ParamSpecLike) -> ParamEntry:
     dtype = spec.dtype if isinstance(spec.dtype, str) else dtype_name(spec.dtype)
     return ParamEntry(
         spec.name,
@@ -212,12 +221,12 @@ def _param_entry(spec) -> ParamEntry:
     )
 
 
-def _engine_stage(engine) -> int | None:
+def _engine_stage(engine: CheckpointEngine) -> int | None:
     options = getattr(engine, "options", None)
     return getattr(getattr(options, "zero", None), "stage", None)
 
 
-def _engine_bucket_numel(engine) -> int | None:
+def _engine_bucket_numel(engine: CheckpointEngine) -> int | None:
     options = getattr(engine, "options", None)
     return getattr(getattr(options, "zero", None), "bucket_numel", None)
 

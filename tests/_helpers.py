@@ -1,0 +1,56 @@
+"""Small builders several test folders share (tests/ is on sys.path through its conftest.py:
+`from _helpers import tiny_llama`). Fixtures live in the conftest.py files; plain values and functions here."""
+
+from __future__ import annotations
+
+
+def tiny_llama(**overrides) -> dict:
+    """A Hugging Face Llama config dict small enough for CPU tests (`hf.build(config=...)`): 32 wide, 4 heads
+    with 2 kv heads (grouped-query attention), 4 layers, vocab 64, tied embeddings; `overrides` replace keys."""
+    config = {
+        "model_type": "llama",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32,
+        "tie_word_embeddings": True,
+    }
+    unknown = set(overrides) - set(config)
+    assert not unknown, f"tiny_llama: unknown key(s) {sorted(unknown)}"
+    return {**config, **overrides}
+
+
+def tiny_gpt2(**overrides) -> dict:
+    """A Hugging Face GPT-2 config dict for CPU tests: 1 layer, 32 wide, 4 heads, vocab 64, 32 positions."""
+    config = {
+        "model_type": "gpt2",
+        "vocab_size": 64,
+        "n_embd": 32,
+        "n_layer": 1,
+        "n_head": 4,
+        "n_positions": 32,
+    }
+    unknown = set(overrides) - set(config)
+    assert not unknown, f"tiny_gpt2: unknown key(s) {sorted(unknown)}"
+    return {**config, **overrides}
+
+
+def trained_hf_engine(config: dict, *, steps: int = 1, seq_len: int = 16):
+    """(engine, token ids): `zerolaunch.initialize` of `hf.build(config=config)` (ZeRO-2, micro batch 2) after
+    `steps` steps on one seed-0 batch of 2 x seq_len ids below 64 (the ids are also the labels)."""
+    import torch
+
+    import zerolaunch
+    from zerolaunch.models import hf
+
+    engine = zerolaunch.initialize(
+        hf.build(config=config), {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 2}
+    )
+    x = torch.randint(0, 64, (2, seq_len), generator=torch.Generator().manual_seed(0))
+    for _ in range(steps):
+        engine.backward(engine(input_ids=x, labels=x).loss)
+        engine.step()
+    return engine, x
