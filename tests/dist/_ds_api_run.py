@@ -13,17 +13,14 @@ the DeepSpeed set-up are _ds_parity_run.py's. Needs deepspeed 0.19.8 for the dee
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ds_parity_run import Net, _init_deepspeed, batch, model_parameters  # noqa: E402
+from _ds_parity_run import Net, batch, model_parameters  # noqa: E402
+from _ds_ranks import finish, init_deepspeed, init_rank, spawn  # noqa: E402
 
 WORLD_SIZE = 2
 MICRO_STEPS = 8  # 4 optimizer steps at accumulation 2
@@ -112,33 +109,15 @@ def _case(which: str, name: str, deepspeed, save_root: Path) -> dict:
     return seen
 
 
-def _worker(rank: int, which: str, store_path: str, out: str, save_root: str) -> None:
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_WORLD_SIZE=str(WORLD_SIZE)
-    )
-    torch.set_num_threads(1)
-    store = torch.distributed.FileStore(store_path, WORLD_SIZE)
-    torch.distributed.init_process_group(
-        "gloo", store=store, rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=300)
-    )
-    deepspeed = _init_deepspeed() if which == "deepspeed" else None
+def _worker(rank: int, world_size: int, store_path: str, which: str, out: str, save_root: str) -> None:
+    init_rank(rank, world_size, store_path)
+    deepspeed = init_deepspeed() if which == "deepspeed" else None
     results = {name: _case(which, name, deepspeed, Path(save_root)) for name in CASES}
-    if rank == 0:
-        torch.save(results, out)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    finish(rank, results, out)
 
 
 def main(which: str, out: str, save_root: str) -> None:
-    os.environ["DS_ACCELERATOR"] = "cpu"
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(
-            _worker,
-            args=(which, os.path.join(tmp, "store"), out, save_root),
-            nprocs=WORLD_SIZE,
-            start_method="spawn",
-        )
+    spawn(_worker, WORLD_SIZE, which, out, save_root)
 
 
 if __name__ == "__main__":
