@@ -41,14 +41,14 @@ def _run(rank, world_size, reuse, max_live, mode=None):
     engine.comm_stats.reset()
     train(engine, model, mode or {}, rank, world_size, STEPS)
     gathers = engine.comm_stats.ops["all_gather"].count
-    flats = engine.flats
+    flats = engine.sharding.flats
     blocks = [f for k, f in enumerate(flats) if f is not None and k != ROOT and not f.resident]
     return {
         "init": init,
         "final": dict(engine.full_state_dict()),
         "gathers": gathers,
-        "kept": engine.schedule.reuse_kept,
-        "peak_live": engine.schedule.peak_live_numel,
+        "kept": engine.sharding.schedule.reuse_kept,
+        "peak_live": engine.sharding.schedule.peak_live_numel,
         "root": flats[ROOT].padded_numel if flats[ROOT] is not None and not flats[ROOT].resident else 0,
         "block_numels": [f.padded_numel for f in blocks],
         "buckets": [len(f.buckets) for f in blocks],
