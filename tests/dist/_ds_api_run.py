@@ -7,8 +7,9 @@ get_lr() before training and after every step() (a WarmupLR schedule over two gr
 is_gradient_accumulation_boundary() before every micro-step (accumulation 2), train()/eval() on
 module.training, local_rank / global_rank / world_size, the batch-size getters, global_steps, what no_sync()
 does (entered, or the exception type; step() inside it), zero_grad() after each optimizer step, the final
-weights, and save_16bit_model's return value and file (SAVE_ROOT/<engine>/<case>/). The net, the data and
-the DeepSpeed set-up are _ds_parity_run.py's. Needs deepspeed 0.19.8 for the deepspeed side.
+weights, and save_16bit_model's return value and file (SAVE_ROOT/<engine>/<case>/). The net and the data
+are _ds_parity_run.py's, the ranks and the DeepSpeed set-up _ds_ranks.py's. Needs deepspeed 0.19.8 for the
+deepspeed side.
 """
 
 from __future__ import annotations

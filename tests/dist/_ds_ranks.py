@@ -1,6 +1,6 @@
-"""What the DeepSpeed side-by-side scripts (_ds_parity_run.py, _ds_init_from_run.py) share: spawning CPU gloo
-ranks that DeepSpeed accepts (the torchrun environment variables, a FileStore rendezvous) and starting
-DeepSpeed's own comm on them. Imported by name: the scripts run as `python tests/dist/<script>.py`, so this
+"""What the DeepSpeed side-by-side scripts (_ds_parity_run.py, _ds_init_from_run.py, _ds_api_run.py) share:
+spawning CPU gloo ranks that DeepSpeed accepts (the torchrun environment variables, a FileStore rendezvous)
+and starting DeepSpeed's own comm on them. Imported by name: the scripts run as `python tests/dist/<script>.py`, so this
 folder is first on sys.path, in the spawned ranks too."""
 
 from __future__ import annotations
