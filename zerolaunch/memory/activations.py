@@ -34,25 +34,18 @@ def loss_peak_bytes(tokens: int, vocab_size: int, dtype_bytes: int, chunk_rows: 
     log_softmax keeps its fp32 output, and its backward holds that, the incoming fp32 grad and the fp32 grad
     it produces at once -> 3 fp32 (tokens, V) tensors; the compute-dtype logits are freed after forward.
 
-    Chunked (the built-in GPT, models/gpt.py chunked_cross_entropy, each chunk under non-reentrant
-    checkpoint): the compute-dtype logits stay alive until the last chunk's backward (the checkpoints keep
-    their input chunks, views of them). Forward adds one chunk's fp32 copy and its log_softmax (the copy
-    only when the logits are not fp32 already). Backward recomputes a chunk and holds 3 fp32 chunks as
-    above; from the second chunk on, the logits' grad accumulated so far (one full (tokens, V) tensor, each
-    slice's backward is a full-size zero-padded tensor) is alive too; and each accumulation holds the old
-    sum, the new slice's full-size grad and their sum at once: 3 full compute-dtype (tokens, V) tensors.
-    Checked against live tensor bytes on the CPU (tests/unit/test_memory.py).
+    Chunked (the built-in GPT, models/gpt.py chunked_cross_entropy): forward sums F.cross_entropy over one
+    chunk at a time (its fp32 copy, unless the logits are fp32, and its log_softmax); backward writes the
+    logits' gradient (one compute-dtype (tokens, V) tensor) chunk by chunk from the chunk's fp32 copy and its
+    softmax, while the logits are still held: logits + gradient + 2 fp32 chunks at the peak (1 for fp32
+    logits; per-row vectors are left out). Checked against live tensor bytes on the CPU
+    (tests/unit/test_memory.py).
     """
     if chunk_rows is None:
         return 3 * 4 * tokens * vocab_size
-    rows = min(chunk_rows, tokens)
-    chunk = 4 * rows * vocab_size  # one fp32 chunk
+    chunk = 4 * min(chunk_rows, tokens) * vocab_size  # one fp32 chunk
     logits = dtype_bytes * tokens * vocab_size
-    forward = (1 if dtype_bytes == 4 else 2) * chunk
-    backward = 3 * chunk
-    if tokens > rows:  # two chunks or more: the grad accumulates over slices
-        backward = max(logits + 3 * chunk, 3 * logits)
-    return logits + max(forward, backward)
+    return 2 * logits + (1 if dtype_bytes == 4 else 2) * chunk
 
 
 def activation_bytes(arch: Arch | None, setup, *, checkpointing: bool) -> int | None:

@@ -211,34 +211,64 @@ class GPT(nn.Module):
         return GPTOutput(logits=logits, loss=loss)
 
 
-CE_CHUNK_ELEMENTS = 1 << 27
-"""Logit elements per cross-entropy chunk: 512 MiB of fp32 at a time (1.3B, vocab 50304: ~2.7k rows)."""
+CE_CHUNK_ELEMENTS = 1 << 26
+"""Logit elements per cross-entropy chunk: 256 MiB of fp32 at a time (vocab 50304: ~1.3k rows)."""
 
 
-def _chunk_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum")
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Mean fp32 cross-entropy of (N, V) logits, forward and backward a chunk of rows at a time.
+
+    Forward sums F.cross_entropy over fp32 chunk copies and keeps nothing but the logits it was given (alive
+    anyway as the lm_head output); backward recomputes each chunk's softmax from them and writes (softmax -
+    one_hot) * grad / count straight into one gradient tensor of the logits' dtype (the multiply and the
+    rounding in one pass). At no time are more than two fp32 chunks alive on top of the logits and their
+    gradient, and nothing is zero-padded: an earlier version ran each chunk under checkpoint, and each
+    slice's backward was a full-size zero-padded (N, V) tensor added into the sum (3 full tensors at once;
+    at 350M it cost 11 ms of a 108 ms step, bench/RESULTS.md).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, rows: int) -> torch.Tensor:
+        total = logits.new_zeros((), dtype=torch.float32)
+        for start in range(0, logits.shape[0], rows):
+            chunk = logits[start : start + rows].float()
+            total += F.cross_entropy(chunk, labels[start : start + rows], ignore_index=-100, reduction="sum")
+            del chunk  # before the next chunk's copy exists
+        count = (labels != -100).sum()
+        ctx.save_for_backward(logits, labels, count)
+        ctx.rows = rows
+        # 0 labelled rows give 0/0 = nan, as F.cross_entropy(reduction="mean") does
+        return total / count
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, labels, count = ctx.saved_tensors
+        valid = labels != -100
+        safe = labels.masked_fill(~valid, 0)  # ignored rows index class 0; their weight is 0
+        weight = valid.to(torch.float32).mul_(grad_out.float() / count)[:, None]
+        minus_one = torch.full((ctx.rows, 1), -1.0, dtype=torch.float32, device=logits.device)
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.rows):
+            stop = start + ctx.rows
+            probs = torch.softmax(logits[start:stop].float(), dim=1)
+            probs.scatter_add_(1, safe[start:stop, None], minus_one[: probs.shape[0]])  # - one_hot
+            torch.mul(probs, weight[start:stop], out=grad[start:stop])
+            del probs
+        return grad, None, None
 
 
 def chunked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over labels != -100 of (N, V) logits, computed in fp32 a chunk of rows at a time.
 
     Why: `F.cross_entropy(logits.float())` holds the fp32 copy of all N x V logits and its fp32 log-softmax
-    (saved for backward) at once -- ~6.6 GB at micro batch 8, seq 2048, vocab 50304. Each chunk runs under
-    non-reentrant checkpoint, so backward saves only the (already held) input chunk and recomputes the
-    chunk's fp32 softmax; the peak fp32 extra is one chunk. The value equals the unchunked mean to fp32
-    rounding (sums per chunk, one division by the labelled count, as reduction="mean" does).
+    (saved for backward) at once -- ~6.6 GB at micro batch 8, seq 2048, vocab 50304; here the fp32 extra is
+    two chunks (_ChunkedCrossEntropy). The value equals F.cross_entropy on the fp32 logits to fp32 rounding,
+    and so do the gradients (computed in fp32, rounded once to the logits' dtype).
     """
     n, v = logits.shape
     rows = max(1, CE_CHUNK_ELEMENTS // max(v, 1))
-    needs_grad = torch.is_grad_enabled() and logits.requires_grad
-    total = logits.new_zeros((), dtype=torch.float32)
-    for start in range(0, n, rows):
-        chunk, target = logits[start : start + rows], labels[start : start + rows]
-        if needs_grad:
-            total = total + checkpoint(_chunk_ce_sum, chunk, target, use_reentrant=False)
-        else:
-            total = total + _chunk_ce_sum(chunk, target)
-    return total / (labels != -100).sum()
+    return _ChunkedCrossEntropy.apply(logits, labels, rows)
 
 
 def build(
