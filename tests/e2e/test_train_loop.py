@@ -28,7 +28,9 @@ def group(tmp_path):
     dist.destroy_process_group()
 
 
-def _recipe(run_dir, steps=6, every=0, stage=2, seed=1234, zero_extra=None, micro=2, accum=2, seq=16):
+def _recipe(
+    run_dir, steps=6, every=0, stage=2, seed=1234, zero_extra=None, micro=2, accum=2, seq=16, prefetch="auto"
+):
     return load_recipe(
         {
             "model": {
@@ -38,6 +40,7 @@ def _recipe(run_dir, steps=6, every=0, stage=2, seed=1234, zero_extra=None, micr
             "data": {
                 "builder": "zerolaunch.data.synthetic:build",
                 "args": {"vocab_size": 64, "seq_len": seq},
+                "prefetch": prefetch,
             },
             "train": {
                 "steps": steps,
@@ -75,6 +78,17 @@ def test_resume_from_a_mid_run_checkpoint_continues_exactly(group, tmp_path):
     assert mid.is_dir()
     resumed = run_training(_recipe(tmp_path / "resumed"), _ctx(resume=str(mid)))
     assert resumed == full[3:]
+
+
+def test_batches_made_in_a_worker_process_train_and_resume_as_the_thread_does(group, tmp_path):
+    # data.prefetch: process (the CUDA default) forks one DataLoader worker; the losses must be the thread's
+    # exactly, and a resume must pick up the consumed position, not how far the worker had run ahead
+    thread = run_training(_recipe(tmp_path / "thread", prefetch="thread"), _ctx())
+    full = run_training(_recipe(tmp_path / "process", every=3, prefetch="process"), _ctx())
+    assert full == thread
+    mid = tmp_path / "process" / "checkpoints" / "step_000003"
+    resumed = run_training(_recipe(tmp_path / "resumed", prefetch="process"), _ctx(resume=str(mid)))
+    assert resumed == thread[3:]
 
 
 def test_stage3_builds_the_gpt_on_meta_and_trains(group, tmp_path, monkeypatch):

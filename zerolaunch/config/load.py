@@ -312,7 +312,16 @@ def _sections(
         built[section] = (builder, args)
     init_from = _local_path(r, "model.init_from", ("model", "init_from"), base_dir, must_be_file=False)
     model = ModelSection(builder=built["model"][0], args=built["model"][1], init_from=init_from)
-    data = DataSection(builder=built["data"][0], args=built["data"][1])
+    prefetch = r.value(
+        "data.prefetch",
+        ("data", "prefetch"),
+        "choice",
+        "auto",
+        auto=lambda: ("auto", "a worker process on CUDA, a thread on the CPU"),
+        default_note="process on CUDA, thread on the CPU",
+        choices=("auto", "thread", "process"),
+    )
+    data = DataSection(builder=built["data"][0], args=built["data"][1], prefetch=prefetch)
     c: Path = ("checkpoint",)
     ckpt_dir = r.value("checkpoint.dir", c + ("dir",), "optional_str", None)
     if ckpt_dir is None:

@@ -44,6 +44,9 @@ class DataSection:
     """Called fn(rank=, world_size=, micro_batch_size=, seed=, **args) -> iterable of batches."""
     args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the data builder."""
+    prefetch: str = "auto"
+    """Where batches are made ahead of the step: "thread", "process" (one forked worker, no GIL shared with
+    the training thread) or "auto" (process on CUDA, thread on the CPU); train/batches.py prefetch_mode."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ the loss in what it returns (a scalar tensor, or an object / dict with `loss`). 
 from __future__ import annotations
 
 import contextlib
+import pickle
 import queue
 import threading
 import time
@@ -15,6 +16,7 @@ import traceback
 from collections.abc import Iterator
 
 import torch
+import torch.utils.data
 
 from zerolaunch.config import import_builder
 from zerolaunch.config.errors import UserError
@@ -131,76 +133,67 @@ _FAILED = object()
 _POLL_SECONDS = 0.1
 
 
-class PrefetchingSource:
-    """Batches `depth` ahead of the loop: a background thread draws them from a `BatchSource` (and pins them
-    when the device is CUDA); `next()` copies one with `non_blocking` on a side stream and makes the current
-    stream wait on that copy's event, so neither the batch's construction nor its copy holds up the step.
+PREFETCH_MODES = ("auto", "thread", "process")
+"""`data.prefetch`: where batches are made ahead of the step (auto = process on CUDA, thread on the CPU)."""
 
-    The data position is counted in batches CONSUMED by the loop, not produced by the thread: `state()`
-    returns the consumed count and the data iterable's `state_dict()` as it was right after the last consumed
-    batch was drawn, so a checkpoint resumes bit-exactly however far ahead the thread had got. The thread
-    starts on the first `next()`, after any `restore()`.
+
+def prefetch_mode(setting: str, device: torch.device) -> str:
+    """The producer ("thread" or "process") for `data.prefetch` on `device`.
+
+    [Note: prefetch process] A thread shares the training thread's GIL: a builder written in Python (the
+    synthetic Markov walk is 16k Python steps a batch at seq 2048, about 10-20 ms) delays every kernel
+    launch of the step it overlaps, and on a GPU those delays are step time (measured in bench/RESULTS.md,
+    "input pipeline"). One forked worker process has its own interpreter. It is the default on CUDA only:
+    on the CPU the step itself is the bottleneck and a second process would take a core from it.
+    """
+    if setting == "auto":
+        return "process" if device.type == "cuda" else "thread"
+    if setting not in PREFETCH_MODES:
+        raise ValueError(f"data.prefetch must be one of {', '.join(PREFETCH_MODES)}, got {setting!r}")
+    return setting
+
+
+class PrefetchingSource:
+    """Batches `depth` ahead of the loop, drawn from a `BatchSource` by a background thread (mode="thread")
+    or by one forked worker process (mode="process", torch's DataLoader machinery: shared-memory tensors, a
+    pinning thread, a worker that exits when this process dies); see [Note: prefetch process]. On CUDA
+    `next()` copies the (pinned) batch with `non_blocking` on a side stream and makes the current stream
+    wait on that copy's event, so neither the batch's construction nor its copy holds up the step.
+
+    The data position is counted in batches CONSUMED by the loop, not produced ahead: `state()` returns the
+    consumed count and the data iterable's `state_dict()` as it was right after the last consumed batch was
+    drawn (the producer ships that snapshot with each batch), so a checkpoint resumes bit-exactly however far
+    ahead the producer had got. The producer starts on the first `next()`, after any `restore()`.
     """
 
-    def __init__(self, source: BatchSource, device: torch.device, depth: int = 2):
+    def __init__(self, source: BatchSource, device: torch.device, depth: int = 2, mode: str = "thread"):
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"prefetch depth must be an int >= 1, got {depth!r}")
+        if mode not in ("thread", "process"):
+            raise ValueError(f"prefetch mode must be 'thread' or 'process', got {mode!r}")
         self.source = source
         self.device = device
         self.depth = depth
+        self.mode = mode
         self.consumed = source.consumed
         self.wait_seconds = 0.0
-        """Total time `next()` blocked waiting for the thread (the loop's "data wait")."""
+        """Total time `next()` blocked waiting for the producer (the loop's "data wait")."""
         self._data_state = self._snapshot()
-        self._thread: threading.Thread | None = None
-        self._queue: queue.Queue | None = None
-        self._stop: threading.Event | None = None
+        self._producer = None
         self._cuda = device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(device) if self._cuda else None
 
     def _snapshot(self):
-        data = self.source.data
-        return data.state_dict() if hasattr(data, "state_dict") else None
-
-    def _start(self) -> None:
-        self._queue = queue.Queue(maxsize=self.depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._produce, args=(self._queue, self._stop), name="zerolaunch-data", daemon=True
-        )
-        self._thread.start()
-
-    def _produce(self, q: queue.Queue, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                batch = self.source.next()
-                item = (_pin(batch) if self._cuda else batch, self._snapshot())
-            except BaseException as exc:  # handed to the loop's thread, which raises it
-                item = (_FAILED, exc)
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=_POLL_SECONDS)
-                    break
-                except queue.Full:
-                    continue
-            if item[0] is _FAILED:
-                return
+        return _state_of(self.source.data)
 
     def next(self):
         """The next batch, on the device."""
-        if self._thread is None:
-            self._start()
+        if self._producer is None:
+            make = _ThreadProducer if self.mode == "thread" else _ProcessProducer
+            self._producer = make(self.source, self.depth, pin=self._cuda)
         t0 = time.perf_counter()
-        while True:
-            try:
-                batch, data_state = self._queue.get(timeout=_POLL_SECONDS)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive():
-                    raise RuntimeError("the data prefetch thread ended without a batch or an error") from None
+        batch, data_state = self._producer.get()
         self.wait_seconds += time.perf_counter() - t0
-        if batch is _FAILED:
-            raise data_state
         self.consumed += 1
         self._data_state = data_state
         if not self._cuda:
@@ -227,12 +220,123 @@ class PrefetchingSource:
         self._data_state = self._snapshot()
 
     def close(self) -> None:
-        """Stop the thread (any batches it drew ahead are dropped; the position is the consumed one)."""
-        if self._thread is None:
-            return
+        """Stop the producer (any batches it drew ahead are dropped; the position is the consumed one)."""
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
+
+
+def _state_of(data):
+    return data.state_dict() if hasattr(data, "state_dict") else None
+
+
+class _ThreadProducer:
+    """`source.next()` on a daemon thread, `depth` (batch, data state) pairs queued ahead."""
+
+    def __init__(self, source: BatchSource, depth: int, pin: bool):
+        self._source, self._pin = source, pin
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, name="zerolaunch-data", daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        q, stop = self._queue, self._stop
+        while not stop.is_set():
+            try:
+                batch = self._source.next()
+                item = (_pin(batch) if self._pin else batch, _state_of(self._source.data))
+            except BaseException as exc:  # handed to the loop's thread, which raises it
+                item = (_FAILED, exc)
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=_POLL_SECONDS)
+                    break
+                except queue.Full:
+                    continue
+            if item[0] is _FAILED:
+                return
+
+    def get(self):
+        while True:
+            try:
+                batch, data_state = self._queue.get(timeout=_POLL_SECONDS)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the data prefetch thread ended without a batch or an error") from None
+        if batch is _FAILED:
+            raise data_state
+        return batch, data_state
+
+    def close(self) -> None:
         self._stop.set()
         self._thread.join()
-        self._thread = self._queue = self._stop = None
+
+
+class _Drawn(torch.utils.data.IterableDataset):
+    """What the worker process iterates: (batch, data state right after it) from its copy of the source."""
+
+    def __init__(self, source: BatchSource):
+        self.source = source
+
+    def __iter__(self):
+        while True:
+            try:
+                batch = self.source.next()
+            except BaseException as exc:  # sent as an item, so the loop raises the builder's own exception
+                yield _FAILED_IN_WORKER, _portable(exc), traceback.format_exc()
+                return
+            yield batch, _state_of(self.source.data)
+
+
+_FAILED_IN_WORKER = "zerolaunch: the data worker failed"
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling (the trip back from the worker), else a RuntimeError naming it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+class _ProcessProducer:
+    """One forked DataLoader worker runs `source.next()`; its batches arrive in order, pinned when asked.
+
+    Forked, so the worker starts from this process's source as it is now (after any restore) and a builder
+    needs nothing picklable; the worker must not touch CUDA (a forked child cannot), which the built-in
+    builders and any CPU-side data code meet; a builder that makes CUDA tensors needs data.prefetch: thread.
+    An error in the worker is re-raised here with its traceback (DataLoader's rule), at its place in order.
+    The loader gets its own generator so that starting it draws nothing from this process's torch RNG.
+    """
+
+    def __init__(self, source: BatchSource, depth: int, pin: bool):
+        loader = torch.utils.data.DataLoader(
+            _Drawn(source),
+            batch_size=None,
+            num_workers=1,
+            prefetch_factor=depth,
+            pin_memory=pin,
+            multiprocessing_context="fork",
+            generator=torch.Generator().manual_seed(0),
+        )
+        self._it = iter(loader)
+
+    def get(self):
+        item = next(self._it)
+        if len(item) == 3 and isinstance(item[0], str) and item[0] == _FAILED_IN_WORKER:
+            _, exc, where = item
+            exc.add_note(f"raised in the data prefetch process (data.prefetch: process):\n{where.rstrip()}")
+            raise exc
+        return item
+
+    def close(self) -> None:
+        shutdown = getattr(self._it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._it = None
 
 
 def _pin(batch):

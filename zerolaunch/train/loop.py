@@ -30,6 +30,7 @@ from zerolaunch.train.batches import (
     build_model,
     forward,
     loss_of,
+    prefetch_mode,
     tokens_in,
 )
 from zerolaunch.train.checkpointing import CheckpointHook
@@ -96,7 +97,9 @@ class Trainer:
         )
         # batches drawn, pinned and copied ahead of the step; the checkpoint counts the consumed ones
         self.source = PrefetchingSource(
-            BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder), ctx.device
+            BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder),
+            ctx.device,
+            mode=prefetch_mode(recipe.data.prefetch, ctx.device),
         )
         self.checkpoints = CheckpointHook(recipe, self.engine, ctx, self.source)
         self.start_step = self.checkpoints.resume()
