@@ -96,6 +96,7 @@ class ZeroLaunchEngine:
         self.global_rank = self.rank  # DeepSpeed's name for the rank in the data-parallel group
         self.local_rank = env.local_rank()  # DeepSpeed reads LOCAL_RANK too
         self._in_no_sync = False
+        self._boundary: bool | None = None  # set_gradient_accumulation_boundary's; None: counted by step()
 
     def __getattr__(self, name):
         # only called for names not found on the wrapper itself.
@@ -136,7 +137,7 @@ class ZeroLaunchEngine:
         # reduce the grads no_sync holds back.
         if self._in_no_sync:
             raise AssertionError("It is illegal to call Engine.step() inside no_sync context manager")
-        info = self.engine.step()
+        info = self.engine.step(self._boundary)
         if self._monitors is not None and (info.stepped or info.skipped):
             # rank 0's loss, averaged over the accumulation (no collective: the other ranks write nothing)
             loss = torch.stack(self._losses).mean().item() if self._losses else None
@@ -162,10 +163,9 @@ class ZeroLaunchEngine:
 
     def get_lr(self) -> list[float]:
         """The lr of each optimizer param group for the next optimizer step (DeepSpeed steps its scheduler
-        after each optimizer step, so its param groups already hold the next step's lr)."""
-        inner = self.engine
-        lr = inner.scheduler.lr_at(inner.global_steps)
-        return [lr * ratio for ratio in inner.shards._lr_ratio]
+        after each optimizer step, so its param groups already hold the next step's lr). Per group as
+        DeepSpeed's schedules: see zero/sched.py LRSchedule.lrs_at."""
+        return self.engine.lrs_at(self.engine.global_steps)
 
     def gradient_accumulation_steps(self) -> int:
         return self.engine.options.gradient_accumulation_steps
@@ -186,8 +186,18 @@ class ZeroLaunchEngine:
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next step() steps the optimizer: DeepSpeed's (micro_steps + 1) % accumulation == 0, with
-        micro_steps counted by step()."""
+        micro_steps counted by step(), unless set_gradient_accumulation_boundary set it."""
+        if self._boundary is not None:
+            return self._boundary
         return (self.engine.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary) -> None:
+        """DeepSpeed's: overrides the micro-step count from now on (until set again; None restores it). While
+        False, step() only counts a micro-step and backwards accumulate; the step() called while True reduces
+        the window's grads and steps the optimizer, whatever the number of backwards in the window (each loss
+        is still divided by gradient_accumulation_steps, as DeepSpeed's backward does). DeepSpeed's pattern:
+        False before the window's first backwards, True before its last, then one step()."""
+        self._boundary = is_boundary
 
     @contextmanager
     def no_sync(self):
@@ -208,13 +218,16 @@ class ZeroLaunchEngine:
         finally:
             self._in_no_sync = False
 
-    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin") -> bool:
+    def save_16bit_model(
+        self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False
+    ) -> bool:
         """COLLECTIVE: rank 0 writes the whole model in its compute dtype into save_dir, as safetensors (the
         checkpoint's model16 writer: one unit gathered at a time, no pickle).
 
         The file is `save_filename` with a .safetensors suffix; DeepSpeed's default `pytorch_model.bin` becomes
         `model.safetensors`, the name `from_pretrained` looks for. As DeepSpeed, ZeRO-3 without
         stage3_gather_16bit_weights_on_model_save writes nothing and returns False; otherwise True.
+        exclude_frozen_parameters: as DeepSpeed's, the params with requires_grad False are left out.
         """
         from zerolaunch.checkpoint.model16 import MODEL16_NAME, wants_16bit_model, write_16bit_model
 
@@ -232,13 +245,30 @@ class ZeroLaunchEngine:
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
         try:
-            write_16bit_model(self.engine, folder, rank=self.rank, name=name)
+            write_16bit_model(
+                self.engine,
+                folder,
+                rank=self.rank,
+                name=name,
+                exclude_frozen_parameters=exclude_frozen_parameters,
+            )
         finally:  # a failed write on rank 0 still releases the others before it raises
             comm.barrier(self.group)
         return True
 
-    def save_checkpoint(self, save_dir, step: int | None = None, extra: dict | None = None):
+    def save_checkpoint(
+        self,
+        save_dir,
+        step: int | None = None,
+        extra: dict | None = None,
+        *,
+        exclude_frozen_parameters: bool = False,
+    ):
         """COLLECTIVE: write `save_dir/step_{step}/` (default step: global_steps) and move `latest`.
+
+        exclude_frozen_parameters: as DeepSpeed's, the params with requires_grad False are not saved; load
+        such a checkpoint with load_checkpoint(..., load_module_strict=False), which keeps the model's values
+        for them (DeepSpeed's strict load refuses their missing keys, and so does this one).
 
         `extra` is this rank's JSON/tensor dict stored with the checkpoint (DeepSpeed's client_state). For an HF
         model, rank 0's extra also carries the model's config (key "hf_config") so convert-checkpoint can write
@@ -257,14 +287,17 @@ class ZeroLaunchEngine:
             step=self.engine.global_steps if step is None else step,
             extra=extra,
             group=self.group,
+            exclude_frozen_parameters=exclude_frozen_parameters,
         )
 
-    def load_checkpoint(self, load_dir):
+    def load_checkpoint(self, load_dir, *, load_module_strict: bool = True):
         """Load a checkpoint root (follows `latest`) or one step folder, at any world size / stage; returns
-        this rank's saved `extra` (with rank 0's "hf_config" if there was one)."""
+        this rank's saved `extra` (with rank 0's "hf_config" if there was one). load_module_strict=False
+        (DeepSpeed's) also loads a checkpoint saved with exclude_frozen_parameters: the frozen params it
+        lacks keep the model's values."""
         from zerolaunch.checkpoint import load_checkpoint
 
-        return load_checkpoint(self.engine, Path(load_dir), group=self.group)
+        return load_checkpoint(self.engine, Path(load_dir), group=self.group, strict=load_module_strict)
 
     def save_pretrained(self, out_dir, **kwargs) -> None:
         """COLLECTIVE: see save_hf_pretrained."""
@@ -287,8 +320,8 @@ def initialize(
     or None (the recipe of the `zerolaunch train` run that started this script, else the engine defaults).
     overrides: `--set`-style "key=value" strings applied to a dict/path config.
     model_parameters: as DeepSpeed's, an iterable of params (one group) or of group dicts with `params` and any
-    of lr, weight_decay, betas, eps, name; its groups are the optimizer's (a group's lr follows the schedule in
-    proportion). None: one group of every trainable param, decayed (DeepSpeed with model.parameters()), unless
+    of lr, weight_decay, betas, eps, name; its groups are the optimizer's (a group's lr follows the schedule as
+    DeepSpeed's: zero/sched.py LRSchedule.lrs_at). None: one group of every trainable param, decayed (DeepSpeed with model.parameters()), unless
     the recipe sets train.weight_decay_1d: false.
     Starts the process group from torchrun's env when none exists; device defaults to this rank's GPU or CPU.
     """

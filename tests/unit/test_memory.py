@@ -435,3 +435,30 @@ def test_memory_package_has_no_import_cycle():
     cyclic = sorted(m for m in edges if m != "__init__" and reaches(m, m))
     assert not cyclic, f"import cycle through {cyclic}"
     assert "shape" not in edges["modules"]
+
+
+def test_reuse_distance_keeps_the_units_that_end_the_forward():
+    from zerolaunch.memory.stage3 import gathered_peak_numel, reuse_kept
+
+    blocks, root = [10, 10, 10, 10], 5
+    assert reuse_kept(blocks, root, 0, 10**9) == [False] * 4
+    # the last unit's next use is its own backward, right after: nothing gathered in between
+    assert reuse_kept(blocks, root, 1, 10**9) == [False, False, False, True]
+    # unit 2 sees unit 3 twice (its forward, then its backward) before its own backward: 20 < 21
+    assert reuse_kept(blocks, root, 21, 10**9) == [False, False, True, True]
+    assert reuse_kept(blocks, root, 20, 10**9) == [False, False, False, True]
+    # within max_live: root + kept so far + the unit + the largest unit gathered before its reuse
+    assert reuse_kept(blocks, root, 10**9, 25) == [True, False, False, True]
+    # no prefetch: the root, the unit running and the one just finished, or every kept unit at the end
+    assert gathered_peak_numel([root, *blocks], 0, 10**9) == 25
+    assert gathered_peak_numel([root, *blocks], 0, 10**9, 10**9) == 45
+    assert gathered_peak_numel([root, *blocks], 0, 10**9, 1) == 25  # the kept last unit is the "previous"
+
+
+def test_estimate_counts_the_units_kept_by_max_reuse_distance():
+    freed, kept = (_est(10**15, stage3_max_reuse_distance=d).row(3) for d in (0, 10**9))
+    assert kept.buffer_peak_bytes > freed.buffer_peak_bytes
+    assert kept.gpu_total_bytes - freed.gpu_total_bytes == kept.buffer_peak_bytes - freed.buffer_peak_bytes
+    assert _est(10**15, stage3_max_reuse_distance=10**9).row(2) == _est(10**15).row(2)  # stage 3 only
+    with pytest.raises(EstimateError, match="stage3_max_reuse_distance"):
+        Setup(stage3_max_reuse_distance=-1)

@@ -154,3 +154,58 @@ def test_estimate_equals_engine_memory_on_ranks(world_size):
     # every rank holds the same bytes (equal shards by construction); check rank 0 and that they agree
     assert all(r == results[0] for r in results)
     _check(world_size, results[0])
+
+
+class _Blocks(torch.nn.Module):
+    """A root (inp, head) and four block units of different sizes."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(7, 16)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(
+                torch.nn.Linear(16, 16 + 8 * i), torch.nn.Tanh(), torch.nn.Linear(16 + 8 * i, 16)
+            )
+            for i in range(4)
+        )
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h).pow(2).mean()
+
+
+@pytest.mark.parametrize(
+    "reuse, max_live", [(0, 10**9), (1, 10**9), (700, 10**9), (10**9, 10**9), (10**9, 3000)]
+)
+def test_reuse_replay_keeps_the_units_the_engine_keeps(reuse, max_live):
+    """memory/stage3.py's replay of the engine's max_reuse_distance rule against the engine (one process,
+    stage 3, no prefetch): the units kept per forward, and with every unit kept the peak of gathered
+    elements exactly."""
+    from zerolaunch.memory.stage3 import gathered_peak_numel, reuse_kept
+    from zerolaunch.zero.units import ROOT
+
+    zero = ZeroOptions(
+        stage=3,
+        stage3_param_persistence_threshold=0,
+        stage3_prefetch_bucket_size=0,
+        stage3_max_live_parameters=max_live,
+        stage3_max_reuse_distance=reuse,
+    )
+    engine = Engine(_Blocks(), EngineOptions(zero=zero))
+    steps = 2
+    for step in range(steps):
+        engine.backward(engine(torch.randn(4, 7, generator=torch.Generator().manual_seed(step))))
+        engine.step()
+    schedule, flats = engine.sharding.schedule, engine.sharding.flats
+    root = flats[ROOT].padded_numel
+    blocks = [f.padded_numel for k, f in enumerate(flats) if f is not None and k != ROOT and not f.resident]
+    kept = reuse_kept(blocks, root, reuse, max_live)
+    assert schedule.reuse_kept == steps * sum(kept)
+    peak = gathered_peak_numel([root, *blocks], 0, max_live, reuse)
+    assert schedule.peak_live_numel <= peak
+    if all(kept):
+        assert schedule.peak_live_numel == peak == root + sum(blocks)

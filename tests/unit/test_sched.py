@@ -205,3 +205,86 @@ def test_engine_applies_deepspeeds_lr_at_each_step():
         applied.append(float(before - model.weight.detach()))
         assert info.lr == pytest.approx(applied[-1], abs=1e-7)
     assert applied == pytest.approx(expected, abs=1e-7)
+
+
+# Printed once by DeepSpeed 0.19.8 as DEEPSPEED_0_19_8, on an SGD of two param groups with their own lr
+# (0.01, 0.02): each step's [group 0 lr, group 1 lr]. WarmupLR without warmup_max_lr warms each group up to
+# its own lr; a warmup_max_lr (scalar: `_format_param` broadcasts it) is every group's peak, their own lrs
+# ignored; WarmupCosineLR scales each group's own lr (`org_lrs`) by one ratio.
+DEEPSPEED_0_19_8_GROUPS = {
+    "WarmupLR_own_lr": (
+        dict(name="WarmupLR", warmup_min_lr=0.001, warmup_num_steps=4),
+        [
+            [0.001, 0.001],
+            [0.001, 0.001],
+            [0.0055000000000000005, 0.010499999999999999],
+            [0.008132331253245204, 0.016057143756850984],
+            [0.010000000000000002, 0.02],
+            [0.010000000000000002, 0.02],
+        ],
+    ),
+    "WarmupLR_max_lr": (
+        dict(
+            name="WarmupLR", warmup_min_lr=0.001, warmup_max_lr=0.05, warmup_num_steps=4, warmup_type="linear"
+        ),
+        [
+            [0.001] * 2,
+            [0.001] * 2,
+            [0.013250000000000001] * 2,
+            [0.025500000000000002] * 2,
+            [0.037750000000000006] * 2,
+        ]
+        + [[0.05] * 2] * 3,
+    ),
+    "WarmupDecayLR": (
+        dict(
+            name="WarmupDecayLR",
+            total_num_steps=7,
+            warmup_min_lr=0.001,
+            warmup_max_lr=0.05,
+            warmup_num_steps=3,
+        ),
+        [[0.001] * 2, [0.001] * 2, [0.031915557925001406] * 2, [0.05] * 2, [0.05] * 2]
+        + [[0.037750000000000006] * 2, [0.025500000000000002] * 2, [0.013250000000000001] * 2],
+    ),
+    "WarmupCosineLR": (
+        dict(
+            name="WarmupCosineLR",
+            total_num_steps=7,
+            warmup_min_ratio=0.1,
+            warmup_num_steps=3,
+            cos_min_ratio=0.01,
+        ),
+        [
+            [0.0, 0.0],
+            [0.001, 0.002],
+            [0.006678367782143115, 0.01335673556428623],
+            [0.01, 0.02],
+            [0.00855017856687341, 0.01710035713374682],
+            [0.00505, 0.0101],
+            [0.0015498214331265902, 0.0030996428662531804],
+            [0.0001, 0.0002],
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEEPSPEED_0_19_8_GROUPS))
+def test_per_group_lrs_match_deepspeed(case):
+    options, expected = DEEPSPEED_0_19_8_GROUPS[case]
+    s = LRSchedule(SchedulerOptions(**options), 0.01)
+    got = [s.lrs_at(k, [None, 0.02]) for k in range(len(expected))]
+    for mine, theirs in zip(got, expected, strict=True):
+        assert mine == pytest.approx(theirs, rel=1e-12, abs=1e-15)
+    # a group given the optimizer's lr explicitly is the group that left it out
+    assert [s.lrs_at(k, [0.01])[0] for k in range(len(expected))] == [
+        s.lr_at(k) for k in range(len(expected))
+    ]
+
+
+def test_no_schedule_and_cosine_keep_each_groups_lr():
+    assert LRSchedule(SchedulerOptions(), 0.01).lrs_at(5, [None, 0.02]) == [0.01, 0.02]
+    o = SchedulerOptions(name="cosine", warmup_num_steps=3, total_num_steps=13, cos_min_ratio=0.1)
+    s = LRSchedule(o, 0.01)
+    first, second = s.lrs_at(6, [None, 0.02])
+    assert first == s.lr_at(6) and second == pytest.approx(2 * first, rel=1e-12)

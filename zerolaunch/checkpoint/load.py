@@ -18,12 +18,22 @@ from zerolaunch.checkpoint.save import resolve_checkpoint
 from zerolaunch.zero import comm
 
 
-def check_compatible(reader: CheckpointReader, specs: Iterable[ParamSpecLike]) -> None:
-    """The engine's params match the checkpoint's in names, shapes and trainability."""
+def check_compatible(
+    reader: CheckpointReader, specs: Iterable[ParamSpecLike], *, strict: bool = True
+) -> None:
+    """The engine's params match the checkpoint's in names, shapes and trainability. A frozen param the
+    checkpoint left out (saved with exclude_frozen_parameters) is missing only with `strict` (DeepSpeed's
+    load_module_strict: its strict module.load_state_dict refuses the missing keys)."""
     saved = reader.params
     live = {s.name: s for s in specs}
-    missing = [n for n in live if n not in saved]
+    excluded = set(reader.manifest.excluded_frozen)
+    missing = [n for n in live if n not in saved and (strict or n not in excluded or live[n].trainable)]
     unexpected = [n for n in saved if n not in live]
+    if missing and all(n in excluded for n in missing) and not unexpected:
+        raise CheckpointError(
+            f"{reader.folder} was saved with exclude_frozen_parameters: it lacks the frozen params "
+            f"{missing[:5]}; load it with load_module_strict=False (as DeepSpeed) to keep the model's values"
+        )
     if missing or unexpected:
         raise CheckpointError(
             f"{reader.folder} does not match the model: params missing from the checkpoint "
@@ -31,7 +41,9 @@ def check_compatible(reader: CheckpointReader, specs: Iterable[ParamSpecLike]) -
             "as in the run that saved it?"
         )
     for name, spec in live.items():
-        p = saved[name]
+        p = saved.get(name)
+        if p is None:  # a frozen param left out of the checkpoint: it keeps the model's values
+            continue
         if tuple(p.shape) != tuple(spec.shape):
             raise CheckpointError(
                 f"{reader.folder}: param {name!r} has shape {list(p.shape)} in the checkpoint, "
@@ -44,8 +56,13 @@ def check_compatible(reader: CheckpointReader, specs: Iterable[ParamSpecLike]) -
             )
 
 
-def load_checkpoint(engine: CheckpointEngine, path_or_root, *, group=None, verify: bool = True) -> dict:
+def load_checkpoint(
+    engine: CheckpointEngine, path_or_root, *, group=None, verify: bool = True, strict: bool = True
+) -> dict:
     """Load weights, optimizer state, replicated state and engine meta; return this rank's `extra`.
+
+    strict=False also loads a checkpoint saved with exclude_frozen_parameters: the frozen params it left out
+    keep the model's values (DeepSpeed's load_checkpoint(..., load_module_strict=False)).
 
     `path_or_root` is a checkpoint folder or a root with `latest`. At another world size, ranks beyond
     the saved world size get rank 0's `extra` (RNG streams cannot be re-sliced; the data position can).
@@ -60,10 +77,13 @@ def load_checkpoint(engine: CheckpointEngine, path_or_root, *, group=None, verif
         )
     folder = resolve_checkpoint(Path(path_or_root))
     with CheckpointReader(folder, verify=verify) as reader:
-        check_compatible(reader, engine.param_specs())
+        check_compatible(reader, engine.param_specs(), strict=strict)
         engine.load_fragment_state(reader.read)
         replicated = reader.replicated_state()
         live = engine.replicated_state()
+        for name in reader.manifest.excluded_frozen:  # left out at save: the model's values stay
+            if name in live and name not in replicated:
+                replicated[name] = live[name]
         if set(replicated) != set(live):
             raise CheckpointError(
                 f"{folder}: buffers/frozen params differ: checkpoint has "

@@ -98,9 +98,14 @@ class Manifest:
     state_meta: dict = field(default_factory=dict)
     bucket_numel: int | None = None
     """The saving engine's reduce_bucket_size, reused when resharding offline to another world size."""
+    excluded_frozen: tuple[str, ...] = ()
+    """Frozen params (requires_grad False) left out of params and replicated (save_checkpoint's
+    exclude_frozen_parameters, as DeepSpeed's); a load keeps the model's values for them."""
 
     def to_json(self) -> dict:
         d = {"format": FORMAT, "version": VERSION, **asdict(self)}
+        if not d["excluded_frozen"]:  # written only when used: other checkpoints keep their manifest
+            del d["excluded_frozen"]
         d[CHECKSUM_KEY] = {"algorithm": "crc32", "body": manifest_crc(d)}
         return d
 
@@ -154,6 +159,7 @@ class Manifest:
                 ),
                 state_meta=dict(d.get("state_meta", {})),
                 bucket_numel=d.get("bucket_numel"),
+                excluded_frozen=tuple(_str(n) for n in d.get("excluded_frozen", ())),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: corrupt manifest ({type(e).__name__}: {e})") from None

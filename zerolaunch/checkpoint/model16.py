@@ -28,12 +28,22 @@ def wants_16bit_model(engine: CheckpointEngine) -> bool:
     return bool(getattr(zero, "stage3_gather_16bit_weights_on_model_save", False))
 
 
-def _entries(engine: Model16Engine, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+def frozen_names(engine: CheckpointEngine) -> set[str]:
+    """The params with requires_grad False (and their tied aliases): what DeepSpeed's
+    `exclude_frozen_parameters=True` leaves out of a saved model state."""
+    return {n for spec in engine.param_specs() if not spec.trainable for n in (spec.name, *spec.aliases)}
+
+
+def _entries(
+    engine: Model16Engine, dtype: torch.dtype, skip: set[str] = frozenset()
+) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     """(name, shape, dtype) in `full_state_dict` order: every param once (tied aliases are not repeated,
-    as in DeepSpeed's consolidated state dict), then the buffers."""
+    as in DeepSpeed's consolidated state dict), then the buffers; none of `skip`."""
     entries = []
-    names = set()
+    names = set(skip)
     for spec in engine.param_specs():
+        if spec.name in skip:
+            continue
         source = dtype_from_name(spec.dtype) if isinstance(spec.dtype, str) else spec.dtype
         entries.append((spec.name, tuple(spec.shape), dtype if source.is_floating_point else source))
         names.add(spec.name)
@@ -44,22 +54,29 @@ def _entries(engine: Model16Engine, dtype: torch.dtype) -> list[tuple[str, tuple
 
 
 def write_16bit_model(
-    engine: Model16Engine, folder: Path, *, rank: int, name: str = MODEL16_NAME
+    engine: Model16Engine,
+    folder: Path,
+    *,
+    rank: int,
+    name: str = MODEL16_NAME,
+    exclude_frozen_parameters: bool = False,
 ) -> Path | None:
     """COLLECTIVE (every rank calls it): rank 0 writes `folder/name`; returns its path there.
 
     The tensors are the model's weights in its compute dtype (bf16 / fp16; fp32 for an fp32 run, as
     DeepSpeed's file holds the module's own dtype). If rank 0's write fails, it still takes part in every
-    gather that follows (the other ranks are in them), then raises.
+    gather that follows (the other ranks are in them), then raises. exclude_frozen_parameters: as
+    DeepSpeed's, the params with requires_grad False are left out of the file.
     """
     dtype = engine.dtype
+    skip = frozen_names(engine) if exclude_frozen_parameters else set()
     writer = None
     error: BaseException | None = None
     path = Path(folder) / name
     if rank == 0:
-        writer = SafetensorsWriter(path, _entries(engine, dtype), metadata={"format": "pt"})
-    for name, tensor in engine.full_state_dict(dtype=dtype):
-        if writer is None or error is not None:
+        writer = SafetensorsWriter(path, _entries(engine, dtype, skip), metadata={"format": "pt"})
+    for name, tensor in engine.full_state_dict(dtype=dtype):  # every rank iterates it all: it gathers
+        if writer is None or error is not None or name in skip:
             continue
         try:
             writer.write(name, tensor if not tensor.is_floating_point() else tensor.to(dtype))

@@ -38,7 +38,7 @@ from zerolaunch.checkpoint.manifest import (
     ReplicatedEntry,
     rank_file_name,
 )
-from zerolaunch.checkpoint.model16 import wants_16bit_model, write_16bit_model
+from zerolaunch.checkpoint.model16 import frozen_names, wants_16bit_model, write_16bit_model
 from zerolaunch.checkpoint.tensorfile import dtype_name, write_safetensors
 from zerolaunch.zero import comm
 
@@ -58,8 +58,12 @@ def save_checkpoint(
     extra: dict | None = None,
     keep: int | None = None,
     group=None,
+    exclude_frozen_parameters: bool = False,
 ) -> Path:
-    """Collective over `group`: write `root/step_{step}` from every rank and point `root/latest` at it."""
+    """Collective over `group`: write `root/step_{step}` from every rank and point `root/latest` at it.
+
+    exclude_frozen_parameters: as DeepSpeed's, the params with requires_grad False are not saved (nor in the
+    16-bit model); the manifest names them (`excluded_frozen`), and loading keeps the model's values."""
     if keep is not None and keep < 1:
         raise CheckpointError(f"checkpoint.keep must be >= 1 (or unset to keep all), got {keep}")
     root = Path(root)
@@ -68,12 +72,25 @@ def save_checkpoint(
     final = root / step_dir_name(step)
     tmp = root / f"{TMP_PREFIX}{final.name}"
     _collectively(lambda: prepare_folder(root, tmp) if rank == 0 else None, group, device, "prepare", rank)
-    _collectively(lambda: write_rank_files(engine, tmp, rank, extra or {}), group, device, "write", rank)
+    excluded = frozen_names(engine) if exclude_frozen_parameters else set()
+    _collectively(
+        lambda: write_rank_files(engine, tmp, rank, extra or {}, excluded), group, device, "write", rank
+    )
     # stage3_gather_16bit_weights_on_model_save: written inside tmp, so it is published atomically too
     if wants_16bit_model(engine):
-        _collectively(lambda: write_16bit_model(engine, tmp, rank=rank), group, device, "16-bit model", rank)
+        _collectively(
+            lambda: write_16bit_model(engine, tmp, rank=rank, exclude_frozen_parameters=bool(excluded)),
+            group,
+            device,
+            "16-bit model",
+            rank,
+        )
     _collectively(
-        lambda: finalize(engine, tmp, final, world_size, step=step, keep=keep) if rank == 0 else None,
+        lambda: (
+            finalize(engine, tmp, final, world_size, step=step, keep=keep, excluded=excluded)
+            if rank == 0
+            else None
+        ),
         group,
         device,
         "publish",
@@ -105,7 +122,9 @@ def prepare_folder(root: Path, tmp: Path) -> None:
     tmp.mkdir()
 
 
-def write_rank_files(engine: CheckpointEngine, folder: Path, rank: int, extra: dict) -> None:
+def write_rank_files(
+    engine: CheckpointEngine, folder: Path, rank: int, extra: dict, excluded: set[str] = frozenset()
+) -> None:
     """This rank's shard: fragment state (+ replicated state on rank 0) + extra tensors, and its json."""
     fragments = {(f.name, f.start): f for f in engine.owned_fragments()}
     state = engine.fragment_state()
@@ -128,7 +147,8 @@ def write_rank_files(engine: CheckpointEngine, folder: Path, rank: int, extra: d
         tensors.append((key, tensor.detach().reshape(-1).to(torch.float32)))
     if rank == 0:
         for name, tensor in engine.replicated_state().items():
-            tensors.append((f"replicated/{name}", tensor.detach()))
+            if name not in excluded:
+                tensors.append((f"replicated/{name}", tensor.detach()))
     extra_json, extra_tensors = encode_extra(extra)
     tensors.extend(extra_tensors.items())
     path = folder / rank_file_name(rank)
@@ -154,7 +174,14 @@ def _split_key(key: str) -> tuple[str, str, int]:
 
 
 def finalize(
-    engine: CheckpointEngine, tmp: Path, final: Path, world_size: int, *, step: int, keep: int | None
+    engine: CheckpointEngine,
+    tmp: Path,
+    final: Path,
+    world_size: int,
+    *,
+    step: int,
+    keep: int | None,
+    excluded: set[str] = frozenset(),
 ) -> None:
     """Rank 0: merge the rank jsons into the manifest, publish the folder, move `latest`, prune."""
     ranks, kinds, seen = [], set(), set()
@@ -180,17 +207,19 @@ def finalize(
     replicated = tuple(
         ReplicatedEntry(n, tuple(t.shape), dtype_name(t.dtype), n not in transient)
         for n, t in engine.replicated_state().items()
+        if n not in excluded
     )
     manifest = Manifest(
         step=step,
         world_size=world_size,
         stage=_engine_stage(engine),
         kinds=tuple(sorted(kinds)),
-        params=tuple(_param_entry(s) for s in engine.param_specs()),
+        params=tuple(_param_entry(s) for s in engine.param_specs() if s.name not in excluded),
         replicated=replicated,
         ranks=tuple(ranks),
         state_meta=engine.state_meta(),
         bucket_numel=_engine_bucket_numel(engine),
+        excluded_frozen=tuple(sorted(excluded)),
     )
     manifest.check_coverage(tmp)
     write_json(tmp / MANIFEST_NAME, manifest.to_json())

@@ -280,7 +280,8 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
         name = "WarmupLR" if train.warmup_steps else "none"
         return SchedulerOptions(
             name=name,
-            warmup_max_lr=train.lr,
+            # None: each param group warms up to its own lr (train.lr unless model_parameters gave one)
+            warmup_max_lr=None,
             warmup_num_steps=train.warmup_steps,
             warmup_type="linear",
             total_num_steps=train.steps,

@@ -53,6 +53,8 @@ class Setup:
     stage3_prefetch_bucket_size: int = 50_000_000
     stage3_param_persistence_threshold: int = 100_000
     stage3_max_live_parameters: int = 1_000_000_000
+    stage3_max_reuse_distance: int = 0
+    """The engine's default (0: every unit freed after its forward); DeepSpeed's is 1e9."""
     nvme_buffer_count: int = 4
     gpu_memory_bytes: int | None = None
     cpu_memory_bytes: int | None = None
@@ -75,6 +77,8 @@ class Setup:
             )
         if self.stage3_param_persistence_threshold < 0:
             raise EstimateError("zero.stage3_param_persistence_threshold must be >= 0")
+        if self.stage3_max_reuse_distance < 0:
+            raise EstimateError("zero.stage3_max_reuse_distance must be >= 0")
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         if self.communication_dtype is not None:
             object.__setattr__(self, "communication_dtype", normalize_dtype(self.communication_dtype))
@@ -498,5 +502,6 @@ def setup_fields_from_engine(options) -> dict:
         "stage3_prefetch_bucket_size": z.stage3_prefetch_bucket_size,
         "stage3_param_persistence_threshold": z.stage3_param_persistence_threshold,
         "stage3_max_live_parameters": z.stage3_max_live_parameters,
+        "stage3_max_reuse_distance": z.stage3_max_reuse_distance,
         "nvme_buffer_count": z.offload_optimizer.buffer_count,
     }

@@ -4,7 +4,8 @@ Owns the replay of zero/units.py (persistent = trainable params under the thresh
 rank), zero/stage3_flat.py (per unit one bucket per param group, padded to a multiple of world_size; this
 rank keeps 1/world of it) and zero/stage3_hooks.py's gather schedule (root unit gathered throughout, the
 unit running now, plus the next units that fit in stage3_prefetch_bucket_size, within
-stage3_max_live_parameters). Torch-free.
+stage3_max_live_parameters, plus the units stage3_max_reuse_distance keeps from forward to backward).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -42,23 +43,57 @@ def _padded(specs, world_size: int) -> int:
     return el.unit_layout(specs, world_size).padded_numel
 
 
-def gathered_peak_numel(units: list[int], prefetch_numel: int, max_live_numel: int) -> int:
-    """Most non-resident elements gathered at once: the root, the unit running and its prefetches.
+def reuse_kept(blocks: list[int], root: int, max_reuse_numel: int, max_live_numel: int) -> list[bool]:
+    """Which units (padded elements, root excluded, in forward order) stay gathered from their forward to
+    their backward under stage3_max_reuse_distance: zero/stage3_hooks.py `_reused_soon` replayed over the
+    trace it predicts (the forward in module order, then the backward in reverse). A unit is kept when its
+    next use -- the rest of the forward, then the backward back to it -- comes before max_reuse_numel
+    elements of other units are gathered (DeepSpeed's rule), and the root, the units kept so far, the unit
+    and the largest unit gathered before its reuse fit in max_live_numel."""
+    kept = [False] * len(blocks)
+    if max_reuse_numel <= 0:
+        return kept
+    held = 0
+    for i, numel in enumerate(blocks):
+        after = blocks[i + 1 :]
+        between, largest, near = 0, 0, True
+        for other in after + after[::-1]:  # the rest of the forward, then the backward down to unit i
+            between += other
+            largest = max(largest, other)
+            if between >= max_reuse_numel:
+                near = False
+                break
+        if near and root + held + numel + largest <= max_live_numel:
+            kept[i] = True
+            held += numel
+    return kept
+
+
+def gathered_peak_numel(
+    units: list[int], prefetch_numel: int, max_live_numel: int, max_reuse_numel: int = 0
+) -> int:
+    """Most non-resident elements gathered at once: the root, the units kept by max_reuse_distance
+    (`reuse_kept`) before the one running, the unit running and its prefetches.
 
     In backward the unit just finished may still be gathered while the next is fetched (it is freed when its
-    last grad reports), so one more unit is allowed for than in forward.
+    last grad reports), so one more unit is allowed for than in forward. A kept unit is held from its forward
+    to its backward; the backward meets the kept units first, so at every position the kept units before it
+    (in forward order) are the ones held.
     """
     root, blocks = units[0], [u for u in units[1:] if u]
-    peak = root
+    kept = reuse_kept(blocks, root, max_reuse_numel, max_live_numel)
+    peak, held = root, 0
     for i, current in enumerate(blocks):
-        live, budget = root + current, prefetch_numel
+        live, budget = root + held + current, prefetch_numel
         for nxt in blocks[i + 1 :]:
             if nxt > budget or live + nxt > max_live_numel:
                 break
             live += nxt
             budget -= nxt
-        previous = blocks[i - 1] if i > 0 else 0
+        previous = blocks[i - 1] if i > 0 and not kept[i - 1] else 0  # a kept one is in `held` already
         peak = max(peak, live + previous)
+        if kept[i]:
+            held += current
     return peak
 
 
@@ -89,7 +124,12 @@ def stage3_states(shape, setup, offload: str):
         gpu["params"] = unit_shards + resident_shard
     # the persistent params are also kept whole on every GPU, as are the frozen ones.
     gpu["params"] += b * resident + b * shape.frozen_numel
-    gathered = gathered_peak_numel(units, setup.stage3_prefetch_bucket_size, setup.stage3_max_live_parameters)
+    gathered = gathered_peak_numel(
+        units,
+        setup.stage3_prefetch_bucket_size,
+        setup.stage3_max_live_parameters,
+        setup.stage3_max_reuse_distance,
+    )
     # stage3_hooks: a unit's staging buffer lives from its first grad until its reduce-scatter completes. The
     # root's fills over the whole backward (ln_f first, the embeddings last), the resident unit's too; the
     # blocks' take turns, up to max_reduces_in_flight (2) with overlap and one more filling.

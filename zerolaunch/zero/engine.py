@@ -78,7 +78,9 @@ class Engine(EngineStateMixin):
         self.micro_steps = 0
         self._loss_nonfinite: torch.Tensor | None = None
         """Any inf/nan loss in this accumulation window (a device flag: no sync per micro-step)."""
-        self._lr = self.scheduler.lr_at(0)
+        self._lr = self.lrs_at(0)[0]
+        self._window_backwards = 0
+        """Backwards since the last accumulation boundary."""
 
     # ---- training step --------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -98,6 +100,7 @@ class Engine(EngineStateMixin):
         self.settle()
         self.sharding.begin_backward()
         self._loss_nonfinite = note_nonfinite_loss(self._loss_nonfinite, loss)
+        self._window_backwards += 1
         scale = self.scaler.scale / self.options.gradient_accumulation_steps
         try:
             (loss * scale).backward()
@@ -106,14 +109,23 @@ class Engine(EngineStateMixin):
             raise
         self.sharding.finish_backward()
 
-    def step(self) -> StepInfo:
-        """Call after every backward; steps the optimizer only at an accumulation boundary."""
+    def step(self, boundary: bool | None = None) -> StepInfo:
+        """Call after every backward; steps the optimizer only at an accumulation boundary: every
+        gradient_accumulation_steps-th call, or when `boundary` says so (DeepSpeed's
+        set_gradient_accumulation_boundary: the caller decides; any number of backwards per window)."""
         self.settle()
         self.micro_steps += 1
-        if self.micro_steps % self.options.gradient_accumulation_steps != 0:
+        if boundary is None:
+            boundary = self.micro_steps % self.options.gradient_accumulation_steps == 0
+        if not boundary:
             return StepInfo(False, False, None, self.scaler.scale, self._lr)
+        backwards, self._window_backwards = self._window_backwards, 0
         loss_nonfinite, self._loss_nonfinite = self._loss_nonfinite, None
         device_sq, loss_nonfinite = self.sharding.finish_window(loss_nonfinite)
+        if backwards > 1 and self.options.gradient_accumulation_steps == 1:
+            # the device-side sum of squares is taken per backward, right only for one-backward windows (the
+            # strategies track it only at accumulation 1); a caller-set boundary can make longer ones.
+            device_sq = None
         loss_scale = self.scaler.scale
         scaling = check_and_scale(
             device_sq if device_sq is not None else sum_of_squares(self.sharding.grad_shards),
@@ -130,11 +142,16 @@ class Engine(EngineStateMixin):
         if skipped:
             self.sharding.release_grads()
             return StepInfo(False, True, float(scaling.grad_norm), loss_scale, self._lr)
-        self._lr = self.scheduler.lr_at(self.global_steps)
-        self.sharding.step_and_publish(scaling.multiplier, self._lr)
+        lrs = self.lrs_at(self.global_steps)
+        self._lr = lrs[0]  # StepInfo's lr: the first group's, what DeepSpeed's monitors write (get_lr()[0])
+        self.sharding.step_and_publish(scaling.multiplier, lrs)
         self.sharding.release_grads()
         self.global_steps += 1
         return StepInfo(True, False, float(scaling.grad_norm), loss_scale, self._lr)
+
+    def lrs_at(self, step: int) -> list[float]:
+        """Each param group's lr for the optimizer step after `step` steps (sched.py LRSchedule.lrs_at)."""
+        return self.scheduler.lrs_at(step, self.shards.group_lrs)
 
     def settle(self) -> None:
         """Wait for an overlapped step to finish and publish every param (a no-op without overlap_step).

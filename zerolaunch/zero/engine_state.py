@@ -76,4 +76,4 @@ class EngineStateMixin:
         self.scheduler.load_state_dict(meta["scheduler"])
         self.scaler.load_state_dict(meta["loss_scaler"])
         self.shards.step_count = int(meta.get("optimizer_step", self.global_steps))
-        self._lr = self.scheduler.lr_at(self.global_steps)
+        self._lr = self.lrs_at(self.global_steps)[0]

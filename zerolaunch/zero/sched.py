@@ -2,7 +2,8 @@
 
 This module owns the lr at every step, with DeepSpeed's formulas for WarmupLR, WarmupDecayLR and
 WarmupCosineLR (deepspeed/runtime/lr_schedules.py) and a nanoGPT-style "cosine". It does not touch an
-optimizer: the engine asks `lr_at(global_steps)` before each step and writes it into every param group.
+optimizer: the engine asks `lrs_at(global_steps, each group's own lr)` before each step and writes each
+group's lr into its optimizer.
 
 `lr_at(k)` is the lr of the (k+1)-th optimizer step (k counts steps already taken), step for step what
 DeepSpeed 0.19.8 uses: its scheduler sets the lr once at construction (`last_batch_iteration = -1`: WarmupLR and
@@ -52,37 +53,60 @@ class LRSchedule:
         return self.base_lr if o.warmup_max_lr is None else float(o.warmup_max_lr)
 
     def _warmup_gamma(self, step: int, warmup_steps: int) -> float:
-        # DeepSpeed: log warmup reaches 1 at step warmup_steps - 1; linear at warmup_steps.
+        # DeepSpeed: log warmup reaches 1 at step warmup_steps - 1; linear at warmup_steps. Its operations, in
+        # its order (inverse_log_warm_up * log), so the lrs are the same floats.
         if self.options.warmup_type == "log":
-            return math.log(step + 1) / math.log(warmup_steps)
+            return (1.0 / math.log(warmup_steps)) * math.log(step + 1)
         return step / warmup_steps
 
     def lr_at(self, step: int) -> float:
-        """The learning rate of the optimizer step that follows `step` steps already taken."""
+        """The learning rate of the optimizer step that follows `step` steps already taken (a group whose lr
+        is the optimizer's)."""
+        return self.lrs_at(step, (None,))[0]
+
+    def lrs_at(self, step: int, group_lrs) -> list[float]:
+        """The lr of each param group for the optimizer step that follows `step` steps already taken.
+
+        group_lrs: each group's own lr (None: the optimizer's lr). As DeepSpeed 0.19.8's schedules
+        (lr_schedules.py): WarmupLR / WarmupDecayLR run every group from warmup_min_lr to warmup_max_lr, which
+        is one value for all groups when given (`_format_param` broadcasts a scalar) and each group's own lr
+        when not (WarmupLR's `warmup_max_lr=None`); WarmupCosineLR scales each group's own lr by one ratio
+        (`org_lrs`); no schedule leaves each group at its own lr. The nanoGPT "cosine" (ours) scales a group's lr by
+        its own lr / the optimizer's.
+        """
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         self.last_step = step
         o = self.options
+        own = [self.base_lr if lr is None else float(lr) for lr in group_lrs]
         if o.name == "none":
-            return self.base_lr
-        if o.name == "cosine":
-            return self._cosine(step)
+            return own
+        if o.name == "cosine":  # not DeepSpeed's: a group's lr follows the schedule in proportion
+            lr = self._cosine(step, self.peak_lr)
+            return [
+                lr if g is None else lr * (float(g) / self.base_lr if self.base_lr > 0 else 1.0)
+                for g in group_lrs
+            ]
         # DeepSpeed clamps warmup to >= 2 steps (log(1) would divide by zero).
         warmup = max(2, o.warmup_num_steps)
-        min_lr, delta = o.warmup_min_lr, self.peak_lr - o.warmup_min_lr
-        if step == 0:
-            # The lr DeepSpeed's scheduler sets at construction (get_lr() with last_batch_iteration == -1).
-            return 0.0 if o.name == "WarmupCosineLR" else min_lr
-        step -= 1  # DeepSpeed's last_batch_iteration when step k+1 runs
         if o.name == "WarmupCosineLR":
-            return self.base_lr * self._warmup_cosine_ratio(step, warmup)
+            if step == 0:  # the lr DeepSpeed's scheduler sets at construction (last_batch_iteration == -1)
+                return [0.0 for _ in own]
+            ratio = self._warmup_cosine_ratio(step - 1, warmup)
+            return [lr * ratio for lr in own]
+        min_lr = o.warmup_min_lr
+        peaks = own if o.warmup_max_lr is None else [float(o.warmup_max_lr)] * len(own)
+        if step == 0:
+            return [min_lr for _ in own]
+        step -= 1  # DeepSpeed's last_batch_iteration when step k+1 runs
         if step < warmup:
-            return min_lr + delta * self._warmup_gamma(step, warmup)
-        if o.name == "WarmupLR":
-            return min_lr + delta
-        total = o.total_num_steps
-        gamma = max(0.0, float(total - step) / float(max(1.0, total - warmup)))
-        return min_lr + delta * gamma
+            gamma = self._warmup_gamma(step, warmup)
+        elif o.name == "WarmupLR":
+            gamma = 1.0
+        else:
+            total = o.total_num_steps
+            gamma = max(0.0, float(total - step) / float(max(1.0, total - warmup)))
+        return [min_lr + (peak - min_lr) * gamma for peak in peaks]
 
     def _warmup_cosine_ratio(self, step: int, warmup: int) -> float:
         o = self.options
@@ -93,10 +117,10 @@ class LRSchedule:
         ratio = (1 + math.cos(math.pi * min(1.0, real_step / real_total))) / 2
         return max(0.0, o.cos_min_ratio + (1.0 - o.cos_min_ratio) * ratio)
 
-    def _cosine(self, step: int) -> float:
+    def _cosine(self, step: int, peak: float) -> float:
         # nanoGPT: linear warmup to the peak, cosine down to cos_min_ratio * peak, flat after total steps.
         o = self.options
-        peak, total, warmup = self.peak_lr, o.total_num_steps, o.warmup_num_steps
+        total, warmup = o.total_num_steps, o.warmup_num_steps
         min_lr = o.cos_min_ratio * peak
         if step < warmup:
             return peak * (step + 1) / (warmup + 1)

@@ -24,7 +24,7 @@ reading it then.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -132,11 +132,9 @@ class ShardOptimizer:
             build_optimizer(options, [{**g, "params": [p]}], self.device)
             for p, g in zip(self._placeholders, groups, strict=True)
         ]
-        # a group's own lr follows the schedule in proportion (torch LambdaLR's rule): lr_t * group lr / lr.
-        self._lr_ratio = [
-            (float(g["lr"]) / options.lr if options.lr > 0 else 1.0) if g.get("lr") is not None else 1.0
-            for g in groups
-        ]
+        # each group's own lr (None: the optimizer's); the schedule turns them into this step's lrs
+        # (sched.py LRSchedule.lrs_at), passed to step() as one lr per group.
+        self.group_lrs = [None if g.get("lr") is None else float(g["lr"]) for g in groups]
         self._fused = bool(self._optimizers and self._optimizers[0].defaults.get("fused"))
 
     # ---- sizes ----------------------------------------------------------------------------------------
@@ -189,16 +187,18 @@ class ShardOptimizer:
     def step(
         self,
         grads: list[torch.Tensor],
-        lr: float,
+        lr: float | Sequence[float],
         on_stepped: Callable[[int, torch.Tensor], None],
         *,
         grad_multiplier: torch.Tensor | None = None,
         order: Iterable[int] | None = None,
     ) -> None:
         """Step every chunk with its slice of `grads` (per-group flat fp32 grad shards, on this device) at
-        `lr`, each grad first multiplied by `grad_multiplier` (a scalar tensor; None = 1). The grads may be
+        its group's lr (`lr[group]`; one float: every group's), each grad first multiplied by `grad_multiplier` (a scalar tensor; None = 1). The grads may be
         left scaled. on_stepped(chunk index, master view) runs after each chunk, while its view is valid.
         `order`: the chunk indices in the order to step them (default: list order; each exactly once)."""
+        if not isinstance(lr, list | tuple):
+            lr = [float(lr)] * len(self._optimizers)
         divisor = None
         if grad_multiplier is not None:
             multiplier = grad_multiplier.to(self.device, torch.float32).reshape(1)
@@ -214,7 +214,7 @@ class ShardOptimizer:
         self.step_count += 1
 
     def _step_chunk(
-        self, group: int, views: dict, grad: torch.Tensor, lr: float, divisor: torch.Tensor | None
+        self, group: int, views: dict, grad: torch.Tensor, lr: Sequence[float], divisor: torch.Tensor | None
     ) -> None:
         opt = self._optimizers[group]
         param_group = opt.param_groups[0]
@@ -225,7 +225,7 @@ class ShardOptimizer:
             step_device = master.device if self._fused else torch.device("cpu")
             state["step"] = torch.full((), float(self.step_count), dtype=torch.float32, device=step_device)
         master.grad = grad
-        param_group["params"], param_group["lr"] = [master], lr * self._lr_ratio[group]
+        param_group["params"], param_group["lr"] = [master], lr[group]
         opt.state[master] = state
         opt.grad_scale = divisor  # read by torch's fused optimizers (None: no scaling)
         try:
