@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 
 install:  ## CPU torch first (a plain `torch` requirement would pull a CUDA build), then the package
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e ".[dev,hf]"
+	DS_BUILD_OPS=0 $(PIP) install -q -e ".[dev,hf,parity]"
 
 test: install
 	$(PY) -m pytest -q -x -p no:cacheprovider tests
