@@ -1,11 +1,11 @@
-"""Stage 3 unit detection and parameter ownership (zero/units.py), and one-unit-at-a-time materialization
-(zero/meta_init.py), on one process without torch.distributed.
+"""Stage 3 unit detection and parameter ownership (zero/stage3/partition.py), and one-unit-at-a-time
+materialization (zero/stage3/materialize.py), on one process without torch.distributed.
 
 Tests: the GPT's blocks are found automatically (the largest ModuleList of one class), class-name and
 dotted-path overrides, a clear error for an override that matches nothing, tied weights go to the root unit,
-frozen and small params stay resident; a meta-built GPT trains through the stage-3 Engine and is initialized like
-the GPT's own init (same distribution), with peak init memory bounded by the largest unit (measured with the
-torch profiler's allocation events). Leaves out: several ranks (tests/dist/test_zero3_*.py).
+frozen and small params stay resident; a meta-built GPT trains through the stage-3 Engine and is initialized
+like the GPT's own init (same distribution), with peak init memory bounded by the largest unit (measured with
+the torch profiler's allocation events). Leaves out: several ranks (tests/dist/test_zero3_*.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import nn
 from zerolaunch.models.gpt import build
 from zerolaunch.zero import Engine
 from zerolaunch.zero.options import EngineOptions, OptimizerOptions, ZeroOptions
-from zerolaunch.zero.units import ROOT, partition
+from zerolaunch.zero.stage3.partition import ROOT, partition
 
 
 def _gpt(**kw):

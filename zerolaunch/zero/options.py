@@ -41,8 +41,8 @@ class OffloadOptions:
     """Pinned staging buffers used to stream nvme swap files (bounds host memory)."""
     overlap_step: bool = False
     """offload_optimizer, stages 1/2: the CPU step runs in the background while the next forward starts
-    ([Note: overlapped step] in zero/step_overlap.py); params read outside a module's forward may be stale
-    until `engine.settle()`."""
+    ([Note: overlapped step] in zero/optim/overlapped_step.py); params read outside a module's forward may be
+    stale until `engine.settle()`."""
 
 
 @dataclass(frozen=True)

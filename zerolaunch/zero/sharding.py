@@ -4,12 +4,14 @@ The engine owns the step protocol (loss scaling, accumulation, the boundary's gr
 the lr schedule, the checkpoint meta). A strategy owns where params, grads and the fp32 master live and how
 they move between ranks:
 
-- `flat_sharding.FlatSharding`: stages 0-2, params in flat buffers cut into gradient buckets (flat.py).
-- `stage3.UnitSharding`: stage 3, params sharded per unit and gathered just in time (stage3_hooks.py).
+- `flat.flat_sharding.FlatSharding`: stages 0-2, params in flat buffers cut into gradient buckets
+  (flat/reducer.py).
+- `stage3.unit_sharding.UnitSharding`: stage 3, params sharded per unit and gathered just in time
+  (stage3/schedule.py).
 
 A strategy sets at construction: `module`, `_named` (name -> trainable or frozen param, tied counted once),
-`_aliases`, `_frozen`, `_buffers`, `shards` (shard_optim.ShardOptimizer), `grad_shards` (fp32, one per param
-group), `num_groups`; and supplies the methods of `Sharding` below that it overrides.
+`_aliases`, `_frozen`, `_buffers`, `shards` (optim.shard_optimizer.ShardOptimizer), `grad_shards` (fp32, one
+per param group), `num_groups`; and supplies the methods of `Sharding` below that it overrides.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ class Sharding:
 
     def release_grads(self) -> None:
         """After the step read the grad shards (or a skipped step discarded them): free what the next window
-        re-allocates at its first write ([Note: released grad shards] in grad_memory.py). Default: keep."""
+        re-allocates at its first write ([Note: released grad shards] in flat/grad_memory.py). Default:
+        keep."""
 
     def settle(self) -> None:
         """Finish a step still running in the background (only an overlapped step has one)."""

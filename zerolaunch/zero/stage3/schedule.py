@@ -38,9 +38,10 @@ from functools import partial
 import torch
 from torch.utils._pytree import tree_leaves
 
-from . import comm, offload
-from .stage3_flat import UnitFlat
-from .units import ROOT
+from .. import comm
+from ..optim import host
+from .partition import ROOT
+from .unit_buffers import UnitFlat
 
 
 class Stage3Schedule:
@@ -274,7 +275,7 @@ class Stage3Schedule:
         accumulate = not self._fresh[k]
         if accumulate and self._host_staging is None and flat.grad_views[0].device != self.device:
             numel = max(f.shard_numel for f in self.flats if f is not None)
-            self._host_staging = offload.zeros(numel, flat.grad_views[0].device, pin=True)
+            self._host_staging = host.zeros(numel, flat.grad_views[0].device, pin=True)
         flat.complete_reduce(
             work,
             self.reduce_stream,

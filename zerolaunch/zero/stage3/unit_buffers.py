@@ -27,11 +27,12 @@ from contextlib import nullcontext
 
 import torch
 
-from . import comm, offload
-from .layout import Fragment, ParamSpec
-from .nvme import SwapStore
-from .optim import sum_of_squares
-from .plan import unit_layout
+from .. import comm
+from ..layout import Fragment, ParamSpec
+from ..optim import host
+from ..optim.nvme_store import SwapStore
+from ..optim.torch_optim import sum_of_squares
+from ..plan import unit_layout
 
 
 class UnitFlat:
@@ -81,7 +82,7 @@ class UnitFlat:
         self.shard: torch.Tensor | None = None
         """The resident shard (None while it lives in a swap file: read_shard / write_shard)."""
         if shard_device is not None:
-            self.shard = offload.zeros(self.shard_numel, shard_device, pin=pin, dtype=dtype)
+            self.shard = host.zeros(self.shard_numel, shard_device, pin=pin, dtype=dtype)
         self._swap: tuple[SwapStore, int] | None = None
         self._zero = torch.zeros((), dtype=dtype, device=device)
         self._params: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
@@ -125,7 +126,7 @@ class UnitFlat:
         if self._swap is None:
             return self.shard
         store, chunk = self._swap
-        out = offload.empty(self.shard_numel, torch.device("cpu"), pin=self._pin, dtype=self.dtype)
+        out = host.empty(self.shard_numel, torch.device("cpu"), pin=self._pin, dtype=self.dtype)
         store.read_into("param", chunk, 0, out)
         return out
 
@@ -225,9 +226,9 @@ class UnitFlat:
     def _issue_gather(self, group, stats) -> None:
         # offloaded shards are copied to the device first, ahead of use (non-blocking from pinned memory;
         # a swapped shard is read from its file first).
-        host = self.read_shard()
-        src = host if host.device == self.device else host.to(self.device, non_blocking=True)
-        self._keep = [host, src]
+        stored = self.read_shard()
+        src = stored if stored.device == self.device else stored.to(self.device, non_blocking=True)
+        self._keep = [stored, src]
         for i in range(len(self.buckets)):
             pending = comm.all_gather(
                 self.bucket_full(self.full, i), self.bucket_shard(src, i), group, stats=stats, async_op=True
@@ -293,7 +294,7 @@ class UnitFlat:
         if grad_sq is not None:
             grad_sq.add_(sum_of_squares([out]))
         for i in range(len(self.buckets)):
-            offload.to_host(
+            host.to_host(
                 self.grad_views[i], self.bucket_shard(out, i), accumulate=accumulate, staging=host_staging
             )
 

@@ -25,10 +25,11 @@ from collections import deque
 
 import torch
 
-from . import comm, offload, plan
+from .. import comm, plan
+from ..layout import BucketPlan, Layout, ParamSlot
+from ..optim import host
+from ..optim.torch_optim import sum_of_squares
 from .grad_memory import GradShardMemory
-from .layout import BucketPlan, Layout, ParamSlot
-from .optim import sum_of_squares
 
 
 def bucket_view(flats: list[torch.Tensor], bucket: BucketPlan) -> torch.Tensor:
@@ -113,7 +114,7 @@ def reduce_full_grads(
             out.div_(world)
         if grad_sq is not None:
             grad_sq.add_(sum_of_squares([out]))
-        offload.to_host(shard_view(layout, shards, bucket), out, accumulate=False)
+        host.to_host(shard_view(layout, shards, bucket), out, accumulate=False)
 
     for bucket in layout.buckets:
         src = bucket_view(full_grads, bucket)
@@ -274,8 +275,8 @@ class BackwardReducer:
             self._grad_sq = sq if self._grad_sq is None else self._grad_sq + sq
         if not fresh and dst.device != out.device and self._host_staging is None:
             numel = max(b.shard_numel for b in self.layout.buckets)
-            self._host_staging = offload.zeros(numel, dst.device, pin=True)
-        offload.to_host(dst, out, accumulate=not fresh, staging=self._host_staging)
+            self._host_staging = host.zeros(numel, dst.device, pin=True)
+        host.to_host(dst, out, accumulate=not fresh, staging=self._host_staging)
         self._fresh[bucket.index] = False
 
     def take_grad_sq(self) -> torch.Tensor | None:
