@@ -56,6 +56,12 @@ def test_zero_import_check_walks_the_sub_folders():
     assert {"flat", "stage3", "optim"} <= folders, folders
 
 
+def test_only_the_comm_context_makes_cuda_streams():
+    """The engine's side streams are comm.CommContext's (one owner, each stream's job documented there)."""
+    makers = [str(p.relative_to(ZERO_DIR)) for p in _zero_files() if "cuda.Stream(" in p.read_text()]
+    assert makers == ["comm.py"], makers
+
+
 class _Tied(nn.Module):
     def __init__(self):
         super().__init__()

@@ -58,6 +58,8 @@ class Engine(EngineStateMixin):
         self.rank = comm.rank(group)
         self.world_size = comm.world_size(group)
         self.comm_stats = comm.CommStats()
+        self.comm_context = comm.CommContext(self.device, group, overlap=options.zero.overlap)
+        """The device, group and CUDA side streams every part of the strategy issues its work with."""
         self.dtype = DTYPES[options.precision.dtype]
         # grads are reduced in fp32 unless asked otherwise: exact sums, FSDP2's choice.
         self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]

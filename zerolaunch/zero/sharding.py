@@ -30,6 +30,7 @@ class Sharding:
         self.rank = engine.rank
         self.world_size = engine.world_size
         self.comm_stats = engine.comm_stats
+        self.comm_context = engine.comm_context
         self.dtype = engine.dtype
         self.comm_dtype = engine.comm_dtype
         self.master_device = engine.master_device

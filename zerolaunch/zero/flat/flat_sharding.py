@@ -38,7 +38,6 @@ class FlatSharding(Sharding):
         groups of options.optimizer (decay_1d). init_fn is stage 3's (stages 0-2 take built weights)."""
         super().__init__(engine)
         options = self.options
-        group = self.group
         pin = options.zero.offload_optimizer.pin_memory
 
         self.module = (
@@ -115,10 +114,8 @@ class FlatSharding(Sharding):
             self.reducer = reducer.BackwardReducer(
                 self.layout,
                 self.grad_shards,
-                group,
+                self.comm_context,
                 comm_dtype=self.comm_dtype,
-                device=self.device,
-                overlap=options.zero.overlap,
                 stats=self.comm_stats,
                 track_grad_sq=self._device_grad_sq,
                 memory=self.grad_memory,
@@ -139,7 +136,7 @@ class FlatSharding(Sharding):
             # the training thread keeps one core while the step runs: it launches the forward's kernels and
             # spins in device syncs, and an OpenMP team with a preempted thread waits for it at every chunk.
             self._step_threads = max(1, torch.get_num_threads() - 1)
-            self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+            self._copy_stream = self.comm_context.copy_stream
             self._register_publish_hooks()
 
     # ---- init -----------------------------------------------------------------------------------------

@@ -142,20 +142,18 @@ class BackwardReducer:
     gives it back once its reduce-scatter has completed and the result was added into the fp32 shard. With
     overlap, at most `max_in_flight` staging buffers are kept: taking one beyond that first completes the
     oldest issued bucket. Without overlap each reduce-scatter is awaited right after it is issued.
-    On CUDA with overlap the collectives run on `stream` (a side stream), which first waits for the compute
-    stream (the staging copies); the compute stream waits for it before reusing a buffer and at the end of
-    backward. Tensors stay alive by reference in `_inflight`, so no record_stream is needed.
+    On CUDA with overlap the collectives run on `stream` (the context's reduce stream), which first waits for
+    the compute stream (the staging copies); the compute stream waits for it before reusing a buffer and at
+    the end of backward. Tensors stay alive by reference in `_inflight`, so no record_stream is needed.
     """
 
     def __init__(
         self,
         layout: Layout,
         shards: list[torch.Tensor],
-        group,
+        context: comm.CommContext,
         *,
         comm_dtype: torch.dtype,
-        device: torch.device,
-        overlap: bool,
         stats: comm.CommStats,
         max_in_flight: int = plan.STAGING_MAX_IN_FLIGHT,
         track_grad_sq: bool = False,
@@ -165,14 +163,14 @@ class BackwardReducer:
         self.shards = shards
         self.memory = memory
         """Re-allocates released shards before a write ([Note: released grad shards])."""
-        self.group = group
+        self.group = context.group
         self.comm_dtype = comm_dtype
-        self.device = device
-        self.overlap = overlap
+        self.device = context.device
+        self.overlap = context.overlap
         self.stats = stats
         # the policy estimate-memory replays (plan.stage2_staging_buffers)
-        self.max_in_flight = plan.staging_limit(overlap, max_in_flight)
-        self.stream = torch.cuda.Stream(device) if overlap and device.type == "cuda" else None
+        self.max_in_flight = plan.staging_limit(self.overlap, max_in_flight)
+        self.stream = context.reduce_stream
         self._buffer_numel = max((b.padded_numel for b in layout.buckets), default=0)
         self._free: list[torch.Tensor] = []
         self._allocated = 0

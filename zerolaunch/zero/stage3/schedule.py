@@ -50,13 +50,11 @@ class Stage3Schedule:
         flats: list[UnitFlat | None],
         modules: list,
         params: list[list[tuple[str, torch.nn.Parameter]]],
-        group,
+        context: comm.CommContext,
         *,
-        device: torch.device,
         comm_dtype: torch.dtype,
         prefetch_numel: int,
         max_live_numel: int,
-        overlap: bool,
         max_reuse_numel: int = 0,
         stats: comm.CommStats,
         max_reduces_in_flight: int = 2,
@@ -65,20 +63,19 @@ class Stage3Schedule:
         """flats[k] / params[k]: unit k's buffers and sharded params (None / [] when it has none); the last
         entry is the resident unit of persistent params (modules[-1] is None)."""
         self.flats = flats
-        self.group = group
-        self.device = device
+        self.group = context.group
+        self.device = context.device
         self.comm_dtype = comm_dtype
         self.prefetch_numel = max(0, prefetch_numel)
         self.max_live_numel = max_live_numel
         if max_reuse_numel < 0:
             raise ValueError(f"zero.stage3_max_reuse_distance must be >= 0, got {max_reuse_numel}")
         self.max_reuse_numel = max_reuse_numel
-        self.overlap = overlap
+        self.overlap = context.overlap
         self.stats = stats
-        self.max_in_flight = max(1, max_reduces_in_flight) if overlap else 1
-        cuda_overlap = overlap and device.type == "cuda"
-        self.gather_stream = torch.cuda.Stream(device) if cuda_overlap else None
-        self.reduce_stream = torch.cuda.Stream(device) if cuda_overlap else None
+        self.max_in_flight = max(1, max_reduces_in_flight) if self.overlap else 1
+        self.gather_stream = context.gather_stream
+        self.reduce_stream = context.reduce_stream
         n = len(flats)
         self.n_trainable = [len(p) for p in params]
         self.reduce_order = [k for k in range(n - 2, -1, -1) if flats[k] is not None]
@@ -88,7 +85,7 @@ class Stage3Schedule:
         self._fresh = [True] * n
         """Per unit: its next reduce-scatter is the window's first, so it overwrites the grad shard."""
         self._host_staging: torch.Tensor | None = None
-        self._grad_sq = torch.zeros((), dtype=torch.float32, device=device) if track_grad_sq else None
+        self._grad_sq = torch.zeros((), dtype=torch.float32, device=self.device) if track_grad_sq else None
         self.predicted: list[int] = [k for k in range(n - 1) if flats[k] is not None]
         self.calls: list[int] = []
         self._bwd_seq: list[int] = []

@@ -41,7 +41,6 @@ class UnitSharding(UnitStateMixin, Sharding):
         param_groups as in FlatSharding."""
         super().__init__(engine)
         options = self.options
-        group = self.group
         z = options.zero
         # offload_param nvme: the shards of the units (not the small persistent params) live in a swap file.
         shard_device = {"cpu": torch.device("cpu"), "nvme": None}.get(z.offload_param.device, self.device)
@@ -109,13 +108,11 @@ class UnitSharding(UnitStateMixin, Sharding):
             self.flats,
             [u.module for u in part.units] + [None],
             unit_params,
-            group,
-            device=self.device,
+            self.comm_context,
             comm_dtype=self.comm_dtype,
             prefetch_numel=z.stage3_prefetch_bucket_size,
             max_live_numel=z.stage3_max_live_parameters,
             max_reuse_numel=z.stage3_max_reuse_distance,
-            overlap=z.overlap,
             stats=self.comm_stats,
             # the norm's sum of squares is taken on the device from each unit's reduced grads when they
             # are the window's final values and would otherwise be summed again on the host.
