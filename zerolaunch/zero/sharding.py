@@ -16,7 +16,21 @@ per param group), `num_groups`; and supplies the methods of `Sharding` below tha
 
 from __future__ import annotations
 
+import enum
+
 import torch
+
+
+class GradWindow(enum.Enum):
+    """Where one slice of the fp32 grad shards (a stage-2 bucket's, a stage-3 unit's, a world-size-1 param's)
+    stands in the accumulation window. Each reducer keeps one per slice; `reset_accumulation()` after a step
+    sets every slice back to FRESH, which is why the shards need no zeroing pass."""
+
+    FRESH = enum.auto()
+    """No grad of this window has reached the slice yet: it still holds the previous window's values (or
+    zeros), and the next reduced grad overwrites it (a copy, the exact upcast)."""
+    ACCUMULATING = enum.auto()
+    """The slice holds this window's sum so far: the next reduced grad is added to it."""
 
 
 class Sharding:

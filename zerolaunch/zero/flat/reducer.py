@@ -29,6 +29,7 @@ from .. import comm, plan
 from ..layout import BucketPlan, Layout, ParamSlot
 from ..optim import host
 from ..optim.torch_optim import sum_of_squares
+from ..sharding import GradWindow
 from .grad_memory import GradShardMemory
 
 
@@ -179,7 +180,7 @@ class BackwardReducer:
         self._slot_count = [len(layout.slots_in(b)) for b in layout.buckets]
         self._next_issue = 0
         self._inflight: deque = deque()
-        self._fresh = [True] * len(layout.buckets)
+        self._window = [GradWindow.FRESH] * len(layout.buckets)
         self._host_staging: torch.Tensor | None = None
         self._track_grad_sq = track_grad_sq
         self._grad_sq: torch.Tensor | None = None
@@ -266,7 +267,7 @@ class BackwardReducer:
     def _accumulate(self, bucket: BucketPlan, out: torch.Tensor) -> None:
         """The bucket's fp32 shard <- (first micro-step of the window) or += the reduced slice."""
         dst = shard_view(self.layout, self.shards, bucket)
-        fresh = self._fresh[bucket.index]
+        fresh = self._window[bucket.index] is GradWindow.FRESH
         if self._track_grad_sq:
             # only meaningful when a window is one micro-step (the engine asks for it only then).
             sq = sum_of_squares([out])
@@ -275,7 +276,7 @@ class BackwardReducer:
             numel = max(b.shard_numel for b in self.layout.buckets)
             self._host_staging = host.zeros(numel, dst.device, pin=True)
         host.to_host(dst, out, accumulate=not fresh, staging=self._host_staging)
-        self._fresh[bucket.index] = False
+        self._window[bucket.index] = GradWindow.ACCUMULATING
 
     def take_grad_sq(self) -> torch.Tensor | None:
         """The sum of squares of the reduced grads since the last call (track_grad_sq), on the device."""
@@ -286,7 +287,7 @@ class BackwardReducer:
 
     def reset_accumulation(self) -> None:
         """After a step: the next micro-step's reduced grads overwrite the shards (no zeroing pass needed)."""
-        self._fresh = [True] * len(self.layout.buckets)
+        self._window = [GradWindow.FRESH] * len(self.layout.buckets)
 
     def finish_backward(self) -> None:
         """Issue every bucket not yet issued (grads missing this micro-step count as zero), await all."""
@@ -327,7 +328,7 @@ class DirectAccumulator:
         """Re-allocates released shards before a write ([Note: released grad shards])."""
         self._views = [self._shard_slice(slot) for slot in layout.params]
         self._index = {slot.name: i for i, slot in enumerate(layout.params)}
-        self._fresh = [True] * len(layout.params)
+        self._window = [GradWindow.FRESH] * len(layout.params)
         self._seen_this_backward = False
         self.issued_count = 0
         """Always 0: nothing is reduced (kept for BackwardReducer's interface)."""
@@ -350,9 +351,9 @@ class DirectAccumulator:
             if self.memory is not None:
                 self.memory.ensure()
             with torch.no_grad():
-                if self._fresh[index]:
+                if self._window[index] is GradWindow.FRESH:
                     dst.copy_(param.grad.reshape(-1))
-                    self._fresh[index] = False
+                    self._window[index] = GradWindow.ACCUMULATING
                 else:
                     dst.add_(param.grad.reshape(-1))
             param.grad = None  # released: the shard holds it now
@@ -365,17 +366,17 @@ class DirectAccumulator:
         if self.memory is not None:
             self.memory.ensure()
         with torch.no_grad():
-            for index, fresh in enumerate(self._fresh):
-                if fresh:
+            for index, window in enumerate(self._window):
+                if window is GradWindow.FRESH:
                     self._views[index].zero_()
-                    self._fresh[index] = False
+                    self._window[index] = GradWindow.ACCUMULATING
         self._seen_this_backward = False
 
     def take_grad_sq(self) -> None:
         return None
 
     def reset_accumulation(self) -> None:
-        self._fresh = [True] * len(self.layout.params)
+        self._window = [GradWindow.FRESH] * len(self.layout.params)
 
     @property
     def busy(self) -> bool:

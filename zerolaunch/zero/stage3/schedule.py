@@ -18,7 +18,7 @@
   `stage3_max_live_parameters`. 0 (the default) frees every unit after its forward.
   The root stays gathered after a forward with grad enabled: backward needs it first.
 - Activation checkpointing (use_reentrant=False) re-runs a unit's forward inside backward: the hooks see
-  `in_backward` and only make sure the unit is gathered.
+  the BACKWARD phase and only make sure the unit is gathered.
 - Backward: each param's post-accumulate-grad hook moves its grad into the unit's staging buffer. Autograd
   accumulates a leaf once per backward, also for a unit called twice, so when every trainable param of a
   unit has reported, nothing in this backward reads the unit's params any more: it is freed, and its
@@ -32,6 +32,7 @@ All gathers depend only on the call sequence, which is the same on every rank fo
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from functools import partial
 
@@ -40,8 +41,26 @@ from torch.utils._pytree import tree_leaves
 
 from .. import comm
 from ..optim import host
+from ..sharding import GradWindow
 from .partition import ROOT
 from .unit_buffers import UnitFlat
+
+
+class SchedulePhase(enum.Enum):
+    """Which part of a micro-step the schedule's hooks are in (`Stage3Schedule.phase`)."""
+
+    IDLE = enum.auto()
+    """Before the first forward, between a forward and its backward, after a backward (also an aborted one):
+    a forward or a backward comes next. Gathered besides the resident unit: after a forward with grad, the
+    root unit (backward needs it first) and the units held for their backward; otherwise none."""
+    FORWARD = enum.auto()
+    """Inside the engine's forward: a unit's pre-hook records the call, gathers it and prefetches the
+    predicted next units; its post-hook frees it (unless its backward will need it soon) and hooks its
+    outputs for backward."""
+    BACKWARD = enum.auto()
+    """From begin_backward until finish_backward: units are gathered again for their backward, a forward
+    hook only makes sure its unit is gathered (activation-checkpoint recompute), and grads are moved into
+    staging buffers and reduce-scattered in the fixed order."""
 
 
 class Stage3Schedule:
@@ -81,9 +100,9 @@ class Stage3Schedule:
         self.reduce_order = [k for k in range(n - 2, -1, -1) if flats[k] is not None]
         if flats[-1] is not None:
             self.reduce_order.append(n - 1)
-        self.in_backward = False
-        self._fresh = [True] * n
-        """Per unit: its next reduce-scatter is the window's first, so it overwrites the grad shard."""
+        self.phase = SchedulePhase.IDLE
+        self._window = [GradWindow.FRESH] * n
+        """Per unit: whether its next reduce-scatter is the window's first (it overwrites the grad shard)."""
         self._host_staging: torch.Tensor | None = None
         self._grad_sq = torch.zeros((), dtype=torch.float32, device=self.device) if track_grad_sq else None
         self.predicted: list[int] = [k for k in range(n - 1) if flats[k] is not None]
@@ -158,15 +177,17 @@ class Stage3Schedule:
 
     # ---- forward -------------------------------------------------------------------------------------------
     def begin_forward(self) -> None:
-        if not self.in_backward:
+        if self.phase is not SchedulePhase.BACKWARD:
+            self.phase = SchedulePhase.FORWARD
             self.calls = [ROOT]
             self.ensure(ROOT)
             self._prefetch(self.predicted[1:])
 
     def end_forward(self) -> None:
         """After the model's forward: keep what backward needs first, free mispredicted prefetches."""
-        if self.in_backward:
+        if self.phase is SchedulePhase.BACKWARD:
             return
+        self.phase = SchedulePhase.IDLE
         keep = {ROOT} | self._held if torch.is_grad_enabled() else set()
         for k, flat in enumerate(self.flats):
             if flat is not None and k not in keep:
@@ -174,7 +195,7 @@ class Stage3Schedule:
         self.predicted = list(self.calls)
 
     def _pre_forward(self, k: int, module, args) -> None:
-        if self.in_backward:  # activation-checkpoint recompute: pre_backward gathered the unit already
+        if self.phase is SchedulePhase.BACKWARD:  # activation-checkpoint recompute: pre_backward gathered it
             self.ensure(k)
             return
         self.calls.append(k)
@@ -182,7 +203,7 @@ class Stage3Schedule:
         self._prefetch(self.predicted[len(self.calls) :])
 
     def _post_forward(self, k: int, module, args, output):
-        if self.in_backward:
+        if self.phase is SchedulePhase.BACKWARD:
             return output
         if torch.is_grad_enabled() and self.n_trainable[k] > 0:
             tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -225,7 +246,7 @@ class Stage3Schedule:
 
     # ---- backward ------------------------------------------------------------------------------------------
     def begin_backward(self) -> None:
-        self.in_backward = True
+        self.phase = SchedulePhase.BACKWARD
         self._bwd_seq = list(reversed(self.calls))
         self._bwd_pos = 0
         self.ensure(ROOT)
@@ -269,7 +290,7 @@ class Stage3Schedule:
     def _complete_oldest(self) -> None:
         flat, work = self.inflight.popleft()
         k = flat.index
-        accumulate = not self._fresh[k]
+        accumulate = self._window[k] is GradWindow.ACCUMULATING
         if accumulate and self._host_staging is None and flat.grad_views[0].device != self.device:
             numel = max(f.shard_numel for f in self.flats if f is not None)
             self._host_staging = host.zeros(numel, flat.grad_views[0].device, pin=True)
@@ -280,7 +301,7 @@ class Stage3Schedule:
             host_staging=self._host_staging,
             grad_sq=self._grad_sq,
         )
-        self._fresh[k] = False
+        self._window[k] = GradWindow.ACCUMULATING
 
     def finish_backward(self) -> None:
         """Issue what is left in the fixed order (zeros where no grad came), await all, free every unit."""
@@ -293,11 +314,11 @@ class Stage3Schedule:
                 flat.free()
         self._held.clear()
         self._reset_backward_state()
-        self.in_backward = False
+        self.phase = SchedulePhase.IDLE
 
     def reset_accumulation(self) -> None:
         """After a step: each unit's next reduced grads overwrite its grad shard (no zeroing pass)."""
-        self._fresh = [True] * len(self.flats)
+        self._window = [GradWindow.FRESH] * len(self.flats)
 
     def take_grad_sq(self) -> torch.Tensor | None:
         """Sum of squares of the grads reduced since the last call (track_grad_sq), on the device."""

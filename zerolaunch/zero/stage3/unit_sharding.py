@@ -31,7 +31,7 @@ from ..sharding import Sharding, nbytes
 from .fragments import UnitStateMixin
 from .materialize import materialize, param_sites, unit_seed
 from .partition import partition
-from .schedule import Stage3Schedule
+from .schedule import SchedulePhase, Stage3Schedule
 from .unit_buffers import UnitFlat
 
 
@@ -255,7 +255,7 @@ class UnitSharding(UnitStateMixin, Sharding):
         self.schedule.begin_backward()
 
     def abort_backward(self) -> None:
-        self.schedule.in_backward = False
+        self.schedule.phase = SchedulePhase.IDLE
 
     def finish_backward(self) -> None:
         """Units reduce-scatter as they finish; wait for the last ones."""
