@@ -15,6 +15,9 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 DTYPE_NAMES: tuple[str, ...] = get_args(Dtype)
 """The dtype names a recipe, a command line or the engine accepts, defined once (protocol.DTYPES maps them
 to torch; zerolaunch/dtypes.py re-exports them for code outside zero/)."""
+COMM_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
+"""The names `precision.communication_dtype` (DeepSpeed's communication_data_type) accepts: DTYPE_NAMES,
+listed fp16 before bf16 as DeepSpeed documents that key (config/ offers them in this order)."""
 
 OFFLOADED_BUCKET_NUMEL = 50_000_000
 """Largest gradient bucket while the optimizer is offloaded: each bucket is copied to the host as soon as it
