@@ -1,4 +1,5 @@
-"""zero/ imports only torch, the standard library and itself (checked with ast); and the shared helpers.
+"""zero/ imports only torch, the standard library and itself (checked with ast, sub-folders included); only
+comm.CommContext makes CUDA streams, each by its job; and the shared helpers.
 
 Also the small pure pieces other engine modules build on: param collection with tied weights, the decay
 grouping, the optimizer builder's parity with plain torch.optim, and option validation messages.
@@ -60,6 +61,29 @@ def test_only_the_comm_context_makes_cuda_streams():
     """The engine's side streams are comm.CommContext's (one owner, each stream's job documented there)."""
     makers = [str(p.relative_to(ZERO_DIR)) for p in _zero_files() if "cuda.Stream(" in p.read_text()]
     assert makers == ["comm.py"], makers
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_comm_context_streams_by_job(monkeypatch, overlap):
+    """Off CUDA every stream is None; on CUDA (a stand-in class here) reduce and gather exist with overlap
+    only, the copy stream whenever asked for; each is made once, at its first use, and they are distinct."""
+    from zerolaunch.zero.comm import CommContext
+
+    cpu = CommContext(torch.device("cpu"), None, overlap=overlap)
+    assert (cpu.reduce_stream, cpu.gather_stream, cpu.copy_stream) == (None, None, None)
+    made = []
+
+    class FakeStream:
+        def __init__(self, device):
+            made.append(device)
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    ctx = CommContext(torch.device("cuda", 0), None, overlap=overlap)
+    assert not made  # nothing until a user asks
+    streams = [ctx.reduce_stream, ctx.gather_stream, ctx.copy_stream]
+    assert [ctx.reduce_stream, ctx.gather_stream, ctx.copy_stream] == streams  # the same objects again
+    assert [s is not None for s in streams] == [overlap, overlap, True]
+    assert len(made) == len({id(s) for s in streams if s is not None}) == (3 if overlap else 1)
 
 
 class _Tied(nn.Module):
