@@ -67,7 +67,7 @@ def rates(rows: list) -> None:
         rows.append((f"CPU foreach AdamW, {threads} threads (ns/elem)", f"{ms * 1e6 / m:.3f}"))
         ms = _timed(lambda: g.mul_(0.999))
         rows.append((f"CPU g.mul_ (clip), {threads} threads (ns/elem)", f"{ms * 1e6 / m:.3f}"))
-        from zerolaunch.zero.optim import _sum_of_squares
+        from zerolaunch.zero.optim.torch_optim import _sum_of_squares
 
         ms = _timed(lambda: _sum_of_squares(g))
         rows.append((f"CPU sum of squares, {threads} threads (ns/elem)", f"{ms * 1e6 / m:.3f}"))

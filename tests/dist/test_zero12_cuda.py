@@ -16,7 +16,8 @@ from _spawn import run_ranks
 from _zero_models import Net, micro_batch, rank_rows, reference_weights
 from test_zero12_parity import CASES, STEPS, _options
 
-from zerolaunch.zero import Engine, shard_optim
+from zerolaunch.zero import Engine
+from zerolaunch.zero.optim import shard_optimizer
 from zerolaunch.zero.options import PrecisionOptions
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -46,7 +47,7 @@ def _pinned(name):
 def _cuda_cases(rank, world_size):
     device = torch.device("cuda", rank)
     # offloaded steps in chunks of 7 elements: many async host->device copies per bucket.
-    shard_optim.HOST_CHUNK_NUMEL = 7
+    shard_optimizer.HOST_CHUNK_NUMEL = 7
     out = {}
     for name in NAMES:
         engine = Engine(Net(seed=rank), _pinned(name), device=device)

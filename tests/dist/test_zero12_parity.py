@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from _spawn import run_ranks
 from _zero_models import Net, micro_batch, reference_weights, train_engine
 
-from zerolaunch.zero import Engine, shard_optim
+from zerolaunch.zero import Engine
+from zerolaunch.zero.optim import shard_optimizer
 from zerolaunch.zero.options import (
     EngineOptions,
     OffloadOptions,
@@ -94,7 +95,7 @@ CASES = {
 
 def _train_cases(rank, world_size, names):
     # offloaded steps walk the shards in chunks of this many elements (odd: chunks end mid-parameter).
-    shard_optim.HOST_CHUNK_NUMEL = 7
+    shard_optimizer.HOST_CHUNK_NUMEL = 7
     out = {}
     for name in names:
         model = Net(seed=rank)  # rank 0's weights must win

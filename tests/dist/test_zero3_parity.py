@@ -30,7 +30,8 @@ from _spawn import run_ranks
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from zerolaunch.zero import Engine, shard_optim
+from zerolaunch.zero import Engine
+from zerolaunch.zero.optim import shard_optimizer
 from zerolaunch.zero.options import EngineOptions, OffloadOptions, OptimizerOptions, ZeroOptions
 
 MICRO_BATCH = 3
@@ -185,7 +186,7 @@ CASES = {
 
 def _train_cases(rank, world_size, names):
     # offloaded steps walk the shards in chunks of this many elements (odd: chunks end mid-parameter).
-    shard_optim.HOST_CHUNK_NUMEL = 7
+    shard_optimizer.HOST_CHUNK_NUMEL = 7
     out = {}
     for name in names:
         opts, mode = CASES[name]

@@ -23,7 +23,7 @@ from _spawn import run_ranks
 from test_zero3_parity import STEPS, Net3, _assert_matches, options, reference, train
 
 from zerolaunch.zero import Engine
-from zerolaunch.zero.units import ROOT
+from zerolaunch.zero.stage3.partition import ROOT
 
 MICRO_STEPS = STEPS * 2  # options() accumulates over 2 micro-steps
 MODES = {"twice_ckpt": {"twice": True, "ckpt": True}, "skip": {"skip": True}}

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from _zero_models import Net, micro_batch, train_engine
 
-from zerolaunch.zero import Engine, shard_optim
+from zerolaunch.zero import Engine
+from zerolaunch.zero.optim import shard_optimizer
 from zerolaunch.zero.options import EngineOptions, OffloadOptions, OptimizerOptions, ZeroOptions
 
 
@@ -46,7 +47,7 @@ def _slow_chunks(engine, log: list, seconds: float) -> None:
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_next_forward_starts_before_the_step_ends_and_weights_match(monkeypatch, stage):
-    monkeypatch.setattr(shard_optim, "HOST_CHUNK_NUMEL", 64)
+    monkeypatch.setattr(shard_optimizer, "HOST_CHUNK_NUMEL", 64)
     plain = Engine(Net(0), _options(stage, False))
     overlapped = Engine(Net(0), _options(stage, True))
     log: list = []
@@ -68,7 +69,7 @@ def test_next_forward_starts_before_the_step_ends_and_weights_match(monkeypatch,
 
 
 def test_params_outside_forward_are_stale_until_settle(monkeypatch):
-    monkeypatch.setattr(shard_optim, "HOST_CHUNK_NUMEL", 64)
+    monkeypatch.setattr(shard_optimizer, "HOST_CHUNK_NUMEL", 64)
     engine = Engine(Net(0), _options(2, True))
     _slow_chunks(engine, [], 0.05)  # the head's bucket is stepped last: ~0.5 s after step() returns
     x, y = micro_batch(0, 0, 1)

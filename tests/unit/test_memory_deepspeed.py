@@ -102,7 +102,7 @@ def test_stage1_holds_full_16bit_grads_deepspeed_shards(n_gpus):
     assert theirs == 2 * PSI + int(18 * PSI / n_gpus)
     expected = theirs + 2 * PSI - 2 * PSI // n_gpus
     if n_gpus == 1:
-        # one GPU: no 16-bit grads at all, each grad goes straight to the fp32 shard (zero/flat.py)
+        # one GPU: no 16-bit grads at all, each grad goes straight to the fp32 shard (zero/flat/reducer.py)
         expected = theirs - 2 * PSI
     assert 0 <= ours - expected <= slack
 

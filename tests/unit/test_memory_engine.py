@@ -186,7 +186,7 @@ def test_reuse_replay_keeps_the_units_the_engine_keeps(reuse, max_live):
     stage 3, no prefetch): the units kept per forward, and with every unit kept the peak of gathered
     elements exactly."""
     from zerolaunch.memory.stage3 import gathered_peak_numel, reuse_kept
-    from zerolaunch.zero.units import ROOT
+    from zerolaunch.zero.stage3.partition import ROOT
 
     zero = ZeroOptions(
         stage=3,

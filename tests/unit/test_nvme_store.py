@@ -1,5 +1,6 @@
-"""zero/nvme.py without process groups: the swap store's round trips, bounded memory, errors and cleanup, and
-shard_optim.py's per-chunk step over a swap file against torch's optimizers over the whole flat tensor.
+"""zero/optim/nvme_store.py without process groups: the swap store's round trips, bounded memory, errors and
+cleanup, and shard_optimizer.py's per-chunk step over a swap file against torch's optimizers over the whole
+flat tensor.
 
 Not covered here: the engines (tests/dist/test_zero_nvme.py) and real NVMe throughput.
 """
@@ -13,9 +14,9 @@ import os
 import pytest
 import torch
 
-from zerolaunch.zero import nvme
+from zerolaunch.zero.optim import nvme_store
+from zerolaunch.zero.optim.shard_optimizer import Chunk, ShardOptimizer
 from zerolaunch.zero.options import OffloadOptions, OptimizerOptions
-from zerolaunch.zero.shard_optim import Chunk, ShardOptimizer
 
 
 def _rss_bytes() -> int:
@@ -25,7 +26,7 @@ def _rss_bytes() -> int:
 
 def test_sweep_round_trip_and_random_access(tmp_path):
     numels = [5, 17, 3, 11, 8]
-    store = nvme.SwapStore(str(tmp_path), numels, ("master", "exp_avg"), buffer_count=2)
+    store = nvme_store.SwapStore(str(tmp_path), numels, ("master", "exp_avg"), buffer_count=2)
     for c, views in store.sweep(range(len(numels)), read=False):
         views["master"].copy_(torch.arange(numels[c], dtype=torch.float32) + 100 * c)
         views["exp_avg"].fill_(-c)
@@ -44,7 +45,7 @@ def test_sweep_round_trip_and_random_access(tmp_path):
 def test_resident_memory_stays_bounded_by_the_buffers(tmp_path):
     """64 MiB of state through 2 buffers of 2 MiB: the process RSS must not grow by the state's size."""
     chunk_numel, chunks = 1 << 18, 32  # 1 MiB per kind per chunk
-    store = nvme.SwapStore(str(tmp_path), [chunk_numel] * chunks, ("master", "exp_avg"), buffer_count=2)
+    store = nvme_store.SwapStore(str(tmp_path), [chunk_numel] * chunks, ("master", "exp_avg"), buffer_count=2)
     assert store.file_bytes >= 8 * store.buffer_bytes
     for c, views in store.sweep(range(chunks), read=False):
         views["master"].fill_(c)
@@ -63,14 +64,14 @@ def test_resident_memory_stays_bounded_by_the_buffers(tmp_path):
 
 
 def test_file_removed_on_close_and_on_garbage_collection(tmp_path):
-    store = nvme.SwapStore(str(tmp_path), [4, 4], ("master",), buffer_count=1)
+    store = nvme_store.SwapStore(str(tmp_path), [4, 4], ("master",), buffer_count=1)
     path = store.path
     assert os.path.exists(path)
     store.close()
     assert not os.path.exists(path) and store.closed
-    with pytest.raises(nvme.NvmeError, match="closed"):
+    with pytest.raises(nvme_store.NvmeError, match="closed"):
         store.read("master", 0, 0, 1)
-    other = nvme.SwapStore(str(tmp_path), [4], ("master",), buffer_count=1)
+    other = nvme_store.SwapStore(str(tmp_path), [4], ("master",), buffer_count=1)
     path = other.path
     del other
     gc.collect()
@@ -79,14 +80,14 @@ def test_file_removed_on_close_and_on_garbage_collection(tmp_path):
 
 def test_missing_and_not_a_folder_paths_are_clear_errors(tmp_path):
     missing = tmp_path / "nope"
-    with pytest.raises(nvme.NvmeError, match=rf"{missing} does not exist; create it \(mkdir -p"):
-        nvme.SwapStore(str(missing), [4], ("master",), buffer_count=1)
+    with pytest.raises(nvme_store.NvmeError, match=rf"{missing} does not exist; create it \(mkdir -p"):
+        nvme_store.SwapStore(str(missing), [4], ("master",), buffer_count=1)
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    with pytest.raises(nvme.NvmeError, match="is not a folder"):
-        nvme.SwapStore(str(a_file), [4], ("master",), buffer_count=1)
-    with pytest.raises(nvme.NvmeError, match="buffer_count must be >= 1"):
-        nvme.SwapStore(str(tmp_path), [4], ("master",), buffer_count=0)
+    with pytest.raises(nvme_store.NvmeError, match="is not a folder"):
+        nvme_store.SwapStore(str(a_file), [4], ("master",), buffer_count=1)
+    with pytest.raises(nvme_store.NvmeError, match="buffer_count must be >= 1"):
+        nvme_store.SwapStore(str(tmp_path), [4], ("master",), buffer_count=0)
 
 
 def test_full_disk_names_the_path_and_the_bytes(tmp_path, monkeypatch):
@@ -94,18 +95,18 @@ def test_full_disk_names_the_path_and_the_bytes(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
-    with pytest.raises(nvme.NvmeError, match=rf"nvme_path {tmp_path} is full: 96 bytes needed"):
-        nvme.SwapStore(str(tmp_path), [8, 4], ("master", "exp_avg"), buffer_count=1)
+    with pytest.raises(nvme_store.NvmeError, match=rf"nvme_path {tmp_path} is full: 96 bytes needed"):
+        nvme_store.SwapStore(str(tmp_path), [8, 4], ("master", "exp_avg"), buffer_count=1)
     assert os.listdir(tmp_path) == []  # the half-made file is gone
     monkeypatch.undo()
 
-    store = nvme.SwapStore(str(tmp_path), [8], ("master",), buffer_count=1)
+    store = nvme_store.SwapStore(str(tmp_path), [8], ("master",), buffer_count=1)
 
     def write_fails(fd, data, offset):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "pwrite", write_fails)
-    with pytest.raises(nvme.NvmeError, match="is full: 32 bytes needed"):
+    with pytest.raises(nvme_store.NvmeError, match="is full: 32 bytes needed"):
         store.write("master", 0, 0, torch.ones(8))
 
 

@@ -1,11 +1,12 @@
-"""Stage 3 unit detection and parameter ownership (zero/units.py), and one-unit-at-a-time materialization
-(zero/meta_init.py), on one process without torch.distributed.
+"""Stage 3 unit detection and parameter ownership (zero/stage3/partition.py), and one-unit-at-a-time
+materialization (zero/stage3/materialize.py), on one process without torch.distributed.
 
 Tests: the GPT's blocks are found automatically (the largest ModuleList of one class), class-name and
 dotted-path overrides, a clear error for an override that matches nothing, tied weights go to the root unit,
-frozen and small params stay resident; a meta-built GPT trains through the stage-3 Engine and is initialized like
-the GPT's own init (same distribution), with peak init memory bounded by the largest unit (measured with the
-torch profiler's allocation events). Leaves out: several ranks (tests/dist/test_zero3_*.py).
+frozen and small params stay resident; a meta-built GPT trains through the stage-3 Engine and is initialized
+like the GPT's own init (same distribution), with peak init memory bounded by the largest unit (measured with
+the torch profiler's allocation events); the schedule's phases (SchedulePhase) and the units' states
+(UnitState) through one micro-step. Leaves out: several ranks (tests/dist/test_zero3_*.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import nn
 from zerolaunch.models.gpt import build
 from zerolaunch.zero import Engine
 from zerolaunch.zero.options import EngineOptions, OptimizerOptions, ZeroOptions
-from zerolaunch.zero.units import ROOT, partition
+from zerolaunch.zero.stage3.partition import ROOT, partition
 
 
 def _gpt(**kw):
@@ -130,3 +131,37 @@ def test_meta_tensor_without_init_is_a_clear_error():
         model = NoInit()
     with pytest.raises(ValueError, match=r"buffer 'table' .*meta device and nothing initializes it"):
         Engine(model, EngineOptions(zero=ZeroOptions(stage=3)))
+
+
+def test_stage3_phases_and_unit_states_through_one_micro_step():
+    """SchedulePhase and UnitState name what the hooks did: IDLE -> FORWARD (each block gathered in its
+    pre-hook, sharded again after) -> IDLE with only the root gathered -> BACKWARD -> IDLE, all sharded."""
+    from zerolaunch.zero.stage3.schedule import SchedulePhase
+    from zerolaunch.zero.stage3.unit_buffers import UnitState
+
+    engine = Engine(_gpt(), EngineOptions(zero=ZeroOptions(stage=3, stage3_param_persistence_threshold=0)))
+    schedule, flats = engine.sharding.schedule, engine.sharding.schedule.flats
+    seen = []
+
+    def pre_hook(module, args):
+        seen.append((schedule.phase, flats[1].state))
+
+    handle = engine.module.transformer.h[0].register_forward_pre_hook(pre_hook)
+    assert schedule.phase is SchedulePhase.IDLE and flats[1].state is UnitState.SHARDED
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    out = engine(ids, labels=ids)
+    # registered after the schedule's own pre-hook: the unit is gathered by the time this one runs.
+    assert seen == [(SchedulePhase.FORWARD, UnitState.GATHERED)]
+    assert schedule.phase is SchedulePhase.IDLE
+    assert [f.state for f in flats if f is not None and not f.resident] == [
+        UnitState.GATHERED,
+        UnitState.SHARDED,
+        UnitState.SHARDED,
+    ]
+    out.loss.register_hook(lambda grad: seen.append(schedule.phase))
+    engine.backward(out.loss)
+    assert seen[-1] is SchedulePhase.BACKWARD
+    assert schedule.phase is SchedulePhase.IDLE
+    assert all(f.state is UnitState.SHARDED for f in flats if f is not None and not f.resident)
+    engine.step()
+    handle.remove()

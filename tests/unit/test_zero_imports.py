@@ -1,4 +1,5 @@
-"""zero/ imports only torch, the standard library and itself (checked with ast); and the shared helpers.
+"""zero/ imports only torch, the standard library and itself (checked with ast, sub-folders included); only
+comm.CommContext makes CUDA streams, each by its job; and the shared helpers.
 
 Also the small pure pieces other engine modules build on: param collection with tied weights, the decay
 grouping, the optimizer builder's parity with plain torch.optim, and option validation messages.
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 import zerolaunch.zero as zero_pkg
-from zerolaunch.zero.optim import build_optimizer
+from zerolaunch.zero.optim.torch_optim import build_optimizer
 from zerolaunch.zero.options import EngineOptions, OffloadOptions, OptimizerOptions, ZeroOptions
 from zerolaunch.zero.param_groups import collect_aliases, collect_params, split_decay_groups
 
@@ -21,25 +22,68 @@ ZERO_DIR = pathlib.Path(zero_pkg.__file__).parent
 ALLOWED_TOP = {"torch", "__future__"} | set(sys.stdlib_module_names)
 
 
+def _zero_files() -> list[pathlib.Path]:
+    return sorted(ZERO_DIR.rglob("*.py"))
+
+
 def test_zero_imports_nothing_of_ours_outside_zero():
     bad = []
-    for path in sorted(ZERO_DIR.glob("*.py")):
+    for path in _zero_files():
+        rel = path.relative_to(ZERO_DIR)
+        # a module in zero/ reaches zero/ itself with level 1; one in zero/<folder>/ with level 2, and so on.
+        top_level = len(rel.parts)
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                if node.level > 1:
-                    bad.append(f"{path.name}: relative import above zero/ (level {node.level})")
+                if node.level > top_level:
+                    bad.append(f"{rel}: relative import above zero/ (level {node.level})")
                     continue
-                names = [] if node.level == 1 else [node.module or ""]
+                names = [] if node.level >= 1 else [node.module or ""]
             else:
                 continue
             for name in names:
                 top = name.split(".")[0]
                 if name.startswith("zerolaunch.zero") or top in ALLOWED_TOP:
                     continue
-                bad.append(f"{path.name}: import {name}")
+                bad.append(f"{rel}: import {name}")
     assert not bad, bad
+
+
+def test_zero_import_check_walks_the_sub_folders():
+    folders = {
+        p.relative_to(ZERO_DIR).parts[0] for p in _zero_files() if len(p.relative_to(ZERO_DIR).parts) > 1
+    }
+    assert {"flat", "stage3", "optim"} <= folders, folders
+
+
+def test_only_the_comm_context_makes_cuda_streams():
+    """The engine's side streams are comm.CommContext's (one owner, each stream's job documented there)."""
+    makers = [str(p.relative_to(ZERO_DIR)) for p in _zero_files() if "cuda.Stream(" in p.read_text()]
+    assert makers == ["comm.py"], makers
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_comm_context_streams_by_job(monkeypatch, overlap):
+    """Off CUDA every stream is None; on CUDA (a stand-in class here) reduce and gather exist with overlap
+    only, the copy stream whenever asked for; each is made once, at its first use, and they are distinct."""
+    from zerolaunch.zero.comm import CommContext
+
+    cpu = CommContext(torch.device("cpu"), None, overlap=overlap)
+    assert (cpu.reduce_stream, cpu.gather_stream, cpu.copy_stream) == (None, None, None)
+    made = []
+
+    class FakeStream:
+        def __init__(self, device):
+            made.append(device)
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    ctx = CommContext(torch.device("cuda", 0), None, overlap=overlap)
+    assert not made  # nothing until a user asks
+    streams = [ctx.reduce_stream, ctx.gather_stream, ctx.copy_stream]
+    assert [ctx.reduce_stream, ctx.gather_stream, ctx.copy_stream] == streams  # the same objects again
+    assert [s is not None for s in streams] == [overlap, overlap, True]
+    assert len(made) == len({id(s) for s in streams if s is not None}) == (3 if overlap else 1)
 
 
 class _Tied(nn.Module):

@@ -1,15 +1,16 @@
 """World size 1: the stage 0-2 engine holds no gradient buffer beyond one fp32 grad per trainable element.
 
-Tests ([Note: world size 1] in zero/flat.py): (1) memory: after a real backward + step, the engine's own
-accounting (`memory_bytes()`) is params + fp32 master + fp32 grad shard + optimizer state, and, independently,
-the bytes of every live tensor storage found by the garbage collector are that less the grad shard, which is
-released between steps and back after the next backward ([Note: released grad shards] in zero/grad_memory.py;
-before, stages 0/1 also held a compute-dtype full gradient buffer and stage 2 its staging buckets);
-(2) values: the direct path gives the same weights, bit for bit (atol=0), as the reducing path it replaces
-(forced here by patching `FlatSharding._accumulates_directly`), for stages 0-2, fp32 and bf16, one and three
-micro-steps, a param without a gradient in a micro-step, clipping and fp16 loss scaling;
-(3) where it is not exact (stage 1, bf16, accumulation), the reducing path is kept; (4) the layout estimate-memory
-plans (memory/engine_layout.py, from names and shapes) equals the engine's, with and without decay_1d.
+Tests ([Note: world size 1] in zero/flat/reducer.py): (1) memory: after a real backward + step, the engine's
+own accounting (`memory_bytes()`) is params + fp32 master + fp32 grad shard + optimizer state, and,
+independently, the bytes of every live tensor storage found by the garbage collector are that less the grad
+shard, which is released between steps and back after the next backward ([Note: released grad shards] in
+zero/flat/grad_memory.py; before, stages 0/1 also held a compute-dtype full gradient buffer and stage 2 its
+staging buckets); (2) values: the direct path gives the same weights, bit for bit (atol=0), as the reducing
+path it replaces (forced here by patching `FlatSharding._accumulates_directly`), for stages 0-2, fp32 and
+bf16, one and three micro-steps, a param without a gradient in a micro-step, clipping and fp16 loss scaling;
+(3) where it is not exact (stage 1, bf16, accumulation), the reducing path is kept; (4) the layout
+estimate-memory plans (memory/engine_layout.py, from names and shapes) equals the engine's, with and without
+decay_1d.
 Leaves out: more than one rank (tests/dist parity tests) and CUDA peaks (bench/run.py on the GPU).
 """
 
@@ -30,7 +31,7 @@ from _zero_models import Net, micro_batch  # noqa: E402
 
 from zerolaunch.memory import engine_layout  # noqa: E402
 from zerolaunch.zero import Engine  # noqa: E402
-from zerolaunch.zero.flat_sharding import FlatSharding  # noqa: E402
+from zerolaunch.zero.flat.flat_sharding import FlatSharding  # noqa: E402
 from zerolaunch.zero.layout import ParamSpec  # noqa: E402
 from zerolaunch.zero.options import (  # noqa: E402
     EngineOptions,

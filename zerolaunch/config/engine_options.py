@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from zerolaunch.zero.options import COMM_DTYPES
+
 from .auto import hidden_size
 from .deepspeed import optimizer_name, scheduler_name
 from .errors import RecipeError
@@ -22,8 +24,6 @@ if TYPE_CHECKING:
     from zerolaunch.zero.options import EngineOptions, OffloadOptions, ZeroOptions
 
 Z: Path = DS + ("zero_optimization",)
-# communication_data_type lists fp16 before bf16, as DeepSpeed documents it.
-COMM_DTYPES = ("fp32", "fp16", "bf16")
 
 
 def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:

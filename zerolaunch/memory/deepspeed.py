@@ -14,7 +14,7 @@ Where they differ from the engine's own bytes (the same test file holds these):
   fp32 states (16Psi/N): higher than DeepSpeed's figure by 2Psi(1 - 1/N), up to padding.
 - stage 2: our engine frees each grad into a staging bucket, so it holds a few buckets instead of a 16-bit
   grad shard: lower than DeepSpeed's figure by 2Psi/N - buckets, up to padding. (At world size 1 without
-  offload stages 0-2 hold no full grads and no buckets: grads go straight to the fp32 shard, zero/flat.py.)
+  offload stages 0-2 hold no full grads and no buckets: grads go straight to the fp32 shard, zero/flat/reducer.py.)
 - stage 3: DeepSpeed adds 4 x largest layer (a gathered 16-bit param + its grad); we add the gathered units
   (the largest unit + what is prefetched), the resident small params and the staging bucket of one unit.
 """

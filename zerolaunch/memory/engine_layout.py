@@ -21,12 +21,12 @@ stage2_staging_buffers = plan.stage2_staging_buffers
 
 
 def stage012_layout(specs, stage: int, world_size: int, bucket_numel: int, decay_1d: bool = False):
-    """The stage 0-2 engine's layout (flat_sharding.py calls plan.flat_layout with its groups)."""
+    """The stage 0-2 engine's layout (zero/flat/flat_sharding.py calls plan.flat_layout with its groups)."""
     return plan.flat_layout(plan.default_specs(specs, decay_1d), stage, world_size, bucket_numel)
 
 
 def unit_layout(specs, world_size: int, decay_1d: bool = False):
-    """A stage-3 unit's layout (stage3_flat.UnitFlat calls plan.unit_layout with its groups)."""
+    """A stage-3 unit's layout (zero/stage3/unit_buffers.UnitFlat calls plan.unit_layout with its groups)."""
     return plan.unit_layout(plan.default_specs(specs, decay_1d), world_size)
 
 

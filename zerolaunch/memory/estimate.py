@@ -12,8 +12,8 @@ steps) + the largest of the transients that never overlap: the loss (all activat
 units), the rest of backward (activations without the loss tensors + gathered units + stage 3's staging
 buffers) and the optimizer step (the fp32 reduce copies of stages 0/1 and the compute-dtype
 publish copies all-gathered back into the params). Stages 0-2 without offload free their fp32 grad shard
-between steps ([Note: released grad shards] in zero/grad_memory.py): it is counted with the rest of backward
-(written from the backward hooks: stage 2 and world size 1) and with the step, not under the loss.
+between steps ([Note: released grad shards] in zero/flat/grad_memory.py): it is counted with the rest of
+backward (written from the backward hooks: stage 2 and world size 1) and with the step, not under the loss.
 """
 
 from __future__ import annotations
@@ -204,10 +204,10 @@ def _zero_states() -> dict[str, int]:
 
 def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     """(gpu, host, step transient, released grads, released grads written in backward) bytes of the stage 0-2
-    engine (engine.py, flat.py). The stage-2 staging buffers are allocated once and kept, so they are
-    resident ("buckets"). gpu["grads"] counts the fp32 grad shard, which the engine holds only from the
-    first gradient write of a window to the step when it is on the device ([Note: released grad shards]
-    in zero/grad_memory.py): those bytes are returned as "released", for the peak to place them."""
+    engine (zero/engine.py, zero/flat/reducer.py). The stage-2 staging buffers are allocated once and kept, so
+    they are resident ("buckets"). gpu["grads"] counts the fp32 grad shard, which the engine holds only from
+    the first gradient write of a window to the step when it is on the device ([Note: released grad shards]
+    in zero/flat/grad_memory.py): those bytes are returned as "released", for the peak to place them."""
     b, c, world = setup.dtype_bytes, setup.comm_bytes, setup.world_size
     lay = el.stage012_layout(
         shape.specs, stage, world, bucket_numel(setup.reduce_bucket_size, offload != "none")
@@ -220,11 +220,11 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     states = gpu if offload == "none" else host
     states["master"] = 4 * shard
     states["grads"] = 4 * shard
-    # the step count shared by every element is a Python int (shard_optim.py), not a tensor.
+    # the step count shared by every element is a Python int (zero/optim/shard_optimizer.py), not a tensor.
     states["optimizer"] = 4 * shard * setup.optimizer_state_tensors
-    # zero/flat.py [Note: world size 1]: one rank, no offload and a comm dtype that rounds nothing: grads go
-    # straight into the fp32 shard (no full grads, staging or reduce copies; stages 0/1 as the engine does
-    # for one micro-step per window, which is what this estimate assumes).
+    # zero/flat/reducer.py [Note: world size 1]: one rank, no offload and a comm dtype that rounds nothing:
+    # grads go straight into the fp32 shard (no full grads, staging or reduce copies; stages 0/1 as the engine
+    # does for one micro-step per window, which is what this estimate assumes).
     direct = el.accumulates_directly(stage, world, offload, setup.dtype, setup.communication_dtype)
     if direct:
         reduce_transient = 0
@@ -239,15 +239,15 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
         gpu["buckets"] = count * el.max_padded_bucket(lay) * c
         reduce_transient = 0
     if offload == "optimizer-nvme":
-        # shard_optim.py + nvme.py: master + moments in the swap file (Row.nvme_bytes); the host keeps the fp32
-        # grad shard and buffer_count staging buffers of one bucket's shard x (master + moments), which the
-        # engine reports as "optimizer".
+        # zero/optim/shard_optimizer.py + nvme_store.py: master + moments in the swap file (Row.nvme_bytes);
+        # the host keeps the fp32 grad shard and buffer_count staging buffers of one bucket's shard x (master
+        # + moments), which the engine reports as "optimizer".
         host["master"] = 0
         host["optimizer"] = el.nvme_staging_bytes(
             setup, max((bk.shard_numel for bk in lay.buckets), default=0)
         )
-    # the flat step (flat_sharding.py) keeps every bucket's compute-dtype copy of its master slice until all
-    # gathers land; stage 0 and world size 1 write the params in place.
+    # the flat step (zero/flat/flat_sharding.py) keeps every bucket's compute-dtype copy of its master slice
+    # until all gathers land; stage 0 and world size 1 write the params in place.
     publish_transient = 0 if stage == 0 or world == 1 else b * shard
     released = 4 * shard if offload == "none" else 0
     # written from the backward hooks (direct, stage 2) or only by the step's reduction (stages 0/1)

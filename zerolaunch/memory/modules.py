@@ -23,8 +23,8 @@ def largest_layer_numel(model) -> int:
 
 
 def detect_units(model, override: tuple[str, ...] = ()) -> tuple[Unit, ...]:
-    """Stage-3 units exactly as the engine forms them (zero/units.py): the root unit first."""
-    from zerolaunch.zero.units import partition
+    """Stage-3 units exactly as the engine forms them (zero/stage3/partition.py): the root unit first."""
+    from zerolaunch.zero.stage3.partition import partition
 
     try:
         part = partition(model, tuple(override), persistence_threshold=0)

@@ -1,9 +1,9 @@
 """Stage 3 per-rank bytes: unit shards, gathered units, resident small params, staging buckets.
 
-Owns the replay of zero/units.py (persistent = trainable params under the threshold, kept whole on every
-rank), zero/stage3_flat.py (per unit one bucket per param group, padded to a multiple of world_size; this
-rank keeps 1/world of it) and zero/stage3_hooks.py's gather schedule (root unit gathered throughout, the
-unit running now, plus the next units that fit in stage3_prefetch_bucket_size, within
+Owns the replay of zero/stage3/partition.py (persistent = trainable params under the threshold, kept whole on
+every rank), zero/stage3/unit_buffers.py (per unit one bucket per param group, padded to a multiple of
+world_size; this rank keeps 1/world of it) and zero/stage3/schedule.py's gather schedule (root unit gathered
+throughout, the unit running now, plus the next units that fit in stage3_prefetch_bucket_size, within
 stage3_max_live_parameters, plus the units stage3_max_reuse_distance keeps from forward to backward).
 Torch-free.
 """
@@ -45,7 +45,7 @@ def _padded(specs, world_size: int) -> int:
 
 def reuse_kept(blocks: list[int], root: int, max_reuse_numel: int, max_live_numel: int) -> list[bool]:
     """Which units (padded elements, root excluded, in forward order) stay gathered from their forward to
-    their backward under stage3_max_reuse_distance: zero/stage3_hooks.py `_reused_soon` replayed over the
+    their backward under stage3_max_reuse_distance: zero/stage3/schedule.py `_reused_soon` replayed over the
     trace it predicts (the forward in module order, then the backward in reverse). A unit is kept when its
     next use -- the rest of the forward, then the backward back to it -- comes before max_reuse_numel
     elements of other units are gathered (DeepSpeed's rule), and the root, the units kept so far, the unit
@@ -100,8 +100,8 @@ def gathered_peak_numel(
 def stage3_states(shape, setup, offload: str):
     """(gpu, host, step transient, gathered bytes, staging bytes, nvme bytes) of the stage 3 engine.
 
-    gpu/host are what `Engine.memory_bytes()` at stage 3 reports between steps (shards, the resident unit, fp32
-    states; no unit gathered, no staging buffer). The gathered units and the staging buffers of the units
+    gpu/host are what `Engine.memory_bytes()` at stage 3 reports between steps (shards, the resident unit,
+    fp32 states; no unit gathered, no staging buffer). The gathered units and the staging buffers of the units
     being reduced exist only inside forward/backward: estimate.py adds them to the activations, the
     staging ones only after the loss (a unit's staging buffer is taken at its first grad). nvme bytes are
     this rank's swap files.
@@ -114,8 +114,9 @@ def stage3_states(shape, setup, offload: str):
     nvme = 0
     unit_shards, resident_shard = b * (sum(units) // world), b * (resident // world)
     if offload == "optimizer+params-nvme":
-        # stage3.py: the units' shards live in the param swap file (no streaming buffers: a unit's shard is
-        # read into a host copy when it is gathered); the persistent params' shard stays on the host.
+        # zero/stage3/unit_sharding.py: the units' shards live in the param swap file (no streaming buffers: a
+        # unit's shard is read into a host copy when it is gathered); the persistent params' shard stays on
+        # the host.
         nvme += unit_shards
         host["params"] = resident_shard
     elif offload == "optimizer+params-cpu":
@@ -130,17 +131,17 @@ def stage3_states(shape, setup, offload: str):
         setup.stage3_max_live_parameters,
         setup.stage3_max_reuse_distance,
     )
-    # stage3_hooks: a unit's staging buffer lives from its first grad until its reduce-scatter completes. The
-    # root's fills over the whole backward (ln_f first, the embeddings last), the resident unit's too; the
-    # blocks' take turns, up to max_reduces_in_flight (2) with overlap and one more filling.
+    # zero/stage3/schedule.py: a unit's staging buffer lives from its first grad until its reduce-scatter
+    # completes. The root's fills over the whole backward (ln_f first, the embeddings last), the resident
+    # unit's too; the blocks' take turns, up to max_reduces_in_flight (2) with overlap and one more filling.
     in_flight = 3 if setup.overlap(3) else 1
     blocks = [u for u in units[1:] if u]
     staging = c * (units[0] + resident + in_flight * max(blocks, default=0))
     live = (b * gathered, staging)
     opt = 4 * shard * setup.optimizer_state_tensors
     if offload in ("optimizer-nvme", "optimizer+params-nvme"):
-        # master + moments in the swap file (one chunk per unit bucket); the host keeps the fp32 grad shard and
-        # buffer_count staging buffers of the largest chunk, reported as "optimizer" (nvme_staging_bytes).
+        # master + moments in the swap file (one chunk per unit bucket); the host keeps the fp32 grad shard
+        # and buffer_count staging buffers of the largest chunk, reported as "optimizer" (nvme_staging_bytes).
         host["grads"] = 4 * shard
         threshold = setup.stage3_param_persistence_threshold
         host["optimizer"] = el.nvme_staging_bytes(setup, largest_bucket_shard(shape, world, threshold))

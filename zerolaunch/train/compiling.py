@@ -1,7 +1,7 @@
 """`train.compile`: torch.compile of each repeated block of the model, in place, for every ZeRO stage.
 
 Owns which modules are compiled and how. The blocks are those stage 3 gathers as units
-(`zero.units.find_unit_modules`: the children of the model's largest ModuleList of one class, or
+(`zero.stage3.partition.find_unit_modules`: the children of the model's largest ModuleList of one class, or
 `zero.stage3_units`), at every stage, so the same code is compiled whatever the engine does around it.
 Only each block's `forward` is replaced by its compiled version (not `module.compile()`, which compiles
 `_call_impl` with the module's hooks inside): the stage-3 gather/free hooks, the engine's gradient hooks
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from zerolaunch.train.batches import TrainError
-from zerolaunch.zero.units import find_unit_modules
+from zerolaunch.zero.stage3.partition import find_unit_modules
 
 
 def compile_blocks(model: nn.Module, *, backend: str, unit_classes: tuple[str, ...] = ()) -> int:

@@ -52,6 +52,58 @@ class CommStats:
         self.ops.clear()
 
 
+class CommContext:
+    """The device, the process group and the CUDA side streams of one engine.
+
+    The `Engine` builds it once and its sharding strategy hands it to whatever issues collectives or
+    copies off the compute stream (flat/flat_sharding.py, flat/reducer.py, stage3/schedule.py), so no
+    module makes streams of its own. A side stream exists only on CUDA and only where its job is on (the
+    reduce and gather streams with `zero.overlap`, the copy stream with `offload_optimizer.overlap_step`);
+    elsewhere it is None and that work runs on the compute (current) stream. Each is created when first
+    asked for, so an engine holds just the streams its strategy uses (none at stages 0/1, nor at world
+    size 1 where no reducer runs). The waits between the streams are their users' and stay documented
+    where the work is issued; the context only owns the streams.
+    """
+
+    def __init__(self, device: torch.device, group, *, overlap: bool):
+        self.device = torch.device(device)
+        self.group = group
+        """The process group every collective of the engine runs on (None: the default group)."""
+        self.overlap = overlap
+        """zero.overlap: collectives on side streams (CUDA) and several reduce-scatters in flight."""
+        self._streams: dict[str, torch.cuda.Stream] = {}
+
+    def _side_stream(self, job: str, wanted: bool) -> torch.cuda.Stream | None:
+        if not wanted or self.device.type != "cuda":
+            return None
+        if job not in self._streams:
+            self._streams[job] = torch.cuda.Stream(self.device)
+        return self._streams[job]
+
+    @property
+    def reduce_stream(self) -> torch.cuda.Stream | None:
+        """The gradient reduce-scatters issued during backward: stage 2's buckets (flat/reducer.py
+        BackwardReducer) or stage 3's units (stage3/schedule.py). Before each it waits for the compute
+        stream (the grads were copied into the staging buffer there); the compute stream waits for it before
+        a staging buffer is reused or its result read, and at the end of backward. With zero.overlap."""
+        return self._side_stream("reduce", self.overlap)
+
+    @property
+    def gather_stream(self) -> torch.cuda.Stream | None:
+        """Stage 3's unit all-gathers, the unit needed now and the prefetched ones (stage3/unit_buffers.py
+        UnitFlat.gather). Before each it waits for the compute stream; the compute stream waits for it
+        (UnitFlat.wait_gathered) before it reads or frees the unit's full buffer. With zero.overlap."""
+        return self._side_stream("gather", self.overlap)
+
+    @property
+    def copy_stream(self) -> torch.cuda.Stream | None:
+        """The overlapped step's host->device copies of the stepped master chunks (offload_optimizer
+        overlap_step, optim/overlapped_step.py): it first waits for the compute stream as it was when the
+        step began; the compute stream waits for a bucket's copy event before that bucket is published. One
+        for all steps, so the allocator's per-stream pools stay put. On CUDA whenever asked for."""
+        return self._side_stream("copy", True)
+
+
 class Pending:
     """An issued asynchronous collective; `wait()` blocks until its output may be read, and counts the wait."""
 

@@ -4,8 +4,8 @@ This module owns what does not depend on how state is sharded: construction orde
 placement and dtypes resolved, then the strategy built), forward/backward with loss scaling and
 accumulation, the step at the accumulation boundary (grad norm, clipping, the skip on inf/nan, the loss
 scaler, the lr schedule), and the engine side of the checkpoint contract (engine_state.py). Where params,
-grads and the fp32 master live is the sharding strategy's (sharding.py): `flat_sharding.FlatSharding` for
-stages 0-2, `stage3.UnitSharding` for stage 3, picked by `sharding_for`.
+grads and the fp32 master live is the sharding strategy's (sharding.py): `flat.flat_sharding.FlatSharding` for
+stages 0-2, `stage3.unit_sharding.UnitSharding` for stage 3, picked by `sharding_for`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import comm, offload
+from . import comm
 from .engine_state import EngineStateMixin
 from .layout import Fragment
 from .loss_scale import LossScaler
-from .optim import check_and_scale, note_nonfinite_loss, sum_of_squares
+from .optim import host
+from .optim.torch_optim import check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
 from .protocol import DTYPES, StepInfo, validate_options
 from .sched import LRSchedule
@@ -27,10 +28,10 @@ from .sharding import Sharding
 def sharding_for(stage: int) -> type[Sharding]:
     """The strategy class of a ZeRO stage (imported here, not at the top: each pulls in its own modules)."""
     if stage == 3:
-        from .stage3 import UnitSharding
+        from .stage3.unit_sharding import UnitSharding
 
         return UnitSharding
-    from .flat_sharding import FlatSharding
+    from .flat.flat_sharding import FlatSharding
 
     return FlatSharding
 
@@ -57,10 +58,12 @@ class Engine(EngineStateMixin):
         self.rank = comm.rank(group)
         self.world_size = comm.world_size(group)
         self.comm_stats = comm.CommStats()
+        self.comm_context = comm.CommContext(self.device, group, overlap=options.zero.overlap)
+        """The device, group and CUDA side streams every part of the strategy issues its work with."""
         self.dtype = DTYPES[options.precision.dtype]
         # grads are reduced in fp32 unless asked otherwise: exact sums, FSDP2's choice.
         self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
-        self.master_device = offload.master_device(options.zero.offload_optimizer, self.device)
+        self.master_device = host.master_device(options.zero.offload_optimizer, self.device)
 
         self.sharding: Sharding = sharding_for(self.stage)(
             self, model, init_fn=init_fn, param_groups=param_groups

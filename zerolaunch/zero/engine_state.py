@@ -2,8 +2,8 @@
 
 Owns: the param specs, frozen params + buffers (identical on every rank), the JSON-able meta (steps, schedule,
 loss scale, the optimizer's step count), and the master + optimizer state of the fragments a rank owns, read
-from the engine's `shards` (shard_optim.ShardOptimizer) wherever they live. Which fragments a rank owns, and
-the params they fill, are the sharding strategy's (`owned_fragments()`, `load_fragment_state()`).
+from the engine's `shards` (optim.shard_optimizer.ShardOptimizer) wherever they live. Which fragments a rank
+owns, and the params they fill, are the sharding strategy's (`owned_fragments()`, `load_fragment_state()`).
 """
 
 from __future__ import annotations

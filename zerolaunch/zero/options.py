@@ -15,6 +15,9 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 DTYPE_NAMES: tuple[str, ...] = get_args(Dtype)
 """The dtype names a recipe, a command line or the engine accepts, defined once (protocol.DTYPES maps them
 to torch; zerolaunch/dtypes.py re-exports them for code outside zero/)."""
+COMM_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
+"""The names `precision.communication_dtype` (DeepSpeed's communication_data_type) accepts: DTYPE_NAMES,
+listed fp16 before bf16 as DeepSpeed documents that key (config/ offers them in this order)."""
 
 OFFLOADED_BUCKET_NUMEL = 50_000_000
 """Largest gradient bucket while the optimizer is offloaded: each bucket is copied to the host as soon as it
@@ -41,8 +44,8 @@ class OffloadOptions:
     """Pinned staging buffers used to stream nvme swap files (bounds host memory)."""
     overlap_step: bool = False
     """offload_optimizer, stages 1/2: the CPU step runs in the background while the next forward starts
-    ([Note: overlapped step] in zero/step_overlap.py); params read outside a module's forward may be stale
-    until `engine.settle()`."""
+    ([Note: overlapped step] in zero/optim/overlapped_step.py); params read outside a module's forward may be
+    stale until `engine.settle()`."""
 
 
 @dataclass(frozen=True)

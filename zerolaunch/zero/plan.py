@@ -1,8 +1,8 @@
 """The engine's construction decisions, without tensors: param groups, bucket order, layouts, buffer policy.
 
-The engine (param_groups.py, flat_sharding.py, flat.py, stage3_flat.py) and `estimate-memory`
-(memory/engine_layout.py) both call these functions, so the estimate follows the engine by construction
-instead of restating its choices. Torch-free, like layout.py whose arithmetic it drives, so that
+The engine (param_groups.py, flat/flat_sharding.py, flat/reducer.py, stage3/unit_buffers.py) and
+`estimate-memory` (memory/engine_layout.py) both call these functions, so the estimate follows the engine by
+construction instead of restating its choices. Torch-free, like layout.py whose arithmetic it drives, so that
 `estimate-memory --params` answers without importing torch.
 """
 
@@ -66,10 +66,10 @@ def unit_layout(specs: Sequence[ParamSpec], world_size: int) -> Layout:
 def accumulates_directly(
     stage: int, world_size: int, offload: bool, dtype: str, comm_dtype: str, gradient_accumulation_steps: int
 ) -> bool:
-    """World size 1 without offload: grads go straight into the fp32 shards (flat.py [Note: world size 1]),
-    wherever that gives the reducing path's values bit for bit: the comm dtype is fp32 or the compute dtype
-    (no rounding skipped), and stages 0/1 (which accumulate micro-steps in the compute dtype) train in fp32
-    or take one micro-step per window. Dtypes by name (protocol.DTYPES)."""
+    """World size 1 without offload: grads go straight into the fp32 shards (flat/reducer.py [Note: world size
+    1]), wherever that gives the reducing path's values bit for bit: the comm dtype is fp32 or the compute
+    dtype (no rounding skipped), and stages 0/1 (which accumulate micro-steps in the compute dtype) train in
+    fp32 or take one micro-step per window. Dtypes by name (protocol.DTYPES)."""
     if world_size != 1 or offload:
         return False
     if comm_dtype not in ("fp32", dtype):
@@ -85,13 +85,13 @@ def staging_limit(overlap: bool, max_in_flight: int = STAGING_MAX_IN_FLIGHT) -> 
 def stage2_staging_buffers(
     lay: Layout, registration_names, overlap: bool, max_in_flight: int = STAGING_MAX_IN_FLIGHT
 ) -> int:
-    """How many staging buffers flat.BackwardReducer holds after one backward.
+    """How many staging buffers reducer.BackwardReducer holds after one backward.
 
-    Replays its policy (see [Note: stage-2 buffers] in flat.py) with grads arriving in reverse registration
-    order (the engine's bucket order; a tied weight arrives last): a bucket takes a buffer at its first grad,
-    buckets are issued in index order once complete, and a buffer returns when its reduce-scatter completes.
-    Buffers are never freed, so the count reached is what memory_bytes() reports. The two groups' grads
-    interleave (a Linear's weight and bias), so a no-decay bucket typically holds a buffer for the whole
+    Replays its policy (see [Note: stage-2 buffers] in flat/reducer.py) with grads arriving in reverse
+    registration order (the engine's bucket order; a tied weight arrives last): a bucket takes a buffer at its
+    first grad, buckets are issued in index order once complete, and a buffer returns when its reduce-scatter
+    completes. Buffers are never freed, so the count reached is what memory_bytes() reports. The two groups'
+    grads interleave (a Linear's weight and bias), so a no-decay bucket typically holds a buffer for the whole
     backward while the decay buckets cycle through the others.
     """
     limit = staging_limit(overlap, max_in_flight)

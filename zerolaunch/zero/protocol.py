@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .optim import STATE_KINDS
+from .optim.torch_optim import STATE_KINDS
 from .options import DTYPE_NAMES, EngineOptions
 
 # strict: a name added to options.Dtype without its torch dtype fails at import, not at first use.

@@ -4,17 +4,33 @@ The engine owns the step protocol (loss scaling, accumulation, the boundary's gr
 the lr schedule, the checkpoint meta). A strategy owns where params, grads and the fp32 master live and how
 they move between ranks:
 
-- `flat_sharding.FlatSharding`: stages 0-2, params in flat buffers cut into gradient buckets (flat.py).
-- `stage3.UnitSharding`: stage 3, params sharded per unit and gathered just in time (stage3_hooks.py).
+- `flat.flat_sharding.FlatSharding`: stages 0-2, params in flat buffers cut into gradient buckets
+  (flat/reducer.py).
+- `stage3.unit_sharding.UnitSharding`: stage 3, params sharded per unit and gathered just in time
+  (stage3/schedule.py).
 
 A strategy sets at construction: `module`, `_named` (name -> trainable or frozen param, tied counted once),
-`_aliases`, `_frozen`, `_buffers`, `shards` (shard_optim.ShardOptimizer), `grad_shards` (fp32, one per param
-group), `num_groups`; and supplies the methods of `Sharding` below that it overrides.
+`_aliases`, `_frozen`, `_buffers`, `shards` (optim.shard_optimizer.ShardOptimizer), `grad_shards` (fp32, one
+per param group), `num_groups`; and supplies the methods of `Sharding` below that it overrides.
 """
 
 from __future__ import annotations
 
+import enum
+
 import torch
+
+
+class GradWindow(enum.Enum):
+    """Where one slice of the fp32 grad shards (a stage-2 bucket's, a stage-3 unit's, a world-size-1 param's)
+    stands in the accumulation window. Each reducer keeps one per slice; `reset_accumulation()` after a step
+    sets every slice back to FRESH, which is why the shards need no zeroing pass."""
+
+    FRESH = enum.auto()
+    """No grad of this window has reached the slice yet: it still holds the previous window's values (or
+    zeros), and the next reduced grad overwrites it (a copy, the exact upcast)."""
+    ACCUMULATING = enum.auto()
+    """The slice holds this window's sum so far: the next reduced grad is added to it."""
 
 
 class Sharding:
@@ -28,6 +44,7 @@ class Sharding:
         self.rank = engine.rank
         self.world_size = engine.world_size
         self.comm_stats = engine.comm_stats
+        self.comm_context = engine.comm_context
         self.dtype = engine.dtype
         self.comm_dtype = engine.comm_dtype
         self.master_device = engine.master_device
@@ -64,7 +81,8 @@ class Sharding:
 
     def release_grads(self) -> None:
         """After the step read the grad shards (or a skipped step discarded them): free what the next window
-        re-allocates at its first write ([Note: released grad shards] in grad_memory.py). Default: keep."""
+        re-allocates at its first write ([Note: released grad shards] in flat/grad_memory.py). Default:
+        keep."""
 
     def settle(self) -> None:
         """Finish a step still running in the background (only an overlapped step has one)."""

@@ -1,20 +1,20 @@
-"""The checkpoint fragments of the stage 3 sharding (stage3.UnitSharding), as a mixin.
+"""The checkpoint fragments of the stage 3 sharding (unit_sharding.UnitSharding), as a mixin.
 
 This module owns what a checkpoint reads from and writes into the units: the fragments this rank owns
 (every unit's buckets, with offsets into the per-group fp32 master, [Note: layout]), their master +
 optimizer state, and the streamed full params (one unit gathered at a time:
 `stage3_gather_16bit_weights_on_model_save`). Everything but `full_params` is collective-free. The
-tensors themselves are built by stage3.py; this module only reads and fills them. The engine meta and the
-replicated tensors are engine_state.py's, shared by both strategies.
+tensors themselves are built by unit_sharding.py; this module only reads and fills them. The engine meta and
+the replicated tensors are ../engine_state.py's, shared by both strategies.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import comm
-from .layout import Fragment
-from .stage3_flat import UnitFlat
+from .. import comm
+from ..layout import Fragment
+from .unit_buffers import UnitFlat
 
 
 class UnitStateMixin:

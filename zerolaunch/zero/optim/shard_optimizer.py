@@ -1,16 +1,16 @@
 """A rank's fp32 master shards and optimizer state, and the optimizer step over them, chunk by chunk.
 
 This module owns, per param group, the rank's flat fp32 master, the optimizer's per-element state
-(`optim.state_kinds`) and the step count every element shares, wherever they live (`ShardOptimizer`):
+(`torch_optim.state_kinds`) and the step count every element shares, wherever they live (`ShardOptimizer`):
 - resident: flat tensors on the accelerator (no offload) or in host memory (offload_optimizer cpu, the
   master pinned when asked, since it is the source of the host->device copies);
-- in a swap file (offload_optimizer nvme): nvme.SwapStore, streamed through its host buffers.
+- in a swap file (offload_optimizer nvme): nvme_store.SwapStore, streamed through its host buffers.
 The step runs a torch optimizer (fused where the device has one) over one `Chunk` at a time and calls
 `on_stepped(chunk_index, master_view)` after each, so an engine can start sending that chunk back to the
 device while the next one steps ([Note: offload pipeline]). Clipping and loss-scale unscaling arrive as
 one gradient multiplier, folded into the fused kernel (its `grad_scale` input, as torch's GradScaler
 uses it), so the step reads each gradient once and no separate pass scales them.
-It does not own the grad shards, the global norm or any collective (optim.py and the engines do).
+It does not own the grad shards, the global norm or any collective (torch_optim.py and the engines do).
 
 [Note: offload pipeline]
 With offload_optimizer cpu, an engine cuts each bucket's shard into chunks of at most HOST_CHUNK_NUMEL
@@ -18,7 +18,7 @@ elements. Once chunk k has stepped, its fp32 master is copied host->device witho
 memory, cast to the compute dtype on the device), so the copy runs on the copy engine while the CPU steps
 chunk k+1; a bucket's all-gather is issued as soon as its last chunk was sent. Only the last chunk's copy
 and the last bucket's all-gather remain exposed. The pinned master is written again only by the next
-step, which starts after the engine synchronized with the device (offload.sync), so no copy is still
+step, which starts after the engine synchronized with the device (host.sync), so no copy is still
 reading it then.
 """
 
@@ -29,10 +29,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import offload
-from .nvme import NvmeError, SwapStore
-from .optim import build_optimizer, state_kinds
-from .options import OffloadOptions, OptimizerOptions
+from ..options import OffloadOptions, OptimizerOptions
+from . import host
+from .nvme_store import NvmeError, SwapStore
+from .torch_optim import build_optimizer, state_kinds
 
 HOST_CHUNK_NUMEL = 1 << 24
 """Elements per chunk of a host (cpu offload) step: 64 MiB of fp32 master, a few ms of copy at PCIe rates,
@@ -118,14 +118,14 @@ class ShardOptimizer:
             )
         else:
             pin = offload_options.pin_memory and offload_options.device == "cpu"
-            self.master = [offload.zeros(n, self.device, pin=pin) for n in group_numels]
+            self.master = [host.zeros(n, self.device, pin=pin) for n in group_numels]
             self.state = [
                 {k: torch.zeros(n, dtype=torch.float32, device=self.device) for k in self.kinds}
                 for n in group_numels
             ]
-        # one torch optimizer per param group (its weight decay, lr, betas, eps), whose single param is swapped
-        # for each chunk's master view; the placeholder only satisfies the constructor and is never stepped.
-        # A bare float is a group's weight decay with the optimizer's other options.
+        # one torch optimizer per param group (its weight decay, lr, betas, eps), whose single param is
+        # swapped for each chunk's master view; the placeholder only satisfies the constructor and is never
+        # stepped. A bare float is a group's weight decay with the optimizer's other options.
         groups = [g if isinstance(g, dict) else {"weight_decay": g} for g in groups]
         self._placeholders = [torch.zeros(1, device=self.device) for _ in groups]
         self._optimizers = [

@@ -1,7 +1,7 @@
 """Where the fp32 master, its gradients and the optimizer state live when the optimizer is offloaded.
 
 This module owns the host side of optimizer offload (offload_optimizer.device "cpu", and the host grad
-shards of "nvme", whose swap files are nvme.py's):
+shards of "nvme", whose swap files are nvme_store.py's):
 allocating host buffers (pinned when asked and when there is an accelerator to pin for), and the ordering
 rule that the host may only read device->host copies once the device stream that issued them is done.
 On a CPU-only machine the "host" is the compute device and the copies are plain same-device copies: the
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from .options import OffloadOptions
+from ..options import OffloadOptions
 
 
 def master_device(offload: OffloadOptions, device: torch.device) -> torch.device:
     """Device of the fp32 master, fp32 grad shards and optimizer state."""
     if offload.device in ("cpu", "nvme"):
-        # nvme: the grad shards stay on the host; master + state stream through host buffers (nvme.py).
+        # nvme: the grad shards stay on the host; master + state stream through host buffers (nvme_store.py).
         return torch.device("cpu")
     return device
 

@@ -11,8 +11,8 @@ This module owns two pure decisions over the module tree (it allocates nothing a
   the whole forward and backward, so every user of the tie sees it. Frozen parameters and parameters with
   fewer than `persistence_threshold` elements are not sharded: they stay resident on every rank.
 
-The gather/free machinery (stage3_flat.py), materialization (meta_init.py) and the engine (stage3.py) read
-the `Partition` built here.
+The gather/free machinery (unit_buffers.py), materialization (materialize.py) and the engine
+(unit_sharding.py) read the `Partition` built here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .param_groups import collect_params
+from ..param_groups import collect_params
 
 ROOT = 0
 

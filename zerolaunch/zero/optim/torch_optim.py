@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import comm
-from .options import OptimizerOptions
+from .. import comm
+from ..options import OptimizerOptions
 
 # kinds of per-element optimizer state, by optimizer name, as named in fragment_state keys.
 STATE_KINDS = {
@@ -132,9 +132,9 @@ def check_and_scale(
     all_reduce(local sums); sharded=False: every rank holds the full gradient (stage 0). Every dtype: a
     non-finite sum means an inf/nan somewhere (or a grad past 1.8e19, whose square overflows fp32), the same
     on every rank after the all-reduce, so every rank skips together: DeepSpeed's bf16 rule (an all-reduced
-    inf/nan flag, then an invalid global norm) and its fp16 one; grad_norm is then that non-finite value. The norm is
-    reported before clipping, as DeepSpeed does; clipping is torch's rule, min(1, clip / (norm + 1e-6)).
-    Nothing is written to the grads: the multiplier is applied by the step (shard_optim.py).
+    inf/nan flag, then an invalid global norm) and its fp16 one; grad_norm is then that non-finite value. The
+    norm is reported before clipping, as DeepSpeed does; clipping is torch's rule, min(1, clip / (norm +
+    1e-6)). Nothing is written to the grads: the multiplier is applied by the step (shard_optimizer.py).
     `comm_device`: where the group can reduce (the accelerator when the grads were offloaded under nccl).
     `loss_nonfinite` (note_nonfinite_loss over the window): a bad loss on this rank makes its sum inf, so
     the all-reduce carries it to every rank (sharded only: stage 0 puts it in the grads before their

@@ -23,15 +23,30 @@ makes the compute stream wait for it. Inputs stay alive by reference until then 
 
 from __future__ import annotations
 
+import enum
 from contextlib import nullcontext
 
 import torch
 
-from . import comm, offload
-from .layout import Fragment, ParamSpec
-from .nvme import SwapStore
-from .optim import sum_of_squares
-from .plan import unit_layout
+from .. import comm
+from ..layout import Fragment, ParamSpec
+from ..optim import host
+from ..optim.nvme_store import SwapStore
+from ..optim.torch_optim import sum_of_squares
+from ..plan import unit_layout
+
+
+class UnitState(enum.Enum):
+    """Whether a unit's full buffer exists (`UnitFlat.state`; a resident unit stays GATHERED)."""
+
+    SHARDED = enum.auto()
+    """The full buffer's storage is 0 bytes: this rank holds only its shard, and every param's `.data` is a
+    zero-stride placeholder of its shape. `gather()` starts the way out. (A resident unit passes through it
+    only inside `regather_resident`, its storage kept, so that gather() refills it in place.)"""
+    GATHERED = enum.auto()
+    """The full buffer is allocated and every param's `.data` is its view into it. From `gather()` on; an
+    all-gather may still be writing into it until `wait_gathered()`, after which the compute stream may
+    read it. `free()` (or a resident unit's regather) goes back to SHARDED."""
 
 
 class UnitFlat:
@@ -73,15 +88,15 @@ class UnitFlat:
         self.slots = {s.name: s for s in self.layout.params}
         self.full = torch.empty(self.padded_numel, dtype=dtype, device=device)
         self.full_nbytes = self.full.untyped_storage().nbytes()
-        self.gathered = True
+        self.state = UnitState.GATHERED
         if not resident:  # allocated only while the unit runs; views into it stay valid while freed
             self.full.untyped_storage().resize_(0)
-            self.gathered = False
+            self.state = UnitState.SHARDED
         self._pin = pin
         self.shard: torch.Tensor | None = None
         """The resident shard (None while it lives in a swap file: read_shard / write_shard)."""
         if shard_device is not None:
-            self.shard = offload.zeros(self.shard_numel, shard_device, pin=pin, dtype=dtype)
+            self.shard = host.zeros(self.shard_numel, shard_device, pin=pin, dtype=dtype)
         self._swap: tuple[SwapStore, int] | None = None
         self._zero = torch.zeros((), dtype=dtype, device=device)
         self._params: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
@@ -125,7 +140,7 @@ class UnitFlat:
         if self._swap is None:
             return self.shard
         store, chunk = self._swap
-        out = offload.empty(self.shard_numel, torch.device("cpu"), pin=self._pin, dtype=self.dtype)
+        out = host.empty(self.shard_numel, torch.device("cpu"), pin=self._pin, dtype=self.dtype)
         store.read_into("param", chunk, 0, out)
         return out
 
@@ -177,6 +192,11 @@ class UnitFlat:
 
     # ---- gather / free -----------------------------------------------------------------------------------
     @property
+    def gathered(self) -> bool:
+        """state is GATHERED (the full buffer is allocated; maybe still being written: wait_gathered)."""
+        return self.state is UnitState.GATHERED
+
+    @property
     def full_bytes_alive(self) -> int:
         return self.full.untyped_storage().nbytes()
 
@@ -187,7 +207,7 @@ class UnitFlat:
         self.wait_gathered()
         self.full.untyped_storage().resize_(0)
         self._point_params_at_placeholders()
-        self.gathered = False
+        self.state = UnitState.SHARDED
 
     def adopt_params(self, params: dict[str, torch.nn.Parameter]) -> None:
         """Make every parameter of the unit a view into the full buffer (which must be allocated now)."""
@@ -197,7 +217,7 @@ class UnitFlat:
         if not self.resident:
             self.full.untyped_storage().resize_(0)
             self._point_params_at_placeholders()
-            self.gathered = False
+            self.state = UnitState.SHARDED
 
     def _point_params_at_placeholders(self) -> None:
         # a freed param must never read the released memory (a print or a user's .sum() would crash the
@@ -213,7 +233,7 @@ class UnitFlat:
         self.full.untyped_storage().resize_(self.full_nbytes)
         for p, view in self._params:
             p.data = view
-        self.gathered = True
+        self.state = UnitState.GATHERED
         self._stream = stream
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -225,9 +245,9 @@ class UnitFlat:
     def _issue_gather(self, group, stats) -> None:
         # offloaded shards are copied to the device first, ahead of use (non-blocking from pinned memory;
         # a swapped shard is read from its file first).
-        host = self.read_shard()
-        src = host if host.device == self.device else host.to(self.device, non_blocking=True)
-        self._keep = [host, src]
+        stored = self.read_shard()
+        src = stored if stored.device == self.device else stored.to(self.device, non_blocking=True)
+        self._keep = [stored, src]
         for i in range(len(self.buckets)):
             pending = comm.all_gather(
                 self.bucket_full(self.full, i), self.bucket_shard(src, i), group, stats=stats, async_op=True
@@ -293,7 +313,7 @@ class UnitFlat:
         if grad_sq is not None:
             grad_sq.add_(sum_of_squares([out]))
         for i in range(len(self.buckets)):
-            offload.to_host(
+            host.to_host(
                 self.grad_views[i], self.bucket_shard(out, i), accumulate=accumulate, staging=host_staging
             )
 
@@ -305,6 +325,6 @@ class UnitFlat:
     def regather_resident(self, group, *, stats: comm.CommStats) -> None:
         """A resident unit's full buffer <- its updated shards (after every bucket's shard was written)."""
         if self.resident:
-            self.gathered = False  # the storage stays allocated; gather() refills it in place
+            self.state = UnitState.SHARDED  # the storage stays allocated; gather() refills it in place
             self.gather(group, stream=None, stats=stats)
             self.wait_gathered()

@@ -1,16 +1,16 @@
 """ZeRO stages 0, 1 and 2: the flat-bucket sharding strategy of the `Engine` (sharding.py has the contract).
 
-The buffers and gradient buckets are flat.py's; see [Note: layout].
+The buffers and gradient buckets are reducer.py's; see [Note: layout].
 
 - Stage 0: every rank holds and steps everything; grads all-reduced per bucket (a plain DDP baseline).
 - Stage 1: full grads (param.grad are views into a flat grad buffer) accumulate over micro-steps with no
   communication; at the boundary each bucket is reduce-scattered, each rank steps the slices it owns.
-- Stage 2: reduce-scatter per bucket during backward (flat.BackwardReducer); only the fp32 shard is kept.
+- Stage 2: reduce-scatter per bucket during backward (reducer.BackwardReducer); only the fp32 shard is kept.
 - Stages 1/2: updated params return with one all-gather per gradient bucket (allgather_bucket_size is not
   used separately: the reduce buckets already bound the message size).
-- The fp32 master + optimizer state are shard_optim.py's (on the device, the host or in an nvme swap file);
-  the step walks its chunks and all-gathers each bucket as soon as its last chunk has stepped and been sent
-  to the device, so with offload the copies overlap the CPU step ([Note: offload pipeline]).
+- The fp32 master + optimizer state are ../optim/shard_optimizer.py's (on the device, the host or in an nvme
+  swap file); the step walks its chunks and all-gathers each bucket as soon as its last chunk has stepped and
+  been sent to the device, so with offload the copies overlap the CPU step ([Note: offload pipeline]).
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ from functools import partial
 import torch
 from torch import nn
 
-from . import comm, flat, offload, plan, shard_optim
+from .. import comm, plan
+from ..layout import Fragment, ParamSpec
+from ..optim import host, shard_optimizer
+from ..optim.overlapped_step import OverlappedStep
+from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
+from ..param_groups import collect_aliases, collect_params, optimizer_groups
+from ..sharding import Sharding, nbytes
+from . import reducer
 from .grad_memory import GradShardMemory
-from .layout import Fragment, ParamSpec
-from .param_groups import collect_aliases, collect_params, optimizer_groups
-from .shard_optim import Chunk, ShardOptimizer, split_chunks
-from .sharding import Sharding, nbytes
-from .step_overlap import OverlappedStep
 
 
 class FlatSharding(Sharding):
@@ -36,7 +38,6 @@ class FlatSharding(Sharding):
         groups of options.optimizer (decay_1d). init_fn is stage 3's (stages 0-2 take built weights)."""
         super().__init__(engine)
         options = self.options
-        group = self.group
         pin = options.zero.offload_optimizer.pin_memory
 
         self.module = (
@@ -60,11 +61,13 @@ class FlatSharding(Sharding):
         self._layout_rank = 0 if self.stage == 0 else self.rank
         self.num_groups = len(self._groups)
 
-        self.flat_params = flat.FlatParams(self.layout, self._named, self.num_groups, self.dtype, self.device)
+        self.flat_params = reducer.FlatParams(
+            self.layout, self._named, self.num_groups, self.dtype, self.device
+        )
         self._broadcast_initial_state()
 
         shard_numels = [self.layout.shard_numel(g) for g in range(self.num_groups)]
-        self.grad_shards = [offload.zeros(n, self.master_device, pin=pin) for n in shard_numels]
+        self.grad_shards = [host.zeros(n, self.master_device, pin=pin) for n in shard_numels]
         # on the compute device they are freed after each step ([Note: released grad shards])
         self.grad_memory = GradShardMemory(
             self.grad_shards, releasable=options.zero.offload_optimizer.device == "none"
@@ -85,7 +88,7 @@ class FlatSharding(Sharding):
                     Chunk(b.group, self.layout.bucket_shard_offset(b), b.shard_numel, owner=b.index)
                     for b in self.layout.buckets
                 ],
-                shard_optim.HOST_CHUNK_NUMEL if offload_device == "cpu" else None,
+                shard_optimizer.HOST_CHUNK_NUMEL if offload_device == "cpu" else None,
             ),
             device=self.master_device,
             rank=self.rank,
@@ -95,9 +98,9 @@ class FlatSharding(Sharding):
         self.shards.initialize(lambda c, master: master.copy_(self._chunk_of_params(buffers, c)))
 
         self.full_grads: list[torch.Tensor] = []
-        self.reducer: flat.BackwardReducer | flat.DirectAccumulator | None = None
+        self.reducer: reducer.BackwardReducer | reducer.DirectAccumulator | None = None
         if self._accumulates_directly(options):
-            self.reducer = flat.DirectAccumulator(self.layout, self.grad_shards, self.grad_memory)
+            self.reducer = reducer.DirectAccumulator(self.layout, self.grad_shards, self.grad_memory)
             self._hook_handles = [
                 self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
                 for slot in self.layout.params
@@ -108,13 +111,11 @@ class FlatSharding(Sharding):
             for slot in self.layout.params:
                 self._named[slot.name].grad = self.flat_params.param_view(self.full_grads, slot)
         else:
-            self.reducer = flat.BackwardReducer(
+            self.reducer = reducer.BackwardReducer(
                 self.layout,
                 self.grad_shards,
-                group,
+                self.comm_context,
                 comm_dtype=self.comm_dtype,
-                device=self.device,
-                overlap=options.zero.overlap,
                 stats=self.comm_stats,
                 track_grad_sq=self._device_grad_sq,
                 memory=self.grad_memory,
@@ -135,7 +136,7 @@ class FlatSharding(Sharding):
             # the training thread keeps one core while the step runs: it launches the forward's kernels and
             # spins in device syncs, and an OpenMP team with a preempted thread waits for it at every chunk.
             self._step_threads = max(1, torch.get_num_threads() - 1)
-            self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+            self._copy_stream = self.comm_context.copy_stream
             self._register_publish_hooks()
 
     # ---- init -----------------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ class FlatSharding(Sharding):
     def _chunk_of_params(self, flats: list[torch.Tensor], c: int) -> torch.Tensor:
         """Chunk c of this rank's shard, inside full-size flat buffers (params or full grads)."""
         chunk = self.shards.chunks[c]
-        owned = flat.owned_view(flats, self.layout.buckets[chunk.owner], self._layout_rank)
+        owned = reducer.owned_view(flats, self.layout.buckets[chunk.owner], self._layout_rank)
         return owned[chunk.owner_offset : chunk.owner_offset + chunk.numel]
 
     def close(self) -> None:
@@ -240,7 +241,7 @@ class FlatSharding(Sharding):
                 first = self.full_grads[0][:1]
                 first.add_(torch.where(loss_nonfinite, float("inf"), 0.0).to(first.dtype))
             self.grad_memory.ensure()  # every shard element is written by the reduction below
-            device_sq = flat.reduce_full_grads(
+            device_sq = reducer.reduce_full_grads(
                 self.layout,
                 self.full_grads,
                 self.grad_shards,
@@ -254,7 +255,7 @@ class FlatSharding(Sharding):
             )
             for g in self.full_grads:
                 g.zero_()
-        offload.sync(self.device)
+        host.sync(self.device)
         self.grad_memory.ensure_zeroed()  # a window in which nothing wrote a gradient
         # stage 0 put a bad loss into its grads above, unless they went straight to the shards
         return device_sq, loss_nonfinite if self.stage > 0 or not self.full_grads else None
@@ -300,13 +301,14 @@ class FlatSharding(Sharding):
     def _all_gather_bucket(self, index: int, src: torch.Tensor):
         """Start the all-gather of bucket `index` from this rank's updated slice; the work keeps `src` alive
         until wait() (gloo and nccl hold their input tensors)."""
-        out = flat.bucket_view(self.flat_params.buffers, self.layout.buckets[index])
+        out = reducer.bucket_view(self.flat_params.buffers, self.layout.buckets[index])
         return comm.all_gather(out, src, self.group, stats=self.comm_stats, async_op=True)
 
     @torch.no_grad()
     def _step_in_place(self, grad_multiplier: torch.Tensor | None, lr: float) -> None:
         """Step the shards chunk by chunk; send each stepped chunk to the device at once and all-gather a
-        bucket as soon as its last chunk was sent ([Note: offload pipeline] in shard_optim.py)."""
+        bucket as soon as its last chunk was sent ([Note: offload pipeline] in
+        ../optim/shard_optimizer.py)."""
         direct = self._params_written_directly()
         outgoing: dict[int, torch.Tensor] = {}
         issued = []

@@ -25,10 +25,12 @@ from collections import deque
 
 import torch
 
-from . import comm, offload, plan
+from .. import comm, plan
+from ..layout import BucketPlan, Layout, ParamSlot
+from ..optim import host
+from ..optim.torch_optim import sum_of_squares
+from ..sharding import GradWindow
 from .grad_memory import GradShardMemory
-from .layout import BucketPlan, Layout, ParamSlot
-from .optim import sum_of_squares
 
 
 def bucket_view(flats: list[torch.Tensor], bucket: BucketPlan) -> torch.Tensor:
@@ -113,7 +115,7 @@ def reduce_full_grads(
             out.div_(world)
         if grad_sq is not None:
             grad_sq.add_(sum_of_squares([out]))
-        offload.to_host(shard_view(layout, shards, bucket), out, accumulate=False)
+        host.to_host(shard_view(layout, shards, bucket), out, accumulate=False)
 
     for bucket in layout.buckets:
         src = bucket_view(full_grads, bucket)
@@ -141,20 +143,18 @@ class BackwardReducer:
     gives it back once its reduce-scatter has completed and the result was added into the fp32 shard. With
     overlap, at most `max_in_flight` staging buffers are kept: taking one beyond that first completes the
     oldest issued bucket. Without overlap each reduce-scatter is awaited right after it is issued.
-    On CUDA with overlap the collectives run on `stream` (a side stream), which first waits for the compute
-    stream (the staging copies); the compute stream waits for it before reusing a buffer and at the end of
-    backward. Tensors stay alive by reference in `_inflight`, so no record_stream is needed.
+    On CUDA with overlap the collectives run on `stream` (the context's reduce stream), which first waits for
+    the compute stream (the staging copies); the compute stream waits for it before reusing a buffer and at
+    the end of backward. Tensors stay alive by reference in `_inflight`, so no record_stream is needed.
     """
 
     def __init__(
         self,
         layout: Layout,
         shards: list[torch.Tensor],
-        group,
+        context: comm.CommContext,
         *,
         comm_dtype: torch.dtype,
-        device: torch.device,
-        overlap: bool,
         stats: comm.CommStats,
         max_in_flight: int = plan.STAGING_MAX_IN_FLIGHT,
         track_grad_sq: bool = False,
@@ -164,14 +164,14 @@ class BackwardReducer:
         self.shards = shards
         self.memory = memory
         """Re-allocates released shards before a write ([Note: released grad shards])."""
-        self.group = group
+        self.group = context.group
         self.comm_dtype = comm_dtype
-        self.device = device
-        self.overlap = overlap
+        self.device = context.device
+        self.overlap = context.overlap
         self.stats = stats
         # the policy estimate-memory replays (plan.stage2_staging_buffers)
-        self.max_in_flight = plan.staging_limit(overlap, max_in_flight)
-        self.stream = torch.cuda.Stream(device) if overlap and device.type == "cuda" else None
+        self.max_in_flight = plan.staging_limit(self.overlap, max_in_flight)
+        self.stream = context.reduce_stream
         self._buffer_numel = max((b.padded_numel for b in layout.buckets), default=0)
         self._free: list[torch.Tensor] = []
         self._allocated = 0
@@ -180,7 +180,7 @@ class BackwardReducer:
         self._slot_count = [len(layout.slots_in(b)) for b in layout.buckets]
         self._next_issue = 0
         self._inflight: deque = deque()
-        self._fresh = [True] * len(layout.buckets)
+        self._window = [GradWindow.FRESH] * len(layout.buckets)
         self._host_staging: torch.Tensor | None = None
         self._track_grad_sq = track_grad_sq
         self._grad_sq: torch.Tensor | None = None
@@ -267,16 +267,16 @@ class BackwardReducer:
     def _accumulate(self, bucket: BucketPlan, out: torch.Tensor) -> None:
         """The bucket's fp32 shard <- (first micro-step of the window) or += the reduced slice."""
         dst = shard_view(self.layout, self.shards, bucket)
-        fresh = self._fresh[bucket.index]
+        fresh = self._window[bucket.index] is GradWindow.FRESH
         if self._track_grad_sq:
             # only meaningful when a window is one micro-step (the engine asks for it only then).
             sq = sum_of_squares([out])
             self._grad_sq = sq if self._grad_sq is None else self._grad_sq + sq
         if not fresh and dst.device != out.device and self._host_staging is None:
             numel = max(b.shard_numel for b in self.layout.buckets)
-            self._host_staging = offload.zeros(numel, dst.device, pin=True)
-        offload.to_host(dst, out, accumulate=not fresh, staging=self._host_staging)
-        self._fresh[bucket.index] = False
+            self._host_staging = host.zeros(numel, dst.device, pin=True)
+        host.to_host(dst, out, accumulate=not fresh, staging=self._host_staging)
+        self._window[bucket.index] = GradWindow.ACCUMULATING
 
     def take_grad_sq(self) -> torch.Tensor | None:
         """The sum of squares of the reduced grads since the last call (track_grad_sq), on the device."""
@@ -287,7 +287,7 @@ class BackwardReducer:
 
     def reset_accumulation(self) -> None:
         """After a step: the next micro-step's reduced grads overwrite the shards (no zeroing pass needed)."""
-        self._fresh = [True] * len(self.layout.buckets)
+        self._window = [GradWindow.FRESH] * len(self.layout.buckets)
 
     def finish_backward(self) -> None:
         """Issue every bucket not yet issued (grads missing this micro-step count as zero), await all."""
@@ -328,7 +328,7 @@ class DirectAccumulator:
         """Re-allocates released shards before a write ([Note: released grad shards])."""
         self._views = [self._shard_slice(slot) for slot in layout.params]
         self._index = {slot.name: i for i, slot in enumerate(layout.params)}
-        self._fresh = [True] * len(layout.params)
+        self._window = [GradWindow.FRESH] * len(layout.params)
         self._seen_this_backward = False
         self.issued_count = 0
         """Always 0: nothing is reduced (kept for BackwardReducer's interface)."""
@@ -351,9 +351,9 @@ class DirectAccumulator:
             if self.memory is not None:
                 self.memory.ensure()
             with torch.no_grad():
-                if self._fresh[index]:
+                if self._window[index] is GradWindow.FRESH:
                     dst.copy_(param.grad.reshape(-1))
-                    self._fresh[index] = False
+                    self._window[index] = GradWindow.ACCUMULATING
                 else:
                     dst.add_(param.grad.reshape(-1))
             param.grad = None  # released: the shard holds it now
@@ -366,17 +366,17 @@ class DirectAccumulator:
         if self.memory is not None:
             self.memory.ensure()
         with torch.no_grad():
-            for index, fresh in enumerate(self._fresh):
-                if fresh:
+            for index, window in enumerate(self._window):
+                if window is GradWindow.FRESH:
                     self._views[index].zero_()
-                    self._fresh[index] = False
+                    self._window[index] = GradWindow.ACCUMULATING
         self._seen_this_backward = False
 
     def take_grad_sq(self) -> None:
         return None
 
     def reset_accumulation(self) -> None:
-        self._fresh = [True] * len(self.layout.params)
+        self._window = [GradWindow.FRESH] * len(self.layout.params)
 
     @property
     def busy(self) -> bool:

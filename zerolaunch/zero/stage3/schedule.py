@@ -18,7 +18,7 @@
   `stage3_max_live_parameters`. 0 (the default) frees every unit after its forward.
   The root stays gathered after a forward with grad enabled: backward needs it first.
 - Activation checkpointing (use_reentrant=False) re-runs a unit's forward inside backward: the hooks see
-  `in_backward` and only make sure the unit is gathered.
+  the BACKWARD phase and only make sure the unit is gathered.
 - Backward: each param's post-accumulate-grad hook moves its grad into the unit's staging buffer. Autograd
   accumulates a leaf once per backward, also for a unit called twice, so when every trainable param of a
   unit has reported, nothing in this backward reads the unit's params any more: it is freed, and its
@@ -32,15 +32,35 @@ All gathers depend only on the call sequence, which is the same on every rank fo
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from functools import partial
 
 import torch
 from torch.utils._pytree import tree_leaves
 
-from . import comm, offload
-from .stage3_flat import UnitFlat
-from .units import ROOT
+from .. import comm
+from ..optim import host
+from ..sharding import GradWindow
+from .partition import ROOT
+from .unit_buffers import UnitFlat
+
+
+class SchedulePhase(enum.Enum):
+    """Which part of a micro-step the schedule's hooks are in (`Stage3Schedule.phase`)."""
+
+    IDLE = enum.auto()
+    """Before the first forward, between a forward and its backward, after a backward (also an aborted one):
+    a forward or a backward comes next. Gathered besides the resident unit: after a forward with grad, the
+    root unit (backward needs it first) and the units held for their backward; otherwise none."""
+    FORWARD = enum.auto()
+    """Inside the engine's forward: a unit's pre-hook records the call, gathers it and prefetches the
+    predicted next units; its post-hook frees it (unless its backward will need it soon) and hooks its
+    outputs for backward."""
+    BACKWARD = enum.auto()
+    """From begin_backward until finish_backward: units are gathered again for their backward, a forward
+    hook only makes sure its unit is gathered (activation-checkpoint recompute), and grads are moved into
+    staging buffers and reduce-scattered in the fixed order."""
 
 
 class Stage3Schedule:
@@ -49,13 +69,11 @@ class Stage3Schedule:
         flats: list[UnitFlat | None],
         modules: list,
         params: list[list[tuple[str, torch.nn.Parameter]]],
-        group,
+        context: comm.CommContext,
         *,
-        device: torch.device,
         comm_dtype: torch.dtype,
         prefetch_numel: int,
         max_live_numel: int,
-        overlap: bool,
         max_reuse_numel: int = 0,
         stats: comm.CommStats,
         max_reduces_in_flight: int = 2,
@@ -64,30 +82,29 @@ class Stage3Schedule:
         """flats[k] / params[k]: unit k's buffers and sharded params (None / [] when it has none); the last
         entry is the resident unit of persistent params (modules[-1] is None)."""
         self.flats = flats
-        self.group = group
-        self.device = device
+        self.group = context.group
+        self.device = context.device
         self.comm_dtype = comm_dtype
         self.prefetch_numel = max(0, prefetch_numel)
         self.max_live_numel = max_live_numel
         if max_reuse_numel < 0:
             raise ValueError(f"zero.stage3_max_reuse_distance must be >= 0, got {max_reuse_numel}")
         self.max_reuse_numel = max_reuse_numel
-        self.overlap = overlap
+        self.overlap = context.overlap
         self.stats = stats
-        self.max_in_flight = max(1, max_reduces_in_flight) if overlap else 1
-        cuda_overlap = overlap and device.type == "cuda"
-        self.gather_stream = torch.cuda.Stream(device) if cuda_overlap else None
-        self.reduce_stream = torch.cuda.Stream(device) if cuda_overlap else None
+        self.max_in_flight = max(1, max_reduces_in_flight) if self.overlap else 1
+        self.gather_stream = context.gather_stream
+        self.reduce_stream = context.reduce_stream
         n = len(flats)
         self.n_trainable = [len(p) for p in params]
         self.reduce_order = [k for k in range(n - 2, -1, -1) if flats[k] is not None]
         if flats[-1] is not None:
             self.reduce_order.append(n - 1)
-        self.in_backward = False
-        self._fresh = [True] * n
-        """Per unit: its next reduce-scatter is the window's first, so it overwrites the grad shard."""
+        self.phase = SchedulePhase.IDLE
+        self._window = [GradWindow.FRESH] * n
+        """Per unit: whether its next reduce-scatter is the window's first (it overwrites the grad shard)."""
         self._host_staging: torch.Tensor | None = None
-        self._grad_sq = torch.zeros((), dtype=torch.float32, device=device) if track_grad_sq else None
+        self._grad_sq = torch.zeros((), dtype=torch.float32, device=self.device) if track_grad_sq else None
         self.predicted: list[int] = [k for k in range(n - 1) if flats[k] is not None]
         self.calls: list[int] = []
         self._bwd_seq: list[int] = []
@@ -160,15 +177,17 @@ class Stage3Schedule:
 
     # ---- forward -------------------------------------------------------------------------------------------
     def begin_forward(self) -> None:
-        if not self.in_backward:
+        if self.phase is not SchedulePhase.BACKWARD:
+            self.phase = SchedulePhase.FORWARD
             self.calls = [ROOT]
             self.ensure(ROOT)
             self._prefetch(self.predicted[1:])
 
     def end_forward(self) -> None:
         """After the model's forward: keep what backward needs first, free mispredicted prefetches."""
-        if self.in_backward:
+        if self.phase is SchedulePhase.BACKWARD:
             return
+        self.phase = SchedulePhase.IDLE
         keep = {ROOT} | self._held if torch.is_grad_enabled() else set()
         for k, flat in enumerate(self.flats):
             if flat is not None and k not in keep:
@@ -176,7 +195,7 @@ class Stage3Schedule:
         self.predicted = list(self.calls)
 
     def _pre_forward(self, k: int, module, args) -> None:
-        if self.in_backward:  # activation-checkpoint recompute: pre_backward gathered the unit already
+        if self.phase is SchedulePhase.BACKWARD:  # activation-checkpoint recompute: pre_backward gathered it
             self.ensure(k)
             return
         self.calls.append(k)
@@ -184,7 +203,7 @@ class Stage3Schedule:
         self._prefetch(self.predicted[len(self.calls) :])
 
     def _post_forward(self, k: int, module, args, output):
-        if self.in_backward:
+        if self.phase is SchedulePhase.BACKWARD:
             return output
         if torch.is_grad_enabled() and self.n_trainable[k] > 0:
             tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -227,7 +246,7 @@ class Stage3Schedule:
 
     # ---- backward ------------------------------------------------------------------------------------------
     def begin_backward(self) -> None:
-        self.in_backward = True
+        self.phase = SchedulePhase.BACKWARD
         self._bwd_seq = list(reversed(self.calls))
         self._bwd_pos = 0
         self.ensure(ROOT)
@@ -271,10 +290,10 @@ class Stage3Schedule:
     def _complete_oldest(self) -> None:
         flat, work = self.inflight.popleft()
         k = flat.index
-        accumulate = not self._fresh[k]
+        accumulate = self._window[k] is GradWindow.ACCUMULATING
         if accumulate and self._host_staging is None and flat.grad_views[0].device != self.device:
             numel = max(f.shard_numel for f in self.flats if f is not None)
-            self._host_staging = offload.zeros(numel, flat.grad_views[0].device, pin=True)
+            self._host_staging = host.zeros(numel, flat.grad_views[0].device, pin=True)
         flat.complete_reduce(
             work,
             self.reduce_stream,
@@ -282,7 +301,7 @@ class Stage3Schedule:
             host_staging=self._host_staging,
             grad_sq=self._grad_sq,
         )
-        self._fresh[k] = False
+        self._window[k] = GradWindow.ACCUMULATING
 
     def finish_backward(self) -> None:
         """Issue what is left in the fixed order (zeros where no grad came), await all, free every unit."""
@@ -295,11 +314,11 @@ class Stage3Schedule:
                 flat.free()
         self._held.clear()
         self._reset_backward_state()
-        self.in_backward = False
+        self.phase = SchedulePhase.IDLE
 
     def reset_accumulation(self) -> None:
         """After a step: each unit's next reduced grads overwrite its grad shard (no zeroing pass)."""
-        self._fresh = [True] * len(self.flats)
+        self._window = [GradWindow.FRESH] * len(self.flats)
 
     def take_grad_sq(self) -> torch.Tensor | None:
         """Sum of squares of the grads reduced since the last call (track_grad_sq), on the device."""

@@ -13,7 +13,7 @@ on the compute device", done for one unit's region at a time so that no rank eve
 - parameters the region's modules reference but another unit owns (tied weights) get scratch storage while
   the init runs, so an init cannot write into another unit's freed buffer; the owner's init wins.
 
-It does not shard, communicate or know about the optimizer (stage3.py does).
+It does not shard, communicate or know about the optimizer (unit_sharding.py does).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .units import Unit
+from .partition import Unit
 
 
 def param_sites(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:

@@ -1,13 +1,13 @@
 """NVMe optimizer offload: the fp32 master and optimizer state of a rank's shard in a swap file.
 
 This module owns the storage of `offload_optimizer.device == "nvme"`: one swap file per rank under
-`nvme_path`, split into chunks (shard_optim.Chunk: one per gradient bucket's shard, stages 1/2 bucket or
+`nvme_path`, split into chunks (shard_optimizer.Chunk: one per gradient bucket's shard, stages 1/2 bucket or
 stage 3 unit bucket), streamed through `buffer_count` host buffers (pinned when asked and an accelerator
 exists) by one background I/O thread: while chunk i steps, chunk i+1.. are read ahead into free buffers and
 chunk i-1 is written behind. Host memory for master + state stays `buffer_count` chunks, whatever the model
 size. It also owns synchronous range reads/writes (checkpoints, construction), disk-space/path errors, and
 removing the file on close, garbage collection or interpreter exit. The optimizer step over the chunks is
-shard_optim.py's; the grads and collectives are the engine's.
+shard_optimizer.py's; the grads and collectives are the engine's.
 
 [Note: swap file layout]
 Chunk c occupies `len(kinds) * numel_c` fp32 elements, at the sum of the earlier chunks' sizes; inside
@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from . import offload
+from . import host
 
 
 class NvmeError(ValueError):
@@ -126,7 +126,7 @@ class SwapStore:
         self._fd = fd
         slot_numel = max(self.chunk_numels, default=0) * len(kinds)
         self.buffers = [
-            offload.empty(slot_numel, torch.device("cpu"), dtype=dtype, pin=pin) for _ in range(buffer_count)
+            host.empty(slot_numel, torch.device("cpu"), dtype=dtype, pin=pin) for _ in range(buffer_count)
         ]
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerolaunch-nvme")
         self._finalizer = weakref.finalize(self, _close_file, fd, self.path, self._io)

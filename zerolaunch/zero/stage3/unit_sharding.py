@@ -1,18 +1,18 @@
 """ZeRO stage 3: parameters, gradients and optimizer state all sharded, parameters gathered just in time.
 
 This module owns `UnitSharding`, the stage-3 strategy of the one `Engine` (sharding.py has the contract):
-construction (units from units.py, one unit materialized at a time by meta_init.py, keeping only this
-rank's shard), the forward/backward hooks (stage3_hooks.py, see [Note: stage-3 schedule]), the step's
-publish of updated shards, memory accounting; the checkpoint fragments are stage3_state.py's. Buffers:
-[Note: stage-3 buffers] in stage3_flat.py.
+construction (units from partition.py, one unit materialized at a time by materialize.py, keeping only this
+rank's shard), the forward/backward hooks (schedule.py, see [Note: stage-3 schedule]), the step's
+publish of updated shards, memory accounting; the checkpoint fragments are fragments.py's. Buffers:
+[Note: stage-3 buffers] in unit_buffers.py.
 
 Per rank it holds: the compute-dtype shard of every unit (on the host with `offload_param.device == "cpu"`),
-the fp32 grad shards per param group and, in shard_optim.py's ShardOptimizer, the fp32 master + optimizer
-state (on the host with offload_optimizer cpu, in a swap file with nvme),
-the resident tensors (params under `stage3_param_persistence_threshold` -- replicated, their grads averaged
-by reduce-scatter then re-gathered after the step, the bytes of an all-reduce --, frozen params, buffers),
-and, only while a unit runs, that unit's full buffer. The step walks the master chunk by chunk (one per unit
-bucket, cut smaller with cpu offload) and refreshes each chunk's compute-dtype shard as soon as it has stepped.
+the fp32 grad shards per param group and, in ../optim/shard_optimizer.py's ShardOptimizer, the fp32 master +
+optimizer state (on the host with offload_optimizer cpu, in a swap file with nvme), the resident tensors
+(params under `stage3_param_persistence_threshold` -- replicated, their grads averaged by reduce-scatter then
+re-gathered after the step, the bytes of an all-reduce --, frozen params, buffers), and, only while a unit
+runs, that unit's full buffer. The step walks the master chunk by chunk (one per unit bucket, cut smaller with
+cpu offload) and refreshes each chunk's compute-dtype shard as soon as it has stepped.
 """
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ from functools import partial
 import torch
 from torch import nn
 
-from . import comm, nvme, offload, shard_optim
-from .layout import ParamSpec
-from .meta_init import materialize, param_sites, unit_seed
-from .param_groups import collect_aliases, collect_params, optimizer_groups
-from .shard_optim import Chunk, ShardOptimizer, split_chunks
-from .sharding import Sharding, nbytes
-from .stage3_flat import UnitFlat
-from .stage3_hooks import Stage3Schedule
-from .stage3_state import UnitStateMixin
-from .units import partition
+from .. import comm
+from ..layout import ParamSpec
+from ..optim import host, nvme_store, shard_optimizer
+from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
+from ..param_groups import collect_aliases, collect_params, optimizer_groups
+from ..sharding import Sharding, nbytes
+from .fragments import UnitStateMixin
+from .materialize import materialize, param_sites, unit_seed
+from .partition import partition
+from .schedule import SchedulePhase, Stage3Schedule
+from .unit_buffers import UnitFlat
 
 
 class UnitSharding(UnitStateMixin, Sharding):
@@ -40,7 +41,6 @@ class UnitSharding(UnitStateMixin, Sharding):
         param_groups as in FlatSharding."""
         super().__init__(engine)
         options = self.options
-        group = self.group
         z = options.zero
         # offload_param nvme: the shards of the units (not the small persistent params) live in a swap file.
         shard_device = {"cpu": torch.device("cpu"), "nvme": None}.get(z.offload_param.device, self.device)
@@ -75,15 +75,15 @@ class UnitSharding(UnitStateMixin, Sharding):
         self.flats = [make_flat(u.index, [n for n, _ in u.params], False) for u in part.units]
         self.flats.append(make_flat(len(part.units), [n for n, _ in part.persistent], True))
         self._flat_of = {n: k for k, f in enumerate(self.flats) if f is not None for n in f.slots}
-        self.param_swap: nvme.SwapStore | None = None
+        self.param_swap: nvme_store.SwapStore | None = None
         """offload_param nvme: every unit's compute-dtype shard, one chunk per unit."""
         if shard_device is None:
             if not z.offload_param.nvme_path:
-                raise nvme.NvmeError(
+                raise nvme_store.NvmeError(
                     "offload_param.device is nvme but no nvme_path is given; add nvme_path: /local/nvme"
                 )
             swapped = [f for f in self.flats if f is not None and f.shard is None]
-            self.param_swap = nvme.SwapStore(
+            self.param_swap = nvme_store.SwapStore(
                 z.offload_param.nvme_path,
                 [f.shard_numel for f in swapped],
                 ("param",),
@@ -108,13 +108,11 @@ class UnitSharding(UnitStateMixin, Sharding):
             self.flats,
             [u.module for u in part.units] + [None],
             unit_params,
-            group,
-            device=self.device,
+            self.comm_context,
             comm_dtype=self.comm_dtype,
             prefetch_numel=z.stage3_prefetch_bucket_size,
             max_live_numel=z.stage3_max_live_parameters,
             max_reuse_numel=z.stage3_max_reuse_distance,
-            overlap=z.overlap,
             stats=self.comm_stats,
             # the norm's sum of squares is taken on the device from each unit's reduced grads when they
             # are the window's final values and would otherwise be summed again on the host.
@@ -123,8 +121,9 @@ class UnitSharding(UnitStateMixin, Sharding):
 
     # ---- construction --------------------------------------------------------------------------------------
     def _allocate_shards(self, groups: list[dict]) -> None:
-        """Per param group one fp32 grad shard and (shard_optim) master + optimizer state: the concatenation
-        of every unit bucket's shard. One step chunk per unit bucket (cut smaller for a cpu-offloaded step)."""
+        """Per param group one fp32 grad shard and (shard_optimizer) master + optimizer state: the
+        concatenation of every unit bucket's shard. One step chunk per unit bucket (cut smaller for a
+        cpu-offloaded step)."""
         z = self.options.zero
         cursor = [0] * self.num_groups
         self._bucket_refs: list[tuple[UnitFlat, int]] = []
@@ -139,14 +138,14 @@ class UnitSharding(UnitStateMixin, Sharding):
                 self._bucket_refs.append((flat, i))
                 cursor[b.group] += b.shard_numel
         pin = z.offload_optimizer.pin_memory
-        self.grad_shards = [offload.zeros(n, self.master_device, pin=pin) for n in cursor]
+        self.grad_shards = [host.zeros(n, self.master_device, pin=pin) for n in cursor]
         self.shards = ShardOptimizer(
             self.options.optimizer,
             z.offload_optimizer,
             cursor,
             groups,
             split_chunks(
-                pieces, shard_optim.HOST_CHUNK_NUMEL if z.offload_optimizer.device == "cpu" else None
+                pieces, shard_optimizer.HOST_CHUNK_NUMEL if z.offload_optimizer.device == "cpu" else None
             ),
             device=self.master_device,
             rank=self.rank,
@@ -256,14 +255,14 @@ class UnitSharding(UnitStateMixin, Sharding):
         self.schedule.begin_backward()
 
     def abort_backward(self) -> None:
-        self.schedule.in_backward = False
+        self.schedule.phase = SchedulePhase.IDLE
 
     def finish_backward(self) -> None:
         """Units reduce-scatter as they finish; wait for the last ones."""
         self.schedule.finish_backward()
 
     def finish_window(self, loss_nonfinite: torch.Tensor | None):
-        offload.sync(self.device)
+        host.sync(self.device)
         return self.schedule.take_grad_sq(), loss_nonfinite
 
     def reset_accumulation(self) -> None:
