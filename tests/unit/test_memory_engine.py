@@ -34,8 +34,9 @@ from zerolaunch.zero.options import (  # noqa: E402
     ZeroOptions,
 )
 
-# (model, stage, dtype, bucket, overlap, optimizer, offload); for stage 3, "bucket" is the persistence
-# threshold (the GPT's blocks are smaller than the default 100_000: they would all stay resident).
+# (model, stage, dtype, bucket, overlap, optimizer, offload[, decay_1d]); for stage 3, "bucket" is the
+# persistence threshold (the GPT's blocks are smaller than the default 100_000: they would all stay resident).
+# decay_1d (default False): one param group of every param instead of decay / no-decay.
 CASES = [
     ("net", 0, "fp32", 100, None, "adamw", "none"),
     ("net", 1, "fp32", 100, None, "adamw", "none"),
@@ -54,7 +55,15 @@ CASES = [
     ("gpt", 3, "bf16", 100, None, "adamw", "optimizer-nvme"),
     ("gpt", 3, "bf16", 100, None, "adamw", "optimizer+params-nvme"),
     ("net", 3, "fp32", 100, None, "sgd", "optimizer+params-nvme"),
+    ("net", 1, "fp32", 100, None, "adamw", "none", True),
+    ("gpt", 2, "fp32", 3000, False, "adamw", "none", True),
+    ("gpt", 3, "bf16", 100, None, "adamw", "none", True),
 ]
+
+
+def _case(case):
+    """The case with decay_1d filled in (False unless given)."""
+    return (*case, False) if len(case) == 7 else case
 
 
 def _model(name: str):
@@ -83,7 +92,7 @@ def _one_step(name, engine) -> None:
     engine.step()
 
 
-def _options(stage, dtype, bucket, overlap, optimizer, offload) -> EngineOptions:
+def _options(stage, dtype, bucket, overlap, optimizer, offload, decay_1d=False) -> EngineOptions:
     param_offload = OffloadOptions(device="cpu" if offload == "optimizer+params-cpu" else "none")
     if offload.endswith("nvme"):
         folder = tempfile.mkdtemp(prefix="zl-nvme-")
@@ -102,14 +111,16 @@ def _options(stage, dtype, bucket, overlap, optimizer, offload) -> EngineOptions
             offload_param=param_offload,
         ),
         precision=PrecisionOptions(dtype=dtype),
-        optimizer=OptimizerOptions(name=optimizer, lr=1e-3, momentum=0.9 if optimizer == "sgd" else 0.0),
+        optimizer=OptimizerOptions(
+            name=optimizer, lr=1e-3, momentum=0.9 if optimizer == "sgd" else 0.0, decay_1d=decay_1d
+        ),
     )
 
 
 def _measure_cases(rank: int, world_size: int, cases) -> list[dict]:
     out = []
-    for name, stage, dtype, bucket, overlap, optimizer, offload in cases:
-        engine = Engine(_model(name), _options(stage, dtype, bucket, overlap, optimizer, offload))
+    for name, stage, dtype, bucket, overlap, optimizer, offload, decay_1d in map(_case, cases):
+        engine = Engine(_model(name), _options(stage, dtype, bucket, overlap, optimizer, offload, decay_1d))
         _one_step(name, engine)
         out.append(engine.memory_bytes())
         engine.close()
@@ -120,8 +131,9 @@ def _measure_cases(rank: int, world_size: int, cases) -> list[dict]:
 
 
 def _estimated(case, world_size: int) -> dict:
-    name, stage, dtype, bucket, overlap, optimizer, offload = case
+    name, stage, dtype, bucket, overlap, optimizer, offload, decay_1d = _case(case)
     setup = Setup(
+        decay_1d=decay_1d,
         gpus_per_node=world_size,
         dtype=dtype,
         reduce_bucket_size=bucket if stage < 3 else 500_000_000,

@@ -46,6 +46,9 @@ class Setup:
     """Which activation figure the total uses (both are always shown)."""
     optimizer: str = "adamw"
     momentum: float = 0.0
+    decay_1d: bool = False
+    """Weight decay on 1-D params too: one param group instead of two (train.weight_decay_1d, the engine's
+    `optimizer.decay_1d`); each group is its own padded flat buffer with its own buckets."""
     communication_dtype: str | None = None
     """Dtype grads are reduced in; None = fp32, as the engine."""
     reduce_bucket_size: int = 500_000_000
@@ -210,7 +213,11 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     in zero/flat/grad_memory.py): those bytes are returned as "released", for the peak to place them."""
     b, c, world = setup.dtype_bytes, setup.comm_bytes, setup.world_size
     lay = el.stage012_layout(
-        shape.specs, stage, world, bucket_numel(setup.reduce_bucket_size, offload != "none")
+        shape.specs,
+        stage,
+        world,
+        bucket_numel(setup.reduce_bucket_size, offload != "none"),
+        decay_1d=setup.decay_1d,
     )
     shard = el.shard_numel(lay)
     gpu, host = _zero_states(), _zero_states()
@@ -497,6 +504,7 @@ def setup_fields_from_engine(options) -> dict:
         "communication_dtype": p.communication_dtype,
         "optimizer": o.name,
         "momentum": o.momentum,
+        "decay_1d": o.decay_1d,
         "reduce_bucket_size": z.reduce_bucket_size,
         "overlap_comm": z.overlap_comm,
         "stage3_prefetch_bucket_size": z.stage3_prefetch_bucket_size,

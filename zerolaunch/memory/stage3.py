@@ -13,18 +13,20 @@ from __future__ import annotations
 from zerolaunch.memory import engine_layout as el
 
 
-def unit_padded_numels(shape, world_size: int, threshold: int) -> tuple[list[int], int]:
+def unit_padded_numels(
+    shape, world_size: int, threshold: int, decay_1d: bool = False
+) -> tuple[list[int], int]:
     """([padded elements of each unit, root first], padded elements of the resident unit)."""
     persistent = {s.name for s in shape.specs if s.numel < threshold}
     units = []
     for unit in shape.units:
         specs = [s for s in shape.unit_specs(unit) if s.name not in persistent]
-        units.append(_padded(specs, world_size))
-    resident = _padded([s for s in shape.specs if s.name in persistent], world_size)
+        units.append(_padded(specs, world_size, decay_1d))
+    resident = _padded([s for s in shape.specs if s.name in persistent], world_size, decay_1d)
     return units, resident
 
 
-def largest_bucket_shard(shape, world_size: int, threshold: int) -> int:
+def largest_bucket_shard(shape, world_size: int, threshold: int, decay_1d: bool = False) -> int:
     """Elements of the largest per-rank bucket shard over every unit and the resident unit (a step chunk)."""
     persistent = {s.name for s in shape.specs if s.numel < threshold}
     groups = [[s for s in shape.unit_specs(u) if s.name not in persistent] for u in shape.units]
@@ -32,15 +34,15 @@ def largest_bucket_shard(shape, world_size: int, threshold: int) -> int:
     largest = 0
     for specs in groups:
         if specs:
-            lay = el.unit_layout(specs, world_size)
+            lay = el.unit_layout(specs, world_size, decay_1d)
             largest = max(largest, max(b.shard_numel for b in lay.buckets))
     return largest
 
 
-def _padded(specs, world_size: int) -> int:
+def _padded(specs, world_size: int, decay_1d: bool = False) -> int:
     if not specs:
         return 0
-    return el.unit_layout(specs, world_size).padded_numel
+    return el.unit_layout(specs, world_size, decay_1d).padded_numel
 
 
 def reuse_kept(blocks: list[int], root: int, max_reuse_numel: int, max_live_numel: int) -> list[bool]:
@@ -107,7 +109,9 @@ def stage3_states(shape, setup, offload: str):
     this rank's swap files.
     """
     b, c, world = setup.dtype_bytes, setup.comm_bytes, setup.world_size
-    units, resident = unit_padded_numels(shape, world, setup.stage3_param_persistence_threshold)
+    units, resident = unit_padded_numels(
+        shape, world, setup.stage3_param_persistence_threshold, setup.decay_1d
+    )
     shard = (sum(units) + resident) // world
     gpu = dict.fromkeys(("params", "grads", "master", "optimizer", "buckets"), 0)
     host = dict(gpu)
@@ -144,7 +148,9 @@ def stage3_states(shape, setup, offload: str):
         # and buffer_count staging buffers of the largest chunk, reported as "optimizer" (nvme_staging_bytes).
         host["grads"] = 4 * shard
         threshold = setup.stage3_param_persistence_threshold
-        host["optimizer"] = el.nvme_staging_bytes(setup, largest_bucket_shard(shape, world, threshold))
+        host["optimizer"] = el.nvme_staging_bytes(
+            setup, largest_bucket_shard(shape, world, threshold, setup.decay_1d)
+        )
         nvme += 4 * shard + opt
         return gpu, host, 0, *live, nvme
     states = gpu if offload == "none" else host
