@@ -237,6 +237,25 @@ def _stop(procs: dict[str, subprocess.Popen]) -> None:
             proc.wait()
 
 
+class _Interrupted(Exception):
+    """SIGINT or SIGTERM reached the launcher of a hostfile job (raised by _on_stop_signal)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_stop_signal(signum, frame) -> None:
+    raise _Interrupted(signum)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""What stops every host. Handled explicitly, not left to Python's KeyboardInterrupt: a process started with
+SIGINT ignored (a background job of a non-interactive shell, nohup) never gets KeyboardInterrupt, and without
+a handler SIGTERM (a scheduler's, `kill`) would end this process and leave every host training. The
+single-node launcher gets the same from torch elastic's agent, which installs its own handlers."""
+
+
 def launch_hosts(req, *, hostfile: str, include: str, exclude: str, exports: list[str], console) -> int:
     """Run the job on every host of the hostfile; the exit code of the first host that failed, else 0."""
     ssh = shutil.which("ssh")
@@ -270,6 +289,7 @@ def launch_hosts(req, *, hostfile: str, include: str, exclude: str, exports: lis
     lock = threading.Lock()
     procs: dict[str, subprocess.Popen] = {}
     threads = []
+    previous = {s: signal.signal(s, _on_stop_signal) for s in STOP_SIGNALS}
     try:
         for rank, (host, slots) in enumerate(hosts.items()):
             command = remote_command(
@@ -311,10 +331,17 @@ def launch_hosts(req, *, hostfile: str, include: str, exclude: str, exports: lis
                     thread.join(timeout=5)
                 return 0
             time.sleep(0.2)
-    except KeyboardInterrupt:
+    except (_Interrupted, KeyboardInterrupt) as err:
+        signum = err.signum if isinstance(err, _Interrupted) else int(signal.SIGINT)
+        for s in STOP_SIGNALS:  # a second Ctrl-C while the hosts stop must not cut the stop short
+            signal.signal(s, signal.SIG_IGN)
         _stop(procs)
-        console.print("interrupted: stopped every host", highlight=False)
-        return 130
+        how = "interrupted" if signum == signal.SIGINT else f"interrupted by {signal.Signals(signum).name}"
+        console.print(f"{how}: stopped every host", highlight=False)
+        return 128 + signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def stop_when_stdin_closes() -> None:
