@@ -2,6 +2,7 @@
 
     python bench/run.py --sizes 350m,1.3b --engines all          # the table of issue 10
     python bench/run.py --one zl-z2 --size 350m                  # one configuration (what the driver spawns)
+    python bench/run.py --model hf-llama-1b --engines torch,fsdp2,zl-z2,zl-z3   # HF Llama-1B rows (size "llama-1b")
 
 Every configuration trains the built-in GPT (`zerolaunch.models.gpt`) at seq 2048, micro batch 8, bf16, AdamW,
 the same seed and the same synthetic batches, in its own process (so one engine's allocator state and compiled
@@ -10,6 +11,10 @@ warm-up, peak allocated memory, and the final loss. The driver measures the bf16
 MFU against it (and against the 989 TFLOP/s datasheet peak), plus each row's ratio to the best peer.
 The zl-train rows run the user's path instead: `zerolaunch train recipes/gpt-SIZE.yaml --gpus 1` (the built-in
 loop with its own data pipeline; zl-train-compile adds `--set train.compile=true`), read from metrics.jsonl.
+`--model hf-llama-1b` trains transformers' LlamaForCausalLM instead, built from the config of
+recipes/hf-llama-1b.yaml through zerolaunch.models.hf (random init, sdpa, no download; stage 3 with the decoder
+layers as units, built on meta), its own loss (labels = input_ids); FLOPs from report/mfu.py hf_flops_per_token.
+Its rows are HF_ENGINES, its size column the model's label ("llama-1b"; --sizes is not used).
 """
 
 from __future__ import annotations
@@ -45,11 +50,31 @@ ENGINES = {
     "zl-train-compile": "the zl-train row with --set train.compile=true",
 }
 TRAIN_PATH = ("zl-train", "zl-train-compile")
+# --model: "gpt" is the built-in GPT at --sizes; the others are Hugging Face configs (recipes/hf-*.yaml's
+# model.args), one size each: (the size column's label, the config). bench.HF_MODELS is what a CPU check extends.
+HF_MODELS = {
+    "hf-llama-1b": (
+        "llama-1b",
+        {
+            "model_type": "llama",
+            "vocab_size": 32000,
+            "hidden_size": 2048,
+            "intermediate_size": 5632,
+            "num_hidden_layers": 22,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "max_position_embeddings": 2048,
+            "rms_norm_eps": 1.0e-5,
+            "tie_word_embeddings": False,
+        },
+    ),
+}
+HF_ENGINES = ("torch", "fsdp2", "torch-compile", "fsdp2-compile", "zl-z2", "zl-z3", "zl-z3-compile")
 PEERS = ("torch", "fsdp2", "torch-compile", "fsdp2-compile", "ds-z1", "ds-z2", "ds-z3")
 OFFLOAD_PEERS = ("ds-z2-off", "fsdp2-off")
 
 
-def _batches(vocab_size: int, seq_len: int, micro_batch: int, n: int, device):
+def _batches(vocab_size: int, seq_len: int, micro_batch: int, n: int, device, hf: bool = False):
     import torch
 
     from zerolaunch.data.synthetic import build as build_data
@@ -67,12 +92,15 @@ def _batches(vocab_size: int, seq_len: int, micro_batch: int, n: int, device):
     out = []
     for _ in range(n):
         b = next(it)
+        if hf:  # a Hugging Face causal LM shifts its labels itself
+            b = {"input_ids": b["input_ids"], "labels": b["input_ids"]}
         out.append({k: v.to(device, non_blocking=True) for k, v in b.items()})
-    torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     return out
 
 
-def _init_single_rank_group():
+def _init_single_rank_group(device=None):
     import torch
     import torch.distributed as dist
 
@@ -81,6 +109,10 @@ def _init_single_rank_group():
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
+    if device is not None and device.type == "cpu":  # the CPU check: gloo, unless the caller made a group
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", rank=0, world_size=1)
+        return
     torch.cuda.set_device(0)
     if not dist.is_initialized():
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
@@ -197,9 +229,40 @@ def run_train_path(
     }
 
 
-def build_step(engine: str, size: str, seq_len: int):
-    """(step(batch) -> loss, make() -> a fresh model, parts) for one configuration, on cuda:0.
+def _hf_build(model_name: str, meta: bool = False):
+    """The HF model of --model `model_name` (HF_MODELS), fp32 weights, sdpa, random init (on meta if asked)."""
+    from zerolaunch.models.hf import build as build_hf
 
+    return build_hf(
+        config=dict(HF_MODELS[model_name][1]), dtype="fp32", attn_implementation="sdpa", meta=meta
+    )
+
+
+def _blocks(model):
+    """The repeated blocks FSDP2 shards one by one: GPT's transformer.h, an HF decoder's model.layers."""
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+
+
+def _reference(make, model_name: str, seq_len: int) -> tuple[float, int]:
+    """(flops_per_token, n_params) of the configuration's model, from a meta copy."""
+    import torch
+
+    if model_name == "gpt":
+        with torch.device("meta"):
+            ref = make()
+        return float(ref.flops_per_token(seq_len)), ref.num_params()
+    from zerolaunch.models.hf import hf_config_dict
+    from zerolaunch.report.mfu import hf_flops_per_token
+
+    ref = _hf_build(model_name, meta=True)
+    flops = hf_flops_per_token(hf_config_dict(ref), seq_len)
+    return float(flops) if flops is not None else float("nan"), sum(p.numel() for p in ref.parameters())
+
+
+def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", device=None):
+    """(step(batch) -> loss, make() -> a fresh model, parts) for one configuration, on `device` (cuda:0).
+
+    model_name: "gpt" (the built-in GPT at `size`) or a key of HF_MODELS (a Hugging Face model; `size` unused).
     parts: {"module": what runs forward, "stepper": the object whose .step() applies the update (optimizer or
     engine), "engine": the zerolaunch engine or None}. Shared by run_one (timing) and bench/mem_snapshot.py
     (which hooks module and stepper to see how the peak memory splits by phase)."""
@@ -210,9 +273,18 @@ def build_step(engine: str, size: str, seq_len: int):
     torch.manual_seed(0)
     lr = 3e-4
     vocab = 50304
-    device = torch.device("cuda", 0)
-    _init_single_rank_group()
-    make = lambda: build_gpt(size=size, vocab_size=vocab, seq_len=seq_len)  # noqa: E731
+    device = torch.device("cuda", 0) if device is None else torch.device(device)
+    _init_single_rank_group(device)
+    if model_name == "gpt":
+        make = lambda: build_gpt(size=size, vocab_size=vocab, seq_len=seq_len)  # noqa: E731
+    elif model_name in HF_MODELS:
+        if engine not in HF_ENGINES:
+            raise SystemExit(
+                f"--model {model_name}: engine {engine!r} not benchmarked; choose from {', '.join(HF_ENGINES)}"
+            )
+        make = lambda: _hf_build(model_name)  # noqa: E731
+    else:
+        raise SystemExit(f"unknown model {model_name!r}; choose from gpt, {', '.join(HF_MODELS)}")
 
     if engine in ("torch", "torch-compile"):
         model = make().to(device=device, dtype=torch.bfloat16)
@@ -238,9 +310,9 @@ def build_step(engine: str, size: str, seq_len: int):
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
         if engine == "fsdp2-compile":
             # torchtitan: replace each block by its compiled wrapper, then shard it; FSDP2's hooks stay outside
-            for i, block in enumerate(model.transformer.h):
-                model.transformer.h[i] = torch.compile(block)
-        for block in model.transformer.h:
+            for i, block in enumerate(_blocks(model)):
+                _blocks(model)[i] = torch.compile(block)
+        for block in _blocks(model):
             fully_shard(block, **kw)
         fully_shard(model, **kw)
         # fused on the CPU too (DTensor supports torch's fused CPU AdamW): the fastest step torch offers
@@ -300,7 +372,15 @@ def build_step(engine: str, size: str, seq_len: int):
             optimizer=OptimizerOptions(name="adamw", lr=lr, betas=(0.9, 0.95), weight_decay=0.1),
             gradient_clipping=1.0,
         )
-        if stage == 3:
+        init_fn = None
+        if stage == 3 and model_name != "gpt":
+            from zerolaunch.models.hf import hf_stage3_units, meta_init_fn
+
+            # as zerolaunch.initialize: the decoder layers as units, built on meta, HF's init unit by unit
+            model = _hf_build(model_name, meta=True)
+            opts = hf_stage3_units(model, opts)
+            init_fn = meta_init_fn(model, opts)
+        elif stage == 3:
             with torch.device("meta"):
                 model = make()
         else:
@@ -309,8 +389,8 @@ def build_step(engine: str, size: str, seq_len: int):
             from zerolaunch.train.compiling import compile_blocks
 
             # train.compile's code path: each block's forward, in place (names and stage 3 units unchanged)
-            compile_blocks(model, backend="inductor")
-        eng = Engine(model, opts, device=device)
+            compile_blocks(model, backend="inductor", unit_classes=opts.zero.stage3_units)
+        eng = Engine(model, opts, device=device, init_fn=init_fn)
         parts = {"module": eng.module, "stepper": eng, "engine": eng}
 
         def step(b):
@@ -323,13 +403,19 @@ def build_step(engine: str, size: str, seq_len: int):
     return step, make, parts
 
 
-def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro_batch: int) -> dict:
+def run_one(
+    engine: str, size: str, steps: int, warmup: int, seq_len: int, micro_batch: int, model_name: str = "gpt"
+) -> dict:
     import torch
 
-    if engine in TRAIN_PATH:
+    if engine in TRAIN_PATH and model_name == "gpt":
         return run_train_path(engine, size, steps, warmup, seq_len, micro_batch)
-    step, make, _ = build_step(engine, size, seq_len)
-    batches = _batches(50304, seq_len, micro_batch, steps + warmup, torch.device("cuda", 0))
+    hf = model_name != "gpt"
+    if hf:
+        size = HF_MODELS[model_name][0] if model_name in HF_MODELS else size
+    step, make, _ = build_step(engine, size, seq_len, model_name=model_name)
+    vocab = HF_MODELS[model_name][1]["vocab_size"] if hf else 50304
+    batches = _batches(vocab, seq_len, micro_batch, steps + warmup, torch.device("cuda", 0), hf=hf)
 
     times_ms = []
     loss = first_ms = None
@@ -345,9 +431,8 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
             times_ms.append(start.elapsed_time(end))
         if i == 0:
             first_ms = start.elapsed_time(end)  # includes torch.compile's warm-up on the compiled rows
-    with torch.device("meta"):
-        ref = make()
-    return {
+    flops_per_token, n_params = _reference(make, model_name, seq_len)
+    out = {
         "engine": engine,
         "size": size,
         "step_ms": statistics.median(times_ms),
@@ -356,9 +441,12 @@ def run_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
         "final_loss": float(loss.detach().float().item()),
         "tokens_per_step": micro_batch * seq_len,
-        "flops_per_token": float(ref.flops_per_token(seq_len)),
-        "n_params": ref.num_params(),
+        "flops_per_token": flops_per_token,
+        "n_params": n_params,
     }
+    if hf:
+        out["model"] = model_name
+    return out
 
 
 def measure_matmul_tflops() -> float:
@@ -380,8 +468,13 @@ def measure_matmul_tflops() -> float:
 
 
 def drive(args) -> None:
-    engines = list(ENGINES) if args.engines == "all" else args.engines.split(",")
-    sizes = args.sizes.split(",")
+    model_name = getattr(args, "model", "gpt")
+    if model_name == "gpt":
+        engines = list(ENGINES) if args.engines == "all" else args.engines.split(",")
+        sizes = args.sizes.split(",")
+    else:  # one size: the model's own; "all" is the rows this bench builds for it
+        engines = list(HF_ENGINES) if args.engines == "all" else args.engines.split(",")
+        sizes = [HF_MODELS[model_name][0]]
     peak_measured = measure_matmul_tflops()
     rows = []
     for size in sizes:
@@ -406,12 +499,16 @@ def drive(args) -> None:
                 "--micro-batch",
                 str(args.micro_batch),
             ]
+            if model_name != "gpt":
+                cmd += ["--model", model_name]
             t0 = time.time()
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
             if p.returncode != 0 or not line:
                 tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
                 rows.append({"engine": engine, "size": size, "error": " | ".join(tail)[-400:]})
+                if model_name != "gpt":
+                    rows[-1]["model"] = model_name
                 print(
                     f"[{engine} {size}] FAILED in {time.time() - t0:.0f}s:\n  " + "\n  ".join(tail),
                     flush=True,
@@ -432,8 +529,9 @@ def drive(args) -> None:
 
 def print_table(rows: list[dict], peak_measured: float) -> None:
     print(f"\nbf16 matmul 8192^3 measured: {peak_measured:.0f} TFLOP/s (datasheet 989)")
+    w = max([5, *(len(r["size"]) for r in rows)])  # 5 for the GPT sizes; "llama-1b" widens it
     hdr = (
-        f"{'size':>5} {'engine':<16} {'step ms':>8} {'tok/s':>8} {'TFLOP/s':>8} {'MFU%':>6} {'MFU989%':>7} "
+        f"{'size':>{w}} {'engine':<16} {'step ms':>8} {'tok/s':>8} {'TFLOP/s':>8} {'MFU%':>6} {'MFU989%':>7} "
         f"{'peak GiB':>8} {'loss':>8} {'vs best peer':>12} {'1st step ms':>11}"
     )
     print(hdr)
@@ -443,14 +541,14 @@ def print_table(rows: list[dict], peak_measured: float) -> None:
         best_off = min((r["step_ms"] for r in ok if r["engine"] in OFFLOAD_PEERS), default=None)
         for r in (r for r in rows if r["size"] == size):
             if "error" in r:
-                print(f"{size:>5} {r['engine']:<16} FAILED: {r['error'][:80]}")
+                print(f"{size:>{w}} {r['engine']:<16} FAILED: {r['error'][:80]}")
                 continue
             tok_s = r["tokens_per_step"] / (r["step_ms"] / 1e3)
             tflops = tok_s * r["flops_per_token"] / 1e12
             ref = best_off if "-off" in r["engine"] else best
             ratio = f"{r['step_ms'] / ref:.2f}x" if ref else "-"
             print(
-                f"{size:>5} {r['engine']:<16} {r['step_ms']:8.1f} {tok_s:8.0f} {tflops:8.1f} "
+                f"{size:>{w}} {r['engine']:<16} {r['step_ms']:8.1f} {tok_s:8.0f} {tflops:8.1f} "
                 f"{100 * tflops / peak_measured:6.1f} {100 * tflops / 989:7.1f} {r['peak_gib']:8.2f} "
                 f"{r['final_loss']:8.4f} {ratio:>12} {r.get('first_step_ms') or 0:11.0f}"
             )
@@ -459,6 +557,12 @@ def print_table(rows: list[dict], peak_measured: float) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--one", help="run one configuration and print its RESULT line")
+    p.add_argument(
+        "--model",
+        default="gpt",
+        choices=["gpt", *HF_MODELS],
+        help="gpt: the built-in GPT at --sizes; hf-llama-1b: transformers' Llama (recipes/hf-llama-1b.yaml's shape)",
+    )
     p.add_argument("--engines", default="all", help=f"comma list of: {', '.join(ENGINES)}")
     p.add_argument("--size", default="350m")
     p.add_argument("--sizes", default="350m,1.3b")
@@ -471,7 +575,7 @@ def main() -> None:
     p.add_argument("--json-out")
     args = p.parse_args()
     if args.one:
-        r = run_one(args.one, args.size, args.steps, args.warmup, args.seq_len, args.micro_batch)
+        r = run_one(args.one, args.size, args.steps, args.warmup, args.seq_len, args.micro_batch, args.model)
         print("RESULT " + json.dumps(r), flush=True)
     else:
         drive(args)

@@ -1,0 +1,94 @@
+"""bench/run.py's Hugging Face rows (--model hf-llama-1b) on the CPU at a tiny Llama size, world size 1.
+
+Covers: build_step for an HF model (the plain torch row in bf16, FSDP2 per decoder layer, zerolaunch stage 2,
+and stage 3 built on meta with the decoder layers as units and HF's own init), two steps each with the model's own loss (labels =
+input_ids), the batches the bench feeds it, the FLOPs per token the table uses (hf_flops_per_token of the
+config) and the size column's label. Leaves out: CUDA timing, the compiled rows (bench/run.py on
+the GPU), the 1B size itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytest.importorskip("transformers")
+
+from zerolaunch.report.mfu import hf_flops_per_token  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {
+    "model_type": "llama",
+    "vocab_size": 256,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
+SEQ = 16
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def group(tmp_path, monkeypatch):
+    # the bench's single-rank group setup reads (and set-defaults) the torchrun variables: keep them local
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_hf_llama_1b_is_the_recipe_shape(bench):
+    import yaml
+
+    recipe = yaml.safe_load((ROOT / "recipes" / "hf-llama-1b.yaml").read_text())
+    label, config = bench.HF_MODELS["hf-llama-1b"]
+    assert label == "llama-1b"
+    assert config == recipe["model"]["args"]["config"]
+    assert recipe["model"]["args"]["attn_implementation"] == "sdpa"
+
+
+@pytest.mark.parametrize("engine", ["torch", "fsdp2", "zl-z2", "zl-z3"])
+def test_hf_rows_build_and_step_on_cpu(bench, group, monkeypatch, engine):
+    monkeypatch.setitem(bench.HF_MODELS, "hf-tiny", ("llama-tiny", TINY))
+    step, make, parts = bench.build_step(engine, "llama-tiny", SEQ, model_name="hf-tiny", device="cpu")
+    if engine == "zl-z3":
+        eng = parts["engine"]
+        assert eng.options.zero.stage3_units == ("LlamaDecoderLayer",)
+        # HF's init unit by unit (normal(0, 0.02)), not torch's defaults on the meta-built model
+        up = dict(eng.full_state_dict())["model.layers.0.mlp.up_proj.weight"]
+        assert abs(up.float().std().item() - 0.02) < 0.006
+    elif engine == "fsdp2":
+        from torch.distributed.fsdp import FSDPModule
+
+        # fully_shard per decoder layer, then the root
+        assert all(isinstance(m, FSDPModule) for m in [*parts["module"].model.layers, parts["module"]])
+    elif engine == "torch":
+        assert next(parts["module"].parameters()).dtype == torch.bfloat16
+    batches = bench._batches(TINY["vocab_size"], SEQ, 2, 2, torch.device("cpu"), hf=True)
+    assert torch.equal(batches[0]["labels"], batches[0]["input_ids"])
+    assert batches[0]["input_ids"].shape == (2, SEQ)
+    losses = [float(step(b).detach().float()) for b in batches]
+    assert all(math.isfinite(x) for x in losses)
+    # random init over 256 ids: the first loss is near ln(256)
+    assert abs(losses[0] - math.log(256)) < 1.0
+    flops, n_params = bench._reference(make, "hf-tiny", SEQ)
+    assert flops == hf_flops_per_token(TINY, SEQ)
+    assert n_params == sum(p.numel() for p in make().parameters())
