@@ -12,7 +12,9 @@ does (entered, or the exception type; step() inside it), zero_grad() after each 
 weights, save_16bit_model's return value and file (SAVE_ROOT/<engine>/<case>/, and <case>_no_frozen/ with
 exclude_frozen_parameters; fc1.bias is frozen), and a checkpoint saved with exclude_frozen_parameters
 (<case>_ckpt/): the model tensors it holds, what a strict load_checkpoint does, and the weights after
-load_module_strict=False once a further step moved them. The net and the data
+load_module_strict=False once a further step moved them. Then "lists": WarmupLR with per-group lists for
+warmup_min_lr / warmup_max_lr at stage 2 (LISTS): get_lr() after every step, the weights, and what a list of
+the wrong length does (LISTS_WRONG_LENGTH). The net and the data
 are _ds_parity_run.py's, the ranks and the DeepSpeed set-up _ds_ranks.py's. Needs deepspeed 0.19.8 for the
 deepspeed side.
 """
@@ -67,13 +69,22 @@ SCHEDULERS = {
 }
 
 
-def config(stage: int, gather: bool) -> dict:
+# DeepSpeed's per-group lists (_format_param: one value per param group, in the groups' order), over the same
+# two groups at stage 2; LISTS_WRONG_LENGTH has 3 values for 2 groups: both engines refuse it.
+LISTS = {
+    "type": "WarmupLR",
+    "params": {"warmup_min_lr": [0, 1e-4], "warmup_max_lr": [1e-2, 5e-3], "warmup_num_steps": 3},
+}
+LISTS_WRONG_LENGTH = {"type": "WarmupLR", "params": {"warmup_min_lr": [0, 1e-4, 0], "warmup_num_steps": 3}}
+
+
+def config(stage: int, gather: bool, scheduler: dict | None = None) -> dict:
     return {
         "train_micro_batch_size_per_gpu": 3,
         "gradient_accumulation_steps": 2,
         "gradient_clipping": 1.0,
         "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1, "torch_adam": True}},
-        "scheduler": SCHEDULERS[stage, gather],
+        "scheduler": scheduler or SCHEDULERS[stage, gather],
         "zero_optimization": {
             "stage": stage,
             "reduce_bucket_size": 200,
@@ -177,6 +188,39 @@ def _case(which: str, name: str, deepspeed, save_root: Path) -> dict:
     return seen
 
 
+def _initialize(which: str, deepspeed, model, params, cfg: dict):
+    if which == "deepspeed":
+        return deepspeed.initialize(model=model, model_parameters=params, config=cfg)[0]
+    import zerolaunch
+
+    return zerolaunch.initialize(model, cfg, device="cpu", model_parameters=params)
+
+
+def _lists_case(which: str, deepspeed) -> dict:
+    """Per-group lists for warmup_min_lr / warmup_max_lr: get_lr() before training and after every step(),
+    the weights after the 4 optimizer steps, and what a list of 3 values for the 2 groups does (the exception
+    type; ours also its message)."""
+    rank = torch.distributed.get_rank()
+    torch.manual_seed(0)
+    model = Net()
+    engine = _initialize(which, deepspeed, model, model_parameters(model, "groups"), config(2, True, LISTS))
+    seen: dict = {"lr": [engine.get_lr()]}
+    for micro in range(MICRO_STEPS):
+        engine.backward(engine(*batch(rank, micro)))
+        engine.step()
+        seen["lr"].append(engine.get_lr())
+    seen["weights"] = _weights(which, engine, deepspeed, 2)
+    model = Net()
+    try:
+        _initialize(
+            which, deepspeed, model, model_parameters(model, "groups"), config(2, True, LISTS_WRONG_LENGTH)
+        )
+        seen["wrong_length"] = ("ok", "")
+    except Exception as e:  # recorded, compared by the test
+        seen["wrong_length"] = (type(e).__name__, str(e))
+    return seen
+
+
 def _weights(which: str, engine, deepspeed, stage: int) -> dict:
     if which == "deepspeed":
         named = list(engine.module.named_parameters())
@@ -200,6 +244,7 @@ def _worker(rank: int, world_size: int, store_path: str, which: str, out: str, s
     init_rank(rank, world_size, store_path)
     deepspeed = init_deepspeed() if which == "deepspeed" else None
     results = {name: _case(which, name, deepspeed, Path(save_root)) for name in CASES}
+    results["lists"] = _lists_case(which, deepspeed)
     finish(rank, results, out)
 
 

@@ -2,7 +2,8 @@
 
 Runs tests/dist/_ds_api_run.py under both engines (2 CPU gloo ranks each, fp32, accumulation 2, 4 optimizer
 steps, two param groups with their own lr under WarmupLR with and without warmup_max_lr, WarmupCosineLR and
-WarmupDecayLR, ZeRO stages 1-3) and compares what rank 0 saw:
+WarmupDecayLR, ZeRO stages 1-3; and WarmupLR with per-group lists for warmup_min_lr / warmup_max_lr at stage 2:
+the lrs, the weights, a list of the wrong length refused) and compares what rank 0 saw:
 get_lr() before training and after every step(), is_gradient_accumulation_boundary() before every
 micro-step, set_gradient_accumulation_boundary() (a window of 3 backwards and one step(), then one-backward
 windows: the flags, global_steps and get_lr() after each step, and the weights), no_sync() (refused at stages 2/3, step() inside it refused at stage 1), train()/eval(), the rank
@@ -74,6 +75,25 @@ def test_same_answers_as_deepspeed(runs, case):
     # load_module_strict=False: the trainable weights are the saved ones again, the frozen one the model's
     for name, saved in ours["weights"].items():
         torch.testing.assert_close(ours["loaded"][name], saved, rtol=0, atol=0)
+
+
+def test_per_group_lists_give_deepspeeds_lrs_and_weights(runs):
+    """WarmupLR with warmup_min_lr [0, 1e-4] and warmup_max_lr [1e-2, 5e-3] over two groups with their own lr
+    (0.01, 0.02, both ignored: the lists set each group's range): the same lr list after every step (exact)
+    and the same weights; a list of 3 values for the 2 groups is a ValueError in both."""
+    ours, ref = runs[0]["zerolaunch"]["lists"], runs[0]["deepspeed"]["lists"]
+    assert ours["lr"] == ref["lr"]
+    assert ref["lr"][0] == [0, 1e-4] and ref["lr"][-1] == pytest.approx([1e-2, 5e-3])
+    assert len({tuple(lr) for lr in ref["lr"]}) == 3  # the mins, one warmup step, the maxes: the lists move it
+    assert sorted(ours["weights"]) == sorted(ref["weights"])
+    for name, expected in ref["weights"].items():
+        atol = 1e-5 * expected.abs().max().item()
+        torch.testing.assert_close(ours["weights"][name], expected, rtol=1e-5, atol=atol, msg=name)
+    assert ref["wrong_length"][0] == ours["wrong_length"][0] == "ValueError"
+    assert "expected 2 value for min_lr, got 3" in ref["wrong_length"][1]
+    message = ours["wrong_length"][1]
+    assert "warmup_min_lr is a list of 3 values" in message and "2 param groups" in message
+    assert "the groups of model_parameters" in message
 
 
 def test_the_sequences_are_not_trivial(runs):

@@ -140,7 +140,13 @@ def test_parity_two_ranks_all_cases():
 
 @pytest.mark.parametrize("world_size", [3])
 def test_parity_three_ranks(world_size):
-    names = ["stage1", "stage2_overlap", "stage2_offload", "stage2_offload_gas1", "stage2_offload_overlap_step"]
+    names = [
+        "stage1",
+        "stage2_overlap",
+        "stage2_offload",
+        "stage2_offload_gas1",
+        "stage2_offload_overlap_step",
+    ]
     _check(run_ranks(_train_cases, world_size, names), world_size, names)
 
 

@@ -74,7 +74,9 @@ def _cases(rank: int, world_size: int, root: str) -> dict:
         opts = _options(3, "adamw", folder if optimizer_device == "nvme" else None)
         params_nvme = OffloadOptions(device="nvme", nvme_path=folder, pin_memory=True)
         optimizer_off = opts.zero.offload_optimizer if optimizer_device == "nvme" else OffloadOptions("cpu")
-        opts = replace(opts, zero=replace(opts.zero, offload_param=params_nvme, offload_optimizer=optimizer_off))
+        opts = replace(
+            opts, zero=replace(opts.zero, offload_param=params_nvme, offload_optimizer=optimizer_off)
+        )
         swapped = Engine(Net(rank), opts)
         train_engine(swapped, rank, world_size, STEPS)
         out[("params", optimizer_device)] = {
@@ -130,9 +132,13 @@ def test_nvme_offload_matches_no_offload_and_resumes(tmp_path):
             # only the resident unit (persistent params) keeps its shard in memory; the units' are on disk
             assert case["shards_in_memory"] == [False] * (len(case["shards_in_memory"]) - 1) + [True]
             assert case["mem"]["params"] < case["plain_mem"]["params"]
-            on_disk = case["swap_bytes"] + (case["plain_mem"]["master"] * 3 if optimizer_device == "nvme" else 0)
+            on_disk = case["swap_bytes"] + (
+                case["plain_mem"]["master"] * 3 if optimizer_device == "nvme" else 0
+            )
             assert case["mem"]["nvme"] == on_disk and case["swap_bytes"] > 0
-            assert case["files_open"] == (2 if optimizer_device == "nvme" else 1) and case["files_closed"] == 0
+            assert (
+                case["files_open"] == (2 if optimizer_device == "nvme" else 1) and case["files_closed"] == 0
+            )
         for stage in (1, 3):
             resume = res[("resume", stage)]
             assert resume["same_state"]

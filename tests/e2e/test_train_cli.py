@@ -2,8 +2,9 @@
 
 Covers: the tiny GPT trains on 2 workers and its loss falls; the run dir holds the resolved recipe,
 metrics.jsonl, per-rank logs and the final checkpoint; only rank 0 reaches the terminal; bad flags are
-clear errors with exit code 2. Leaves out: failures, signals, restarts, multi-node (test_train_failures.py,
-test_train_restart.py, test_train_multinode.py).
+clear errors with exit code 2, and so is a per-group scheduler list that does not fit the built-in loop's 2
+param groups (refused by the launcher). Leaves out: failures, signals, restarts, multi-node
+(test_train_failures.py, test_train_restart.py, test_train_multinode.py).
 """
 
 import json
@@ -52,3 +53,19 @@ def test_bad_flags_are_clear_errors(cli, tiny_recipe, tmp_path, args, words):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert words in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_per_group_list_that_is_not_two_groups_is_refused_before_the_workers(cli, tiny_recipe, tmp_path):
+    # the built-in loop has 2 param groups (decay, no-decay): DeepSpeed's per-group warmup_min_lr list of 3
+    # values cannot fit; the launcher says so (exit 2, no traceback) before any worker starts.
+    text = tiny_recipe().read_text()
+    assert "  lr_schedule: constant\n" in text
+    text = text.replace("  lr_schedule: constant\n", "")
+    text += "\n  scheduler: {type: WarmupLR, params: {warmup_min_lr: [0, 1.0e-4, 0], warmup_num_steps: 2}}\n"
+    recipe = tmp_path / "lists.yaml"
+    recipe.write_text(text)
+    proc = cli.run(recipe, "--cpu", "1", "--run-dir", tmp_path / "run", timeout=60, CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "warmup_min_lr is a list of 3 values" in proc.stderr and "2 param groups" in proc.stderr
+    assert "decay and no-decay" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "logs").exists()

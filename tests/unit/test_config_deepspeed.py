@@ -439,3 +439,94 @@ def test_max_reuse_distance_is_honoured_and_defaults_to_zero():
     assert absent.engine.zero.stage3_max_reuse_distance == 0
     with pytest.raises(RecipeError, match="stage3_max_reuse_distance"):
         load_recipe({"deepspeed": {"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": -1}}})
+
+
+def _warmup(params, kind="WarmupLR"):
+    return {"train": {"steps": 20}, "deepspeed": {"scheduler": {"type": kind, "params": params}}}
+
+
+def test_per_group_scheduler_lists_are_read_and_round_trip(tmp_path):
+    import json
+
+    from zerolaunch.config.schema import Recipe
+    from zerolaunch.config.table import recipe_rows
+
+    # DeepSpeed's _format_param: a list/tuple is one value per optimizer param group (its length is checked
+    # once the engine has its groups), a number is every group's.
+    recipe = load_recipe(
+        _warmup({"warmup_min_lr": [0, 1e-4], "warmup_max_lr": [1e-2, 5e-3], "warmup_num_steps": 4})
+    )
+    s = recipe.engine.scheduler
+    assert (s.warmup_min_lr, s.warmup_max_lr) == ((0.0, 1e-4), (1e-2, 5e-3))
+    decay = load_recipe(_warmup({"warmup_min_lr": [0.001, 0], "warmup_max_lr": 0.05}, "WarmupDecayLR"))
+    assert (decay.engine.scheduler.warmup_min_lr, decay.engine.scheduler.warmup_max_lr) == (
+        (0.001, 0.0),
+        0.05,
+    )
+    rows = {key: (value, origin) for key, value, origin, _ in recipe_rows(recipe)}
+    assert rows["engine.scheduler.warmup_min_lr"] == ("[0.0, 0.0001]", "file")  # `zerolaunch recipe show`
+    assert rows["engine.scheduler.warmup_max_lr"] == ("[0.01, 0.005]", "file")
+    back = Recipe.from_json(
+        json.loads(json.dumps(recipe.to_json()))
+    )  # recipe.resolved.json, as workers read it
+    assert back.engine == recipe.engine
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        (
+            {"warmup_min_lr": [0, "1e-4"]},
+            r"`deepspeed.scheduler.params.warmup_min_lr` must be a list of numbers \(one per param group\), "
+            r"but item 1 is '1e-4'",
+        ),
+        ({"warmup_max_lr": []}, r"`deepspeed.scheduler.params.warmup_max_lr` is an empty list"),
+        ({"warmup_max_lr": [0.01, 0]}, r"`deepspeed.scheduler.params.warmup_max_lr` item 1 must be > 0"),
+        ({"warmup_min_lr": [-1e-4, 0]}, r"`deepspeed.scheduler.params.warmup_min_lr` item 0 must be >= 0"),
+        ({"warmup_min_lr": [0, float("nan")]}, r"item 1 is nan"),
+        ({"warmup_min_lr": [True, 0]}, r"item 0 is True"),
+        ({"warmup_max_lr": {"a": 1}}, r"must be a number or a list of numbers \(one per param group\)"),
+        ({"warmup_max_lr": -1}, r"`deepspeed.scheduler.params.warmup_max_lr` must be > 0"),
+    ],
+)
+def test_bad_per_group_scheduler_lists_name_the_key(params, match):
+    with pytest.raises(RecipeError, match=match) as err:
+        load_recipe(_warmup(params))
+    assert err.value.exit_code == 2
+
+
+def test_warmup_cosine_ratios_stay_one_number_as_deepspeed():
+    for key in ("warmup_min_ratio", "cos_min_ratio"):
+        with pytest.raises(
+            RecipeError, match=rf"`deepspeed.scheduler.params.{key}` is a list .* one {key} for every"
+        ):
+            load_recipe(_warmup({key: [0.1, 0.2]}, "WarmupCosineLR"))
+    for kind in (
+        "OneCycle",
+        "LRRangeTest",
+    ):  # their per-group cycle_min_lr / lr_range_test lists: not supported
+        with pytest.raises(RecipeError, match=f"DeepSpeed's {kind} scheduler is not supported"):
+            load_recipe(_warmup({"cycle_min_lr": [0.1, 0.2]}, kind))
+
+
+def test_built_in_loop_refuses_a_list_that_is_not_two_groups_before_workers_start():
+    from zerolaunch.config.errors import UserError
+    from zerolaunch.launch.preflight import check_scheduler_groups
+
+    three = load_recipe(_warmup({"warmup_min_lr": [0, 0, 0]}))
+    with pytest.raises(
+        UserError,
+        match=r"r.yaml: scheduler.params.warmup_min_lr is a list of 3 values \(\[0.0, 0.0, 0.0\]\) "
+        r"but the optimizer has 2 param groups \(the default groups: 2, decay and no-decay; 1 with "
+        r"train.weight_decay_1d: true\)",
+    ):
+        check_scheduler_groups(three, "r.yaml")
+    check_scheduler_groups(load_recipe(_warmup({"warmup_min_lr": [0, 0]})), "r.yaml")
+    one = {**_warmup({"warmup_max_lr": [0.01, 0.02]}), "train": {"steps": 20, "weight_decay_1d": True}}
+    with pytest.raises(
+        UserError, match=r"list of 2 values .* has 1 param group \(.*train.weight_decay_1d is true"
+    ):
+        check_scheduler_groups(load_recipe(one), "r.yaml")
+    check_scheduler_groups(
+        load_recipe({**one, "deepspeed": _warmup({"warmup_max_lr": [0.01]})["deepspeed"]}), "r"
+    )

@@ -288,3 +288,99 @@ def test_no_schedule_and_cosine_keep_each_groups_lr():
     s = LRSchedule(o, 0.01)
     first, second = s.lrs_at(6, [None, 0.02])
     assert first == s.lr_at(6) and second == pytest.approx(2 * first, rel=1e-12)
+
+
+# Printed once by DeepSpeed 0.19.8 as DEEPSPEED_0_19_8_GROUPS (SGD, groups' own lrs 0.01 and 0.02), with LISTS
+# for warmup_min_lr / warmup_max_lr: `_format_param` keeps a list of one value per group, so each group runs
+# from its own min to its own max. Each step's [group 0 lr, group 1 lr]; literals, not recomputed here.
+DEEPSPEED_0_19_8_LISTS = {
+    "WarmupLR_log_both_lists": (
+        dict(name="WarmupLR", warmup_min_lr=(0.0, 1e-4), warmup_max_lr=(1e-2, 5e-3), warmup_num_steps=4),
+        [
+            [0.0, 0.0001],
+            [0.0, 0.0001],
+            [0.005, 0.0025499999999999997],
+            [0.007924812503605782, 0.003983158126766833],
+            [0.01, 0.005],
+            [0.01, 0.005],
+        ],
+    ),
+    "WarmupLR_min_list_own_max": (
+        dict(name="WarmupLR", warmup_min_lr=(0.001, 0.002), warmup_num_steps=4, warmup_type="linear"),
+        [
+            [0.001, 0.002],
+            [0.001, 0.002],
+            [0.0032500000000000003, 0.006500000000000001],
+            [0.0055000000000000005, 0.011000000000000001],
+            [0.007750000000000001, 0.015500000000000002],
+            [0.010000000000000002, 0.020000000000000004],
+        ],
+    ),
+    "WarmupDecayLR_min_list_scalar_max": (
+        dict(
+            name="WarmupDecayLR",
+            total_num_steps=7,
+            warmup_min_lr=(0.001, 0.0),
+            warmup_max_lr=0.05,
+            warmup_num_steps=3,
+            warmup_type="linear",
+        ),
+        [
+            [0.001, 0.0],
+            [0.001, 0.0],
+            [0.017333333333333333, 0.016666666666666666],
+            [0.033666666666666664, 0.03333333333333333],
+            [0.05, 0.05],
+            [0.037750000000000006, 0.037500000000000006],
+            [0.025500000000000002, 0.025],
+            [0.013250000000000001, 0.0125],
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEEPSPEED_0_19_8_LISTS))
+def test_per_group_lists_match_deepspeed_exactly(case):
+    options, expected = DEEPSPEED_0_19_8_LISTS[case]
+    s = LRSchedule(SchedulerOptions(**options), 0.01)
+    assert [s.lrs_at(k, [None, 0.02]) for k in range(len(expected))] == expected  # DeepSpeed's very floats
+
+
+def test_list_of_another_length_is_refused_naming_key_and_counts():
+    from zerolaunch.zero.sched import groups_description
+
+    o = SchedulerOptions(name="WarmupLR", warmup_min_lr=(0.0, 1e-4, 0.0), warmup_num_steps=4)
+    s = LRSchedule(o, 0.01)
+    with pytest.raises(ValueError, match=r"warmup_min_lr is a list of 3 values .* has 2 param groups"):
+        s.check_groups(2, groups_description(None, False))
+    with pytest.raises(ValueError, match=r"2, decay and no-decay; 1 with train.weight_decay_1d: true"):
+        s.check_groups(2, groups_description(None, False))
+    with pytest.raises(ValueError, match=r"has 1 param group \(.*weight_decay_1d is true"):
+        s.check_groups(1, groups_description(None, True))
+    with pytest.raises(ValueError, match=r"has 2 param groups \(the groups of model_parameters\)"):
+        s.check_groups(2, groups_description([{}, {}], False))
+    s.check_groups(3, "three")  # fits
+    with pytest.raises(ValueError, match="warmup_max_lr is a list of 1 value "):
+        LRSchedule(
+            SchedulerOptions(name="WarmupDecayLR", warmup_max_lr=(0.1,), total_num_steps=5), 0.1
+        ).check_groups(2, "two")
+    with pytest.raises(ValueError, match="scheduler.warmup_min_lr has 3 values but there are 2 param groups"):
+        s.lrs_at(1, [None, None])
+
+
+def test_engine_refuses_a_list_that_does_not_fit_its_groups():
+    import torch
+
+    from zerolaunch.zero.engine import Engine
+    from zerolaunch.zero.options import EngineOptions, OptimizerOptions, ZeroOptions
+
+    options = EngineOptions(
+        zero=ZeroOptions(stage=1),
+        optimizer=OptimizerOptions(name="sgd", lr=0.01),
+        scheduler=SchedulerOptions(name="WarmupLR", warmup_max_lr=(0.01, 0.02, 0.03), warmup_num_steps=4),
+    )
+    model = torch.nn.Linear(2, 2)  # default groups: weight (decay), bias (no decay)
+    with pytest.raises(
+        ValueError, match=r"warmup_max_lr is a list of 3 values .* 2 param groups \(the default"
+    ):
+        Engine(model, options)

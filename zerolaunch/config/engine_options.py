@@ -313,7 +313,7 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
     peak = r.value(
         k + "warmup_max_lr",
         p + ("warmup_max_lr",),
-        "float",
+        "float_or_list",
         # DeepSpeed 0.19.8: WarmupDecayLR defaults to 0.001, WarmupLR to the optimizer's lr (None here).
         0.001 if kind == "WarmupDecayLR" else None,
         auto=lambda: (train.lr, "= train.lr"),
@@ -322,12 +322,21 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
         else "DeepSpeed's default: the optimizer's lr",
         gt=0,
     )
+    for ratio in ("warmup_min_ratio", "cos_min_ratio"):
+        if isinstance(r.raw(p + (ratio,)), (list, tuple)):
+            # DeepSpeed 0.19.8's WarmupCosineLR uses them as numbers (`1. - self.warmup_min_ratio`), a list fails
+            raise r.fail(
+                p + (ratio,),
+                f"is a list ({r.raw(p + (ratio,))!r}), but DeepSpeed's WarmupCosineLR takes one {ratio} for "
+                "every param group (each group's own lr is scaled by the same ratio)",
+                "Write one number from 0 to 1",
+            )
     return SchedulerOptions(
         name=kind,
         warmup_min_lr=r.value(
             k + "warmup_min_lr",
             p + ("warmup_min_lr",),
-            "float",
+            "float_or_list",
             0.0,
             auto=lambda: (0.0, "0 (Hugging Face's choice)"),
             min=0,

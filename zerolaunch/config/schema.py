@@ -204,12 +204,16 @@ def engine_from_json(data: dict[str, Any]) -> EngineOptions:
     zero["stage3_units"] = tuple(zero["stage3_units"])
     optimizer = dict(data["optimizer"])
     optimizer["betas"] = tuple(optimizer["betas"])
+    scheduler = dict(data["scheduler"])
+    for key in ("warmup_min_lr", "warmup_max_lr"):  # a per-group list is a tuple, as load.py resolves it
+        if isinstance(scheduler.get(key), list):
+            scheduler[key] = tuple(scheduler[key])
     rest = {k: v for k, v in data.items() if k not in ("zero", "precision", "optimizer", "scheduler")}
     return EngineOptions(
         zero=ZeroOptions(**zero),
         precision=PrecisionOptions(**data["precision"]),
         optimizer=OptimizerOptions(**optimizer),
-        scheduler=SchedulerOptions(**data["scheduler"]),
+        scheduler=SchedulerOptions(**scheduler),
         **rest,
     )
 

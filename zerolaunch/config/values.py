@@ -115,6 +115,40 @@ def _float(r: Resolver, path: Path, value: Any, limits: dict) -> float:
     return float(value)
 
 
+def _float_or_list(r: Resolver, path: Path, value: Any, limits: dict) -> float | tuple[float, ...]:
+    """A number, or a list of numbers (one per optimizer param group, as DeepSpeed's scheduler `_format_param`
+    takes them); the limits hold for each value. The list's length is checked when the engine has its groups."""
+    if not isinstance(value, (list, tuple)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise r.fail(
+                path,
+                f"must be a number or a list of numbers (one per param group), got {value!r}",
+                "Write a number, e.g. 3e-4, or one per param group, e.g. [3e-4, 1e-4]",
+            )
+        return float(value)
+    low, high, gt = limits.pop("min", None), limits.pop("max", None), limits.pop("gt", None)
+    if not value:
+        raise r.fail(path, "is an empty list", "Give one number per param group, or a single number for all")
+    result = []
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise r.fail(
+                path,
+                f"must be a list of numbers (one per param group), but item {i} is {v!r} (in {list(value)!r})",
+                "Write numbers only, e.g. [3e-4, 1e-4]",
+            )
+        bad = (gt is not None and not v > gt and f"> {gt}") or (low is not None and v < low and f">= {low}")
+        bad = bad or (high is not None and v > high and f"<= {high}")
+        if bad:
+            raise r.fail(
+                path,
+                f"item {i} must be {bad} (got {v!r} in {list(value)!r})",
+                f"Give each param group a value {bad}",
+            )
+        result.append(float(v))
+    return tuple(result)
+
+
 def _bool(r: Resolver, path: Path, value: Any, limits: dict) -> bool:
     if not isinstance(value, bool):
         raise r.fail(path, f"must be true or false, got {value!r}", "Write true or false")
@@ -168,6 +202,7 @@ def _str_list(r: Resolver, path: Path, value: Any, limits: dict) -> tuple[str, .
 _CONVERTERS: dict[str, Callable[[Resolver, Path, Any, dict], Any]] = {
     "int": _int,
     "float": _float,
+    "float_or_list": _float_or_list,
     "bool": _bool,
     "str": _str,
     "optional_str": _optional_str,

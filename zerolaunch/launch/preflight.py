@@ -2,9 +2,10 @@
 
 `preflight(recipe, resume)` raises a UserError (one paragraph, exit 2) naming the recipe file, the key and the
 fix for: a `--resume PATH` that is not a checkpoint, a model builder that does not return an nn.Module or
-whose model has no trainable parameters (built on the meta device, so a 7B model costs nothing), and an HF
-`model.args.path` that is not a local model directory, and a data builder that raises, returns no iterable
-or yields nothing (rank 0's iterable is built and one batch drawn, on the CPU, in a thread given
+whose model has no trainable parameters (built on the meta device, so a 7B model costs nothing), an HF
+`model.args.path` that is not a local model directory, a per-group scheduler list (warmup_min_lr /
+warmup_max_lr) whose length is not the built-in loop's number of param groups, and a data builder that
+raises, returns no iterable or yields nothing (rank 0's iterable is built and one batch drawn, on the CPU, in a thread given
 DATA_PROBE_SECONDS: a builder that reads a large corpus or loads a tokenizer for longer is not judged, and
 the run goes on with a note). It writes nothing. It does not own the recipe's own validation (config/, which
 also imports both builders) nor the errors only a worker can meet (those come back through the worker's
@@ -36,6 +37,7 @@ def preflight(recipe, resume: str | None, world_size: int = 1) -> list[str]:
     else:
         check_model_on_meta(recipe, where)
     if not recipe.entrypoint:  # an entrypoint script brings its own data; the built-in loop is not used
+        check_scheduler_groups(recipe, where)
         note = check_data_yields(recipe, world_size, where)
         if note:
             notes.append(note)
@@ -94,6 +96,21 @@ def check_model_on_meta(recipe, where: str) -> None:
             "(none with requires_grad=True), so there is nothing to train. Unfreeze at least one parameter "
             "in the builder."
         )
+
+
+def check_scheduler_groups(recipe, where: str) -> None:
+    """The built-in loop's param groups are the default ones (2: decay and no-decay; 1 with
+    train.weight_decay_1d: true), so a per-group warmup_min_lr / warmup_max_lr list of another length is
+    refused here, before any worker starts (an entrypoint's groups are its own: its engine checks them)."""
+    from zerolaunch.zero.plan import default_num_groups
+    from zerolaunch.zero.sched import group_count_error, groups_description
+
+    decay_1d = recipe.engine.optimizer.decay_1d
+    message = group_count_error(
+        recipe.engine.scheduler, default_num_groups(decay_1d), groups_description(None, decay_1d)
+    )
+    if message:
+        raise UserError(f"{where}: {message}. The built-in training loop always builds the default groups.")
 
 
 def check_data_yields(

@@ -21,7 +21,7 @@ from .optim import host
 from .optim.torch_optim import check_and_scale, note_nonfinite_loss, sum_of_squares
 from .options import EngineOptions
 from .protocol import DTYPES, StepInfo, validate_options
-from .sched import LRSchedule
+from .sched import LRSchedule, groups_description
 from .sharding import Sharding
 
 
@@ -76,6 +76,9 @@ class Engine(EngineStateMixin):
         self.num_groups = s.num_groups
 
         self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
+        self.scheduler.check_groups(
+            self.num_groups, groups_description(param_groups, options.optimizer.decay_1d)
+        )
         self.scaler = LossScaler(options.precision)
         self.global_steps = 0
         self.micro_steps = 0

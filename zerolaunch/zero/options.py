@@ -127,9 +127,11 @@ class OptimizerOptions:
 @dataclass(frozen=True)
 class SchedulerOptions:
     name: Literal["none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine"] = "none"
-    warmup_min_lr: float = 0.0
-    warmup_max_lr: float | None = None
-    """None = the optimizer's lr."""
+    warmup_min_lr: float | tuple[float, ...] = 0.0
+    """WarmupLR / WarmupDecayLR: a number for every group, or a tuple of one per param group (DeepSpeed's
+    `_format_param`; the length is checked when the engine builds its groups)."""
+    warmup_max_lr: float | tuple[float, ...] | None = None
+    """None = each group's own lr (the optimizer's lr); a number or a per-group tuple as warmup_min_lr."""
     warmup_num_steps: int = 0
     warmup_type: Literal["log", "linear"] = "log"
     total_num_steps: int | None = None

@@ -49,8 +49,19 @@ class LRSchedule:
 
     @property
     def peak_lr(self) -> float:
+        """The nanoGPT "cosine"'s peak (its warmup_max_lr is a number or None)."""
         o = self.options
+        if isinstance(o.warmup_max_lr, tuple):
+            return float(o.warmup_max_lr[0])
         return self.base_lr if o.warmup_max_lr is None else float(o.warmup_max_lr)
+
+    def check_groups(self, num_groups: int, groups: str) -> None:
+        """Raise ValueError when a per-group list of warmup_min_lr / warmup_max_lr does not have one value per
+        param group (DeepSpeed's `_format_param` raises then too). groups: what the groups are, for the
+        message (e.g. "the 2 groups of model_parameters")."""
+        message = group_count_error(self.options, num_groups, groups)
+        if message:
+            raise ValueError(message)
 
     def _warmup_gamma(self, step: int, warmup_steps: int) -> float:
         # DeepSpeed: log warmup reaches 1 at step warmup_steps - 1; linear at warmup_steps. Its operations, in
@@ -68,9 +79,10 @@ class LRSchedule:
         """The lr of each param group for the optimizer step that follows `step` steps already taken.
 
         group_lrs: each group's own lr (None: the optimizer's lr). As DeepSpeed 0.19.8's schedules
-        (lr_schedules.py): WarmupLR / WarmupDecayLR run every group from warmup_min_lr to warmup_max_lr, which
-        is one value for all groups when given (`_format_param` broadcasts a scalar) and each group's own lr
-        when not (WarmupLR's `warmup_max_lr=None`); WarmupCosineLR scales each group's own lr by one ratio
+        (lr_schedules.py): WarmupLR / WarmupDecayLR run each group from its warmup_min_lr to its warmup_max_lr:
+        a number is every group's (`_format_param` broadcasts a scalar), a tuple gives one per group (its length
+        must be the number of groups: ValueError otherwise), and without warmup_max_lr the peak is each group's
+        own lr (WarmupLR's `warmup_max_lr=None`); WarmupCosineLR scales each group's own lr by one ratio
         (`org_lrs`); no schedule leaves each group at its own lr. The nanoGPT "cosine" (ours) scales a group's lr by
         its own lr / the optimizer's.
         """
@@ -94,10 +106,11 @@ class LRSchedule:
                 return [0.0 for _ in own]
             ratio = self._warmup_cosine_ratio(step - 1, warmup)
             return [lr * ratio for lr in own]
-        min_lr = o.warmup_min_lr
-        peaks = own if o.warmup_max_lr is None else [float(o.warmup_max_lr)] * len(own)
+        # DeepSpeed's _format_param: a scalar is broadcast to every group, a list gives one value per group
+        mins = _per_group(o.warmup_min_lr, own, "warmup_min_lr")
+        peaks = own if o.warmup_max_lr is None else _per_group(o.warmup_max_lr, own, "warmup_max_lr")
         if step == 0:
-            return [min_lr for _ in own]
+            return list(mins)
         step -= 1  # DeepSpeed's last_batch_iteration when step k+1 runs
         if step < warmup:
             gamma = self._warmup_gamma(step, warmup)
@@ -106,7 +119,8 @@ class LRSchedule:
         else:
             total = o.total_num_steps
             gamma = max(0.0, float(total - step) / float(max(1.0, total - warmup)))
-        return [min_lr + (peak - min_lr) * gamma for peak in peaks]
+        # DeepSpeed: min_lr + delta_lr * gamma, delta_lr = max_lr - min_lr computed once (the same floats)
+        return [min_lr + (peak - min_lr) * gamma for min_lr, peak in zip(mins, peaks, strict=True)]
 
     def _warmup_cosine_ratio(self, step: int, warmup: int) -> float:
         o = self.options
@@ -139,3 +153,37 @@ class LRSchedule:
                 "the lr depends only on the step, so set scheduler.name to match or start a new run"
             )
         self.last_step = int(state["last_step"])
+
+
+def _per_group(value, own: list[float], key: str) -> list[float]:
+    if isinstance(value, (tuple, list)):
+        if len(value) != len(own):
+            raise ValueError(f"scheduler.{key} has {len(value)} values but there are {len(own)} param groups")
+        return [float(v) for v in value]
+    return [float(value)] * len(own)
+
+
+def group_count_error(options: SchedulerOptions, num_groups: int, groups: str) -> str | None:
+    """The message for a per-group list whose length is not `num_groups` (None when every list fits)."""
+    if options.name not in ("WarmupLR", "WarmupDecayLR"):
+        return None
+    for key in ("warmup_min_lr", "warmup_max_lr"):
+        value = getattr(options, key)
+        if isinstance(value, (tuple, list)) and len(value) != num_groups:
+            listed = ", ".join(repr(v) for v in value)
+            return (
+                f"scheduler.params.{key} is a list of {len(value)} value{'s' if len(value) != 1 else ''} "
+                f"([{listed}]) but the optimizer has {num_groups} param group{'s' if num_groups != 1 else ''} "
+                f"({groups}); give one value per param group, in the groups' order, or a single number for "
+                "all of them (DeepSpeed's _format_param refuses a list of another length too)"
+            )
+    return None
+
+
+def groups_description(client_groups, decay_1d: bool) -> str:
+    """What the engine's param groups are, for group_count_error's message."""
+    if client_groups is not None:
+        return "the groups of model_parameters"
+    if decay_1d:
+        return "the default groups: 1, every param decayed, as train.weight_decay_1d is true"
+    return "the default groups: 2, decay and no-decay; 1 with train.weight_decay_1d: true"
