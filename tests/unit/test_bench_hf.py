@@ -19,20 +19,12 @@ import torch.distributed as dist
 
 pytest.importorskip("transformers")
 
+from _helpers import tiny_llama  # noqa: E402
+
 from zerolaunch.report.mfu import hf_flops_per_token  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {
-    "model_type": "llama",
-    "vocab_size": 256,
-    "hidden_size": 32,
-    "intermediate_size": 48,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-    "tie_word_embeddings": False,
-}
+TINY = tiny_llama(vocab_size=256, num_hidden_layers=2, max_position_embeddings=64, tie_word_embeddings=False)
 SEQ = 16
 
 

@@ -28,6 +28,7 @@ from .paths import resolve_path_args
 from .schema import (
     DEFAULT_DATA_BUILDER,
     DEFAULT_MODEL_BUILDER,
+    PREFETCH_MODES,
     TOP_LEVEL_KEYS,
     CheckpointSection,
     DataSection,
@@ -319,7 +320,7 @@ def _sections(
         "auto",
         auto=lambda: ("auto", "a worker process on CUDA, a thread on the CPU"),
         default_note="process on CUDA, thread on the CPU",
-        choices=("auto", "thread", "process"),
+        choices=PREFETCH_MODES,
     )
     data = DataSection(builder=built["data"][0], args=built["data"][1], prefetch=prefetch)
     c: Path = ("checkpoint",)

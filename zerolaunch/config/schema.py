@@ -38,6 +38,11 @@ class ModelSection:
     """Initial weights: safetensors, torch state dict, or a zerolaunch / DeepSpeed checkpoint folder."""
 
 
+PREFETCH_MODES = ("auto", "thread", "process")
+"""`data.prefetch`: where batches are made ahead of the step (auto = process on CUDA, thread on the CPU;
+train/batches.py prefetch_mode)."""
+
+
 @dataclass(frozen=True)
 class DataSection:
     builder: str = DEFAULT_DATA_BUILDER

@@ -331,8 +331,8 @@ def launch_hosts(req, *, hostfile: str, include: str, exclude: str, exports: lis
                     thread.join(timeout=5)
                 return 0
             time.sleep(0.2)
-    except (_Interrupted, KeyboardInterrupt) as err:
-        signum = err.signum if isinstance(err, _Interrupted) else int(signal.SIGINT)
+    except _Interrupted as err:
+        signum = err.signum
         for s in STOP_SIGNALS:  # a second Ctrl-C while the hosts stop must not cut the stop short
             signal.signal(s, signal.SIG_IGN)
         _stop(procs)

@@ -266,7 +266,7 @@ def chunked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     two chunks (_ChunkedCrossEntropy). The value equals F.cross_entropy on the fp32 logits to fp32 rounding,
     and so do the gradients (computed in fp32, rounded once to the logits' dtype).
     """
-    n, v = logits.shape
+    v = logits.shape[1]
     rows = max(1, CE_CHUNK_ELEMENTS // max(v, 1))
     return _ChunkedCrossEntropy.apply(logits, labels, rows)
 

@@ -20,6 +20,7 @@ import torch.utils.data
 
 from zerolaunch.config import import_builder
 from zerolaunch.config.errors import UserError
+from zerolaunch.config.schema import PREFETCH_MODES
 
 
 class TrainError(UserError):
@@ -133,17 +134,13 @@ _FAILED = object()
 _POLL_SECONDS = 0.1
 
 
-PREFETCH_MODES = ("auto", "thread", "process")
-"""`data.prefetch`: where batches are made ahead of the step (auto = process on CUDA, thread on the CPU)."""
-
-
 def prefetch_mode(setting: str, device: torch.device) -> str:
     """The producer ("thread" or "process") for `data.prefetch` on `device`.
 
     [Note: prefetch process] A thread shares the training thread's GIL: a builder written in Python (the
     synthetic Markov walk is 16k Python steps a batch at seq 2048, about 10-20 ms) delays every kernel
-    launch of the step it overlaps, and on a GPU those delays are step time (measured in bench/RESULTS.md,
-    "input pipeline"). One forked worker process has its own interpreter. It is the default on CUDA only:
+    launch of the step it overlaps, and on a GPU those delays are step time (bench/train_gap.py; bench/RESULTS.md,
+    2026-12-04 18:00: 1.076x the bare engine on a thread, 1.011x in a process). One forked worker process has its own interpreter. It is the default on CUDA only:
     on the CPU the step itself is the bottleneck and a second process would take a core from it.
     """
     if setting == "auto":
@@ -308,7 +305,8 @@ class _ProcessProducer:
     Forked, so the worker starts from this process's source as it is now (after any restore) and a builder
     needs nothing picklable; the worker must not touch CUDA (a forked child cannot), which the built-in
     builders and any CPU-side data code meet; a builder that makes CUDA tensors needs data.prefetch: thread.
-    An error in the worker is re-raised here with its traceback (DataLoader's rule), at its place in order.
+    An error in the worker travels as an item (_Drawn) and is re-raised here, the builder's own exception
+    with the worker's traceback as a note, at its place in order.
     The loader gets its own generator so that starting it draws nothing from this process's torch RNG.
     """
 
