@@ -14,9 +14,11 @@ import os
 import pytest
 import torch
 
+from zerolaunch.zero.grad_shards import GradShards
 from zerolaunch.zero.optim import nvme_store
 from zerolaunch.zero.optim.shard_optimizer import Chunk, ShardOptimizer
 from zerolaunch.zero.options import OffloadOptions, OptimizerOptions
+from zerolaunch.zero.plan import GradSegment
 
 
 def _rss_bytes() -> int:
@@ -150,8 +152,17 @@ def test_chunked_step_equals_torch_over_the_whole_tensor(tmp_path, options):
         for r, g in zip(ref, grads, strict=True):
             r.grad = g.clone()
         ref_opt.step()
+        shards = GradShards(
+            [20, 5],
+            [GradSegment(c.group, c.offset, c.numel, i) for i, c in enumerate(chunks)],
+            torch.device("cpu"),
+            pin=False,
+            releasable=False,
+        )
+        for seg, t in zip(shards.segments, shards.tensors, strict=True):
+            t.copy_(grads[seg.group][seg.offset : seg.offset + seg.numel])
         seen: list[int] = []
-        opt.step(grads, options.lr, lambda c, master, seen=seen: seen.append(c))
+        opt.step(shards, options.lr, lambda c, master, seen=seen: seen.append(c))
         assert seen == [0, 1, 2]
     for g, r in enumerate(ref):
         got = torch.cat([opt.read("master", g, c.offset, c.numel) for c in chunks if c.group == g])

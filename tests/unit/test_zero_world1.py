@@ -4,7 +4,7 @@ Tests ([Note: world size 1] in zero/flat/reducer.py): (1) memory: after a real b
 own accounting (`memory_bytes()`) is params + fp32 master + fp32 grad shard + optimizer state, and,
 independently, the bytes of every live tensor storage found by the garbage collector are that less the grad
 shard, which is released between steps and back after the next backward ([Note: released grad shards] in
-zero/flat/grad_memory.py; before, stages 0/1 also held a compute-dtype full gradient buffer and stage 2 its
+zero/grad_shards.py; before, stages 0/1 also held a compute-dtype full gradient buffer and stage 2 its
 staging buckets); (2) values: the direct path gives the same weights, bit for bit (atol=0), as the reducing
 path it replaces (forced here by patching `FlatSharding._accumulates_directly`), for stages 0-2, fp32 and
 bf16, one and three micro-steps, a param without a gradient in a micro-step, clipping and fp16 loss scaling;
@@ -86,7 +86,7 @@ def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
     before = _live_storage_bytes()
     engine = Engine(WideNet(), _options(stage, dtype))
     # not held before the first backward
-    assert sum(t.untyped_storage().nbytes() for t in engine.sharding.grad_shards) == 0
+    assert sum(t.untyped_storage().nbytes() for t in engine.sharding.grad_shards.tensors) == 0
     loss = F.mse_loss(engine(x.to(engine.dtype)).float(), y)
     engine.backward(loss)
     engine.step()
@@ -111,7 +111,7 @@ def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
     del loss
     live = _live_storage_bytes() - before
     assert abs(live - model_states) < 64 * 1024, (live, model_states)
-    assert sum(t.untyped_storage().nbytes() for t in engine.sharding.grad_shards) == 4 * padded
+    assert sum(t.untyped_storage().nbytes() for t in engine.sharding.grad_shards.tensors) == 4 * padded
 
 
 def _train(options: EngineOptions, *, direct: bool, monkeypatch, steps=4, skip_param_on_micro=None):

@@ -12,7 +12,7 @@ steps) + the largest of the transients that never overlap: the loss (all activat
 units), the rest of backward (activations without the loss tensors + gathered units + stage 3's staging
 buffers) and the optimizer step (the fp32 reduce copies of stages 0/1 and the compute-dtype
 publish copies all-gathered back into the params). Stages 0-2 without offload free their fp32 grad shard
-between steps ([Note: released grad shards] in zero/flat/grad_memory.py): it is counted with the rest of
+between steps ([Note: released grad shards] in zero/grad_shards.py): it is counted with the rest of
 backward (written from the backward hooks: stage 2 and world size 1) and with the step, not under the loss.
 """
 
@@ -210,7 +210,7 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     engine (zero/engine.py, zero/flat/reducer.py). The stage-2 staging buffers are allocated once and kept, so
     they are resident ("buckets"). gpu["grads"] counts the fp32 grad shard, which the engine holds only from
     the first gradient write of a window to the step when it is on the device ([Note: released grad shards]
-    in zero/flat/grad_memory.py): those bytes are returned as "released", for the peak to place them."""
+    in zero/grad_shards.py): those bytes are returned as "released", for the peak to place them."""
     b, c, world = setup.dtype_bytes, setup.comm_bytes, setup.world_size
     lay = el.stage012_layout(
         shape.specs,
@@ -326,7 +326,11 @@ def _states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     """(gpu, host, step transient, gathered bytes, staging bytes, nvme bytes per rank, released grads, released
     grads written in backward) of one row."""
     if stage == 3:
-        return (*stage3_states(shape, setup, offload), 0, 0)
+        gpu, host, transient, gathered, staging, nvme = stage3_states(shape, setup, offload)
+        # as stage 2's: each unit's fp32 grad segment is allocated by its first reduce in backward and freed
+        # after the step ([Note: released grad shards] in zero/grad_shards.py)
+        released = gpu["grads"]
+        return gpu, host, transient, gathered, staging, nvme, released, released
     gpu, host, transient, released, in_backward = stage012_states(shape, setup, stage, offload)
     nvme = 0
     if offload == "optimizer-nvme":

@@ -134,7 +134,7 @@ class Engine(EngineStateMixin):
             device_sq = None
         loss_scale = self.scaler.scale
         scaling = check_and_scale(
-            device_sq if device_sq is not None else sum_of_squares(self.sharding.grad_shards),
+            device_sq if device_sq is not None else sum_of_squares(self.sharding.grad_shards.tensors),
             self.group,
             sharded=self.stage > 0,
             loss_scale=loss_scale,

@@ -10,8 +10,8 @@ they move between ranks:
   (stage3/schedule.py).
 
 A strategy sets at construction: `module`, `_named` (name -> trainable or frozen param, tied counted once),
-`_aliases`, `_frozen`, `_buffers`, `shards` (optim.shard_optimizer.ShardOptimizer), `grad_shards` (fp32, one
-per param group), `num_groups`; and supplies the methods of `Sharding` below that it overrides.
+`_aliases`, `_frozen`, `_buffers`, `shards` (optim.shard_optimizer.ShardOptimizer), `grad_shards`
+(grad_shards.GradShards: the fp32 grad shards in segments), `num_groups`; and supplies the methods of `Sharding` below that it overrides.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Sharding:
 
     def release_grads(self) -> None:
         """After the step read the grad shards (or a skipped step discarded them): free what the next window
-        re-allocates at its first write ([Note: released grad shards] in flat/grad_memory.py). Default:
+        re-allocates at its first write ([Note: released grad shards] in grad_shards.py). Default:
         keep."""
 
     def settle(self) -> None:

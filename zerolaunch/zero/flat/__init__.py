@@ -4,5 +4,4 @@
 - `reducer.py`: the flat param / grad buffers, bucket views, and the gradient reducers (`BackwardReducer`
   for stage 2's reduce-scatter during backward, `DirectAccumulator` for world size 1, `reduce_full_grads`
   for stages 0/1 at the boundary).
-- `grad_memory.py`: the fp32 grad shards released between steps ([Note: released grad shards]).
 """

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .. import comm, plan
+from ..grad_shards import GradShards
 from ..layout import Fragment, ParamSpec
 from ..optim import host, shard_optimizer
 from ..optim.overlapped_step import OverlappedStep
@@ -29,7 +30,6 @@ from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
 from ..param_groups import collect_aliases, collect_params, optimizer_groups
 from ..sharding import Sharding, nbytes
 from . import reducer
-from .grad_memory import GradShardMemory
 
 
 class FlatSharding(Sharding):
@@ -67,12 +67,14 @@ class FlatSharding(Sharding):
         self._broadcast_initial_state()
 
         shard_numels = [self.layout.shard_numel(g) for g in range(self.num_groups)]
-        self.grad_shards = [host.zeros(n, self.master_device, pin=pin) for n in shard_numels]
-        # on the compute device they are freed after each step ([Note: released grad shards])
-        self.grad_memory = GradShardMemory(
-            self.grad_shards, releasable=options.zero.offload_optimizer.device == "none"
-        )
         offload_device = options.zero.offload_optimizer.device
+        direct = self._accumulates_directly(options)
+        segments = plan.flat_grad_segments(self.layout, direct)
+        # on the compute device each segment is freed after the step and re-allocated at its first write in
+        # backward ([Note: released grad shards] in ../grad_shards.py)
+        self.grad_shards = GradShards(
+            shard_numels, segments, self.master_device, pin=pin, releasable=offload_device == "none"
+        )
         # the sum of squares for the norm is taken from the reduced grads on the device while they are
         # still there, when those are the window's final values: saves a pass over the host shards.
         self._device_grad_sq = offload_device != "none" and (
@@ -83,10 +85,11 @@ class FlatSharding(Sharding):
             options.zero.offload_optimizer,
             shard_numels,
             self._groups,
+            # a chunk never spans two grad segments (a segment lies inside one bucket's shard)
             split_chunks(
                 [
-                    Chunk(b.group, self.layout.bucket_shard_offset(b), b.shard_numel, owner=b.index)
-                    for b in self.layout.buckets
+                    Chunk(g.group, g.offset, g.numel, owner=g.bucket, owner_offset=g.bucket_offset)
+                    for g in segments
                 ],
                 shard_optimizer.HOST_CHUNK_NUMEL if offload_device == "cpu" else None,
             ),
@@ -99,8 +102,8 @@ class FlatSharding(Sharding):
 
         self.full_grads: list[torch.Tensor] = []
         self.reducer: reducer.BackwardReducer | reducer.DirectAccumulator | None = None
-        if self._accumulates_directly(options):
-            self.reducer = reducer.DirectAccumulator(self.layout, self.grad_shards, self.grad_memory)
+        if direct:
+            self.reducer = reducer.DirectAccumulator(self.layout, self.grad_shards)
             self._hook_handles = [
                 self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
                 for slot in self.layout.params
@@ -118,7 +121,6 @@ class FlatSharding(Sharding):
                 comm_dtype=self.comm_dtype,
                 stats=self.comm_stats,
                 track_grad_sq=self._device_grad_sq,
-                memory=self.grad_memory,
             )
             self._hook_handles = [
                 self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
@@ -126,7 +128,7 @@ class FlatSharding(Sharding):
             ]
         # not held before the first backward either (the reducers' views above are taken): the first
         # forward's peak is then every step's peak
-        self.grad_memory.release()
+        self.grad_shards.release()
 
         self._in_flight: OverlappedStep | None = None
         """The step running in the background ([Note: overlapped step]); None when settled."""
@@ -240,7 +242,7 @@ class FlatSharding(Sharding):
                 # stage 0 all-reduces no norm: a bad loss travels as an inf in the grads it all-reduces
                 first = self.full_grads[0][:1]
                 first.add_(torch.where(loss_nonfinite, float("inf"), 0.0).to(first.dtype))
-            self.grad_memory.ensure()  # every shard element is written by the reduction below
+            self.grad_shards.ensure_all()  # every shard element is written by the reduction below
             device_sq = reducer.reduce_full_grads(
                 self.layout,
                 self.full_grads,
@@ -256,7 +258,7 @@ class FlatSharding(Sharding):
             for g in self.full_grads:
                 g.zero_()
         host.sync(self.device)
-        self.grad_memory.ensure_zeroed()  # a window in which nothing wrote a gradient
+        self.grad_shards.ensure_zeroed()  # segments no gradient reached in this window
         # stage 0 put a bad loss into its grads above, unless they went straight to the shards
         return device_sq, loss_nonfinite if self.stage > 0 or not self.full_grads else None
 
@@ -274,7 +276,7 @@ class FlatSharding(Sharding):
 
     def release_grads(self) -> None:
         if self._in_flight is None:  # an overlapped step (host shards: never released) still reads them
-            self.grad_memory.release()
+            self.grad_shards.release()
 
     def _params_written_directly(self) -> bool:
         """Stage 0 and world size 1: this rank's shard is the whole bucket, written straight into the params
@@ -365,7 +367,7 @@ class FlatSharding(Sharding):
     def memory_bytes(self) -> dict[str, int]:
         out = {
             "params": nbytes(self.flat_params.buffers) + nbytes([p for _, p in self._frozen]),
-            "grads": nbytes(self.full_grads) + nbytes(self.grad_shards),
+            "grads": nbytes(self.full_grads) + self.grad_shards.capacity_bytes,
             "buckets": self.reducer.staging_bytes if self.reducer is not None else 0,
         }
         # under nvme "optimizer" is the host staging buffers and "nvme" the bytes on disk.

@@ -26,11 +26,11 @@ from collections import deque
 import torch
 
 from .. import comm, plan
+from ..grad_shards import GradShards
 from ..layout import BucketPlan, Layout, ParamSlot
 from ..optim import host
 from ..optim.torch_optim import sum_of_squares
 from ..sharding import GradWindow
-from .grad_memory import GradShardMemory
 
 
 def bucket_view(flats: list[torch.Tensor], bucket: BucketPlan) -> torch.Tensor:
@@ -44,10 +44,9 @@ def owned_view(flats: list[torch.Tensor], bucket: BucketPlan, rank: int) -> torc
     return bucket_view(flats, bucket)[lo:hi]
 
 
-def shard_view(layout: Layout, shards: list[torch.Tensor], bucket: BucketPlan) -> torch.Tensor:
-    """The bucket's piece of a rank's flat shard of its group (master, grads, optimizer state)."""
-    start = layout.bucket_shard_offset(bucket)
-    return shards[bucket.group][start : start + bucket.shard_numel]
+def grad_shard_view(layout: Layout, grads: GradShards, bucket: BucketPlan) -> torch.Tensor:
+    """The bucket's piece of a rank's fp32 grad shard of its group (one segment: plan.flat_grad_segments)."""
+    return grads.view(bucket.group, layout.bucket_shard_offset(bucket), bucket.shard_numel)
 
 
 class FlatParams:
@@ -85,7 +84,7 @@ class FlatParams:
 def reduce_full_grads(
     layout: Layout,
     full_grads: list[torch.Tensor],
-    shards: list[torch.Tensor],
+    shards: GradShards,
     group,
     *,
     rank: int,
@@ -96,7 +95,8 @@ def reduce_full_grads(
     max_in_flight: int = 2,
     track_grad_sq: bool = False,
 ) -> torch.Tensor | None:
-    """Stages 0/1, at the boundary: shards (fp32) <- the rank's averaged slice of every bucket (overwritten).
+    """Stages 0/1, at the boundary: shards (fp32) <- the rank's averaged slice of every bucket (overwritten;
+    the caller ensured every segment is allocated).
 
     sharded=True reduce-scatters (stage 1); sharded=False all-reduces the whole bucket (stage 0, where the
     layout was planned for one rank, so the "slice" is the bucket). At most `max_in_flight` buckets are
@@ -115,7 +115,7 @@ def reduce_full_grads(
             out.div_(world)
         if grad_sq is not None:
             grad_sq.add_(sum_of_squares([out]))
-        host.to_host(shard_view(layout, shards, bucket), out, accumulate=False)
+        host.to_host(grad_shard_view(layout, shards, bucket), out, accumulate=False)
 
     for bucket in layout.buckets:
         src = bucket_view(full_grads, bucket)
@@ -151,19 +151,19 @@ class BackwardReducer:
     def __init__(
         self,
         layout: Layout,
-        shards: list[torch.Tensor],
+        shards: GradShards,
         context: comm.CommContext,
         *,
         comm_dtype: torch.dtype,
         stats: comm.CommStats,
         max_in_flight: int = plan.STAGING_MAX_IN_FLIGHT,
         track_grad_sq: bool = False,
-        memory: GradShardMemory | None = None,
     ):
         self.layout = layout
         self.shards = shards
-        self.memory = memory
-        """Re-allocates released shards before a write ([Note: released grad shards])."""
+        """The fp32 grad shards; a bucket's segment is (re-)allocated before its first write ([Note: released
+        grad shards])."""
+        self._segment = [shards.index_of(b.group, layout.bucket_shard_offset(b)) for b in layout.buckets]
         self.group = context.group
         self.comm_dtype = comm_dtype
         self.device = context.device
@@ -195,11 +195,10 @@ class BackwardReducer:
         def on_grad_ready(param: torch.Tensor) -> None:
             if param.grad is None:
                 return
-            if self.memory is not None:
-                # here, on the compute stream, not in _accumulate (which may run on the reduce stream):
-                # the block then belongs to the stream that frees it after the step.
-                self.memory.ensure()
             bucket = self.layout.buckets[slot.bucket]
+            # here, on the compute stream, not in _accumulate (which may run on the reduce stream): the
+            # block then belongs to the stream that frees it after the step.
+            self.shards.ensure(self._segment[bucket.index])
             staging = self._staging_for(bucket)
             with torch.no_grad():
                 staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
@@ -266,7 +265,7 @@ class BackwardReducer:
 
     def _accumulate(self, bucket: BucketPlan, out: torch.Tensor) -> None:
         """The bucket's fp32 shard <- (first micro-step of the window) or += the reduced slice."""
-        dst = shard_view(self.layout, self.shards, bucket)
+        dst = grad_shard_view(self.layout, self.shards, bucket)
         fresh = self._window[bucket.index] is GradWindow.FRESH
         if self._track_grad_sq:
             # only meaningful when a window is one micro-step (the engine asks for it only then).
@@ -291,8 +290,7 @@ class BackwardReducer:
 
     def finish_backward(self) -> None:
         """Issue every bucket not yet issued (grads missing this micro-step count as zero), await all."""
-        if self.memory is not None:
-            self.memory.ensure()
+        self.shards.ensure_all()
         while self._next_issue < len(self.layout.buckets):
             self._issue(self.layout.buckets[self._next_issue])
         while self._inflight:
@@ -321,35 +319,33 @@ class DirectAccumulator:
     The interface is BackwardReducer's.
     """
 
-    def __init__(self, layout: Layout, shards: list[torch.Tensor], memory: GradShardMemory | None = None):
+    def __init__(self, layout: Layout, shards: GradShards):
         self.layout = layout
         self.shards = shards
-        self.memory = memory
-        """Re-allocates released shards before a write ([Note: released grad shards])."""
-        self._views = [self._shard_slice(slot) for slot in layout.params]
+        """The fp32 grad shards; a param's segment is (re-)allocated before its first write ([Note: released
+        grad shards]): backward then allocates them one segment at a time, in the order it frees
+        activations."""
+        starts = [layout.bucket_shard_offset(layout.buckets[s.bucket]) + s.offset for s in layout.params]
+        self._views = [shards.view(s.group, a, s.numel) for s, a in zip(layout.params, starts, strict=True)]
+        self._segment = [shards.index_of(s.group, a) for s, a in zip(layout.params, starts, strict=True)]
         self._index = {slot.name: i for i, slot in enumerate(layout.params)}
         self._window = [GradWindow.FRESH] * len(layout.params)
         self._seen_this_backward = False
         self.issued_count = 0
         """Always 0: nothing is reduced (kept for BackwardReducer's interface)."""
 
-    def _shard_slice(self, slot: ParamSlot) -> torch.Tensor:
-        bucket = self.layout.buckets[slot.bucket]
-        start = self.layout.bucket_shard_offset(bucket) + slot.offset
-        return self.shards[slot.group][start : start + slot.numel]
-
     staging_bytes = 0
 
     def hook_for(self, slot: ParamSlot):
         index = self._index[slot.name]
         dst = self._views[index]
+        segment = self._segment[index]
 
         def on_grad_ready(param: torch.Tensor) -> None:
             if param.grad is None:
                 return
             self._seen_this_backward = True
-            if self.memory is not None:
-                self.memory.ensure()
+            self.shards.ensure(segment)
             with torch.no_grad():
                 if self._window[index] is GradWindow.FRESH:
                     dst.copy_(param.grad.reshape(-1))
@@ -363,11 +359,10 @@ class DirectAccumulator:
     def finish_backward(self) -> None:
         """A param without a gradient in the window so far counts as zero (its slice may hold the last
         window's values: the shards are not zeroed after a step)."""
-        if self.memory is not None:
-            self.memory.ensure()
         with torch.no_grad():
             for index, window in enumerate(self._window):
                 if window is GradWindow.FRESH:
+                    self.shards.ensure(self._segment[index])
                     self._views[index].zero_()
                     self._window[index] = GradWindow.ACCUMULATING
         self._seen_this_backward = False

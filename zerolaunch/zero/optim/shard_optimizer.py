@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from ..options import OffloadOptions, OptimizerOptions
 from . import host
 from .nvme_store import NvmeError, SwapStore
 from .torch_optim import build_optimizer, state_kinds
+
+if TYPE_CHECKING:
+    from ..grad_shards import GradShards
 
 HOST_CHUNK_NUMEL = 1 << 24
 """Elements per chunk of a host (cpu offload) step: 64 MiB of fp32 master, a few ms of copy at PCIe rates,
@@ -186,14 +190,14 @@ class ShardOptimizer:
     @torch.no_grad()
     def step(
         self,
-        grads: list[torch.Tensor],
+        grads: GradShards,
         lr: float | Sequence[float],
         on_stepped: Callable[[int, torch.Tensor], None],
         *,
         grad_multiplier: torch.Tensor | None = None,
         order: Iterable[int] | None = None,
     ) -> None:
-        """Step every chunk with its slice of `grads` (per-group flat fp32 grad shards, on this device) at
+        """Step every chunk with its slice of `grads` (the fp32 grad shards, on this device) at
         its group's lr (`lr[group]`; one float: every group's), each grad first multiplied by `grad_multiplier` (a scalar tensor; None = 1). The grads may be
         left scaled. on_stepped(chunk index, master view) runs after each chunk, while its view is valid.
         `order`: the chunk indices in the order to step them (default: list order; each exactly once)."""
@@ -206,7 +210,7 @@ class ShardOptimizer:
             divisor = (1.0 / multiplier) if self._fused else None
         for c, views in self._views(order):
             chunk = self.chunks[c]
-            grad = grads[chunk.group][chunk.offset : chunk.offset + chunk.numel]
+            grad = grads.view(chunk.group, chunk.offset, chunk.numel)
             if grad_multiplier is not None and divisor is None:
                 grad.mul_(multiplier)
             self._step_chunk(chunk.group, views, grad, lr, divisor)

@@ -40,6 +40,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .. import comm
+from ..grad_shards import GradShards
 from ..optim import host
 from ..sharding import GradWindow
 from .partition import ROOT
@@ -78,10 +79,14 @@ class Stage3Schedule:
         stats: comm.CommStats,
         max_reduces_in_flight: int = 2,
         track_grad_sq: bool = False,
+        grad_shards: GradShards | None = None,
     ):
         """flats[k] / params[k]: unit k's buffers and sharded params (None / [] when it has none); the last
         entry is the resident unit of persistent params (modules[-1] is None)."""
         self.flats = flats
+        self.grad_shards = grad_shards
+        """Where the units' grad views point; a unit's segments are (re-)allocated before its reduced grads
+        are written ([Note: released grad shards] in ../grad_shards.py). None: always held (unit tests)."""
         self.group = context.group
         self.device = context.device
         self.comm_dtype = comm_dtype
@@ -291,6 +296,9 @@ class Stage3Schedule:
         flat, work = self.inflight.popleft()
         k = flat.index
         accumulate = self._window[k] is GradWindow.ACCUMULATING
+        if self.grad_shards is not None:  # here, on the compute stream, which writes and later frees them
+            for segment in flat.grad_segments:
+                self.grad_shards.ensure(segment)
         if accumulate and self._host_staging is None and flat.grad_views[0].device != self.device:
             numel = max(f.shard_numel for f in self.flats if f is not None)
             self._host_staging = host.zeros(numel, flat.grad_views[0].device, pin=True)

@@ -107,6 +107,8 @@ class UnitFlat:
         """The side stream the last gather ran on (None: the compute stream)."""
         self.staging: torch.Tensor | None = None
         self.grad_views: list[torch.Tensor] = []
+        self.grad_segments: list[int] = []
+        """The GradShards segment of each bucket's grad view (allocated before a reduced grad is written)."""
         self.master_offsets: list[int] = []
         """Where each bucket's shard starts inside the engine's fp32 master of the bucket's group."""
 

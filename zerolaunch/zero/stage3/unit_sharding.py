@@ -23,10 +23,12 @@ import torch
 from torch import nn
 
 from .. import comm
+from ..grad_shards import GradShards
 from ..layout import ParamSpec
 from ..optim import host, nvme_store, shard_optimizer
 from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
 from ..param_groups import collect_aliases, collect_params, optimizer_groups
+from ..plan import GradSegment
 from ..sharding import Sharding, nbytes
 from .fragments import UnitStateMixin
 from .materialize import materialize, param_sites, unit_seed
@@ -117,13 +119,15 @@ class UnitSharding(UnitStateMixin, Sharding):
             # the norm's sum of squares is taken on the device from each unit's reduced grads when they
             # are the window's final values and would otherwise be summed again on the host.
             track_grad_sq=z.offload_optimizer.device != "none" and options.gradient_accumulation_steps == 1,
+            grad_shards=self.grad_shards,
         )
+        self.grad_shards.release()  # not held before the first backward either
 
     # ---- construction --------------------------------------------------------------------------------------
     def _allocate_shards(self, groups: list[dict]) -> None:
         """Per param group one fp32 grad shard and (shard_optimizer) master + optimizer state: the
-        concatenation of every unit bucket's shard. One step chunk per unit bucket (cut smaller for a
-        cpu-offloaded step)."""
+        concatenation of every unit bucket's shard. One grad segment and one step chunk per unit bucket (the
+        chunk cut smaller for a cpu-offloaded step)."""
         z = self.options.zero
         cursor = [0] * self.num_groups
         self._bucket_refs: list[tuple[UnitFlat, int]] = []
@@ -137,8 +141,15 @@ class UnitSharding(UnitStateMixin, Sharding):
                 pieces.append(Chunk(b.group, cursor[b.group], b.shard_numel, owner=len(self._bucket_refs)))
                 self._bucket_refs.append((flat, i))
                 cursor[b.group] += b.shard_numel
-        pin = z.offload_optimizer.pin_memory
-        self.grad_shards = [host.zeros(n, self.master_device, pin=pin) for n in cursor]
+        # on the compute device each unit bucket's grad shard is allocated by its first reduce of a window
+        # and freed after the step ([Note: released grad shards] in ../grad_shards.py)
+        self.grad_shards = GradShards(
+            cursor,
+            [GradSegment(p.group, p.offset, p.numel, p.owner) for p in pieces],
+            self.master_device,
+            pin=z.offload_optimizer.pin_memory,
+            releasable=z.offload_optimizer.device == "none",
+        )
         self.shards = ShardOptimizer(
             self.options.optimizer,
             z.offload_optimizer,
@@ -156,8 +167,8 @@ class UnitSharding(UnitStateMixin, Sharding):
             if flat is None:
                 continue
             for i, b in enumerate(flat.buckets):
-                sl = slice(flat.master_offsets[i], flat.master_offsets[i] + b.shard_numel)
-                flat.grad_views.append(self.grad_shards[b.group][sl])
+                flat.grad_views.append(self.grad_shards.view(b.group, flat.master_offsets[i], b.shard_numel))
+                flat.grad_segments.append(self.grad_shards.index_of(b.group, flat.master_offsets[i]))
 
     def _write_master(self, flat: UnitFlat, i: int, start: int, values: torch.Tensor) -> None:
         """Elements [start, start + n) of unit bucket i's fp32 master shard <- values."""
@@ -263,6 +274,7 @@ class UnitSharding(UnitStateMixin, Sharding):
 
     def finish_window(self, loss_nonfinite: torch.Tensor | None):
         host.sync(self.device)
+        self.grad_shards.ensure_zeroed()  # segments no reduce reached in this window
         return self.schedule.take_grad_sq(), loss_nonfinite
 
     def reset_accumulation(self) -> None:
@@ -289,13 +301,16 @@ class UnitSharding(UnitStateMixin, Sharding):
             if flat is not None:
                 flat.regather_resident(self.group, stats=self.comm_stats)
 
+    def release_grads(self) -> None:
+        self.grad_shards.release()
+
     # ---- accounting ----------------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
         flats = [f for f in self.flats if f is not None]
         out = {
             "params": sum(f.shard_bytes_in_memory + f.full_bytes_alive for f in flats)
             + nbytes([p for _, p in self._frozen]),
-            "grads": nbytes(self.grad_shards),
+            "grads": self.grad_shards.capacity_bytes,
             "buckets": self.schedule.staging_bytes,
         }
         # under nvme "optimizer" is the host staging buffers and "nvme" the bytes on disk.
