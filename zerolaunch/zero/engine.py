@@ -127,11 +127,7 @@ class Engine(EngineStateMixin):
             return StepInfo(False, False, None, self.scaler.scale, self._lr)
         backwards, self._window_backwards = self._window_backwards, 0
         loss_nonfinite, self._loss_nonfinite = self._loss_nonfinite, None
-        device_sq, loss_nonfinite = self.sharding.finish_window(loss_nonfinite)
-        if backwards > 1 and self.options.gradient_accumulation_steps == 1:
-            # the device-side sum of squares is taken per backward, right only for one-backward windows (the
-            # strategies track it only at accumulation 1); a caller-set boundary can make longer ones.
-            device_sq = None
+        device_sq, loss_nonfinite = self.sharding.finish_window(loss_nonfinite, backwards)
         loss_scale = self.scaler.scale
         scaling = check_and_scale(
             device_sq if device_sq is not None else sum_of_squares(self.sharding.grad_shards.tensors),

@@ -231,11 +231,15 @@ class FlatSharding(Sharding):
                 view.copy_(grad)
             param.grad = view
 
-    def finish_window(self, loss_nonfinite: torch.Tensor | None):
+    def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
         if self.reducer is not None:
             if self.reducer.busy:
                 self.reducer.finish_backward()
             device_sq = self.reducer.take_grad_sq()
+            if backwards > 1:
+                # stage 2 sums squares per backward (asked for at accumulation 1 only): the window's norm
+                # only when the window is one backward; a caller-set boundary can make it several.
+                device_sq = None
         else:
             self._reattach_grad_views()
             if self.stage == 0 and loss_nonfinite is not None:

@@ -272,10 +272,13 @@ class UnitSharding(UnitStateMixin, Sharding):
         """Units reduce-scatter as they finish; wait for the last ones."""
         self.schedule.finish_backward()
 
-    def finish_window(self, loss_nonfinite: torch.Tensor | None):
+    def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
         host.sync(self.device)
         self.grad_shards.ensure_zeroed()  # segments no reduce reached in this window
-        return self.schedule.take_grad_sq(), loss_nonfinite
+        device_sq = self.schedule.take_grad_sq()
+        # summed per unit reduce, i.e. per backward (asked for at accumulation 1 only): the window's norm
+        # only when the window is one backward; a caller-set boundary can make it several.
+        return (device_sq if backwards <= 1 else None), loss_nonfinite
 
     def reset_accumulation(self) -> None:
         # the next window's first reduce-scatter of each unit overwrites its grad shard: no zeroing pass.
