@@ -32,6 +32,7 @@ ENGINES = {
     "torch": "plain torch, fused AdamW",
     "fsdp2": "FSDP2 fully_shard per block, bf16 params / fp32 reduce",
     "torch-compile": "plain torch, fused AdamW, torch.compile(model)",
+    "torch-compile-blocks": "plain torch, fused AdamW, each block's forward compiled as train.compile does",
     "fsdp2-compile": "FSDP2 as above, each block torch.compile'd before fully_shard (torchtitan's order)",
     "ds-z1": "DeepSpeed ZeRO-1",
     "ds-z2": "DeepSpeed ZeRO-2",
@@ -46,6 +47,7 @@ ENGINES = {
     "zl-z3-off": "zerolaunch ZeRO-3 + CPU optimizer offload",
     "zl-z2-compile": "zerolaunch ZeRO-2, each block's forward compiled as train.compile does, before the engine",
     "zl-z3-compile": "zerolaunch ZeRO-3, each block's forward compiled as train.compile does, before the engine",
+    "zl-z2-compile-model": "zerolaunch ZeRO-2, the whole model's forward compiled (loss included), before the engine",
     "zl-train": "`zerolaunch train recipes/gpt-SIZE.yaml --gpus 1` (ZeRO-2): the built-in loop, its own data",
     "zl-train-compile": "the zl-train row with --set train.compile=true",
 }
@@ -70,7 +72,16 @@ HF_MODELS = {
     ),
 }
 HF_ENGINES = ("torch", "fsdp2", "torch-compile", "fsdp2-compile", "zl-z2", "zl-z3", "zl-z3-compile")
-PEERS = ("torch", "fsdp2", "torch-compile", "fsdp2-compile", "ds-z1", "ds-z2", "ds-z3")
+PEERS = (
+    "torch",
+    "fsdp2",
+    "torch-compile",
+    "torch-compile-blocks",
+    "fsdp2-compile",
+    "ds-z1",
+    "ds-z2",
+    "ds-z3",
+)
 OFFLOAD_PEERS = ("ds-z2-off", "fsdp2-off")
 
 
@@ -286,10 +297,15 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
     else:
         raise SystemExit(f"unknown model {model_name!r}; choose from gpt, {', '.join(HF_MODELS)}")
 
-    if engine in ("torch", "torch-compile"):
+    if engine in ("torch", "torch-compile", "torch-compile-blocks"):
         model = make().to(device=device, dtype=torch.bfloat16)
         if engine == "torch-compile":
             model = torch.compile(model)
+        elif engine == "torch-compile-blocks":
+            from zerolaunch.train.compiling import compile_blocks
+
+            # what separates per-block from whole-model compilation, without any engine around it
+            compile_blocks(model, backend="inductor")
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
         parts = {"module": model, "stepper": opt, "engine": None}
 
@@ -390,6 +406,9 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
 
             # train.compile's code path: each block's forward, in place (names and stage 3 units unchanged)
             compile_blocks(model, backend="inductor", unit_classes=opts.zero.stage3_units)
+        elif engine.endswith("-compile-model"):
+            # the forward as one graph (embedding, blocks, loss); the engine's grad hooks stay eager
+            model.forward = torch.compile(model.forward, dynamic=False)
         eng = Engine(model, opts, device=device, init_fn=init_fn)
         parts = {"module": eng.module, "stepper": eng, "engine": eng}
 
