@@ -143,9 +143,10 @@ class BackwardReducer:
     gives it back once its reduce-scatter has completed and the result was added into the fp32 shard. With
     overlap, at most `max_in_flight` staging buffers are kept: taking one beyond that first completes the
     oldest issued bucket. Without overlap each reduce-scatter is awaited right after it is issued.
-    On CUDA with overlap the collectives run on `stream` (the context's reduce stream), which first waits for
-    the compute stream (the staging copies); the compute stream waits for it before reusing a buffer and at
-    the end of backward. Tensors stay alive by reference in `_inflight`, so no record_stream is needed.
+    On CUDA with overlap the collectives run on `stream` (the context's reduce stream) with comm.py's waits
+    ([Note: comm streams]): it waits for the compute stream (the staging copies) before each; the result is
+    added into the shard on it, and the compute stream waits for it then, so before a buffer is reused and
+    at the end of backward. Tensors stay alive by reference in `_inflight`, so no record_stream is needed.
     """
 
     def __init__(
@@ -237,14 +238,9 @@ class BackwardReducer:
         src = self._staging_for(bucket)
         base = self._staging.pop(bucket.index)[0]
         out = torch.empty(bucket.shard_numel, dtype=self.comm_dtype, device=self.device)
-        if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self.stream):
-                pending = comm.reduce_scatter(
-                    out, src, self.group, stats=self.stats, async_op=True, average=True
-                )
-        else:
-            pending = comm.reduce_scatter(out, src, self.group, stats=self.stats, async_op=True, average=True)
+        pending = comm.reduce_scatter(
+            out, src, self.group, stats=self.stats, async_op=True, average=True, stream=self.stream
+        )
         self.issued_count += 1
         self._next_issue += 1
         self._inflight.append((bucket, base, out, pending))
@@ -252,16 +248,10 @@ class BackwardReducer:
             self._complete_oldest()
 
     def _complete_oldest(self) -> None:
+        """The oldest in-flight bucket: its reduced slice is added into the shard on the reduce stream, after
+        which the compute stream may overwrite `base` (the next bucket's staging copies)."""
         bucket, base, out, pending = self._inflight.popleft()
-        if self.stream is not None:
-            with torch.cuda.stream(self.stream):
-                pending.wait()
-                self._accumulate(bucket, out)
-            # the compute stream may now overwrite `base` (the next bucket's staging copies).
-            torch.cuda.current_stream(self.device).wait_stream(self.stream)
-        else:
-            pending.wait()
-            self._accumulate(bucket, out)
+        pending.wait(then=lambda: self._accumulate(bucket, out))
         self._free.append(base)
 
     def _accumulate(self, bucket: BucketPlan, out: torch.Tensor) -> None:
