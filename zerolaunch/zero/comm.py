@@ -2,16 +2,30 @@
 
 It owns: the torch-version shims (torch 2.13 renamed `reduce_scatter_tensor` / `all_gather_into_tensor` to
 `reduce_scatter_single` / `all_gather_single` and deprecated the old names; torch 2.11 only has the old ones),
-the accounting of time and bytes per collective kind (the reports need it), and nothing else: no global
-state, the process group is always passed in by the caller.
+the stream a collective runs on with its waits ([Note: comm streams]), the accounting of time and bytes per
+collective kind (the reports need it), and nothing else: no global state, the process group and the stream
+are always passed in by the caller.
 
 All functions work on flat, contiguous tensors. `async_op=True` returns a `Pending` whose `wait()` must be
-called before the output is read; on CUDA the caller decides on which stream the collective is issued.
+called before the output is read.
+
+[Note: comm streams]
+`stream=None` (the CPU, or no side stream): the collective is issued on the caller's current stream, and
+`Pending.wait()` blocks (gloo) or makes that stream wait for it (NCCL). With a CUDA `stream`:
+- issue: `stream` first waits for the caller's current stream (the inputs were written there, the outputs
+  allocated there), then the collective is issued on `stream`;
+- `Pending.wait(then=None)`: on `stream`, the collective is awaited, the division of an average runs and then
+  `then()` (the caller's own finishing of the output, e.g. accumulating it into a shard: it stays off the
+  compute stream); after that the caller's current stream waits for `stream` once.
+So a caller never waits on streams itself, and one `Pending` covers every collective of one call (the list
+forms below): one wait before the issue and one after, however many buckets. Tensors stay alive by
+reference (the caller's and the Pending's) until `wait()`, so no record_stream is needed.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -61,8 +75,8 @@ class CommContext:
     reduce and gather streams with `zero.overlap`, the copy stream with `offload_optimizer.overlap_step`);
     elsewhere it is None and that work runs on the compute (current) stream. Each is created when first
     asked for, so an engine holds just the streams its strategy uses (none at stages 0/1, nor at world
-    size 1 where no reducer runs). The waits between the streams are their users' and stay documented
-    where the work is issued; the context only owns the streams.
+    size 1 where no reducer runs). The context only owns the streams: the waits of a collective's stream
+    are this module's ([Note: comm streams]), the copy stream's are optim/overlapped_step.py's.
     """
 
     def __init__(self, device: torch.device, group, *, overlap: bool):
@@ -105,31 +119,76 @@ class CommContext:
 
 
 class Pending:
-    """An issued asynchronous collective; `wait()` blocks until its output may be read, and counts the wait."""
+    """Issued asynchronous collectives (one call's); `wait()` completes them ([Note: comm streams])."""
 
-    def __init__(self, work, stats: CommStats | None, kind: str, nbytes: int, started: float):
-        self._work = work
+    def __init__(
+        self,
+        works: list,
+        stats: CommStats | None,
+        kind: str,
+        nbytes: int,
+        started: float,
+        *,
+        stream: torch.cuda.Stream | None = None,
+        finish=None,
+        keep: tuple = (),
+    ):
+        self._works = works
         self._stats = stats
         self._kind = kind
         self._nbytes = nbytes
         self._issue_seconds = time.perf_counter() - started
+        self._stream = stream
+        self._finish = finish
+        """A cheap local step once the collectives completed (the division of an average)."""
+        self._keep = keep
+        """Inputs made here (a copy-in of a host input) and what they came from, alive until wait()."""
         self._done = False
 
-    def wait(self) -> None:
+    def wait(self, then=None) -> None:
+        """The output may be read on the caller's current stream from here on; `then()` runs first, on the
+        collective's stream (the caller's finishing of the output). A second call does nothing."""
         if self._done:
             return
+        if self._stream is None:
+            self._complete(then)
+            return
+        with torch.cuda.stream(self._stream):
+            self._complete(then)
+        torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
+
+    def _complete(self, then) -> None:
         t0 = time.perf_counter()
-        if self._work is not None:
-            self._work.wait()
+        for work in self._works:
+            if work is not None:
+                work.wait()
         self._done = True
         if self._stats is not None:
-            self._stats.add(self._kind, self._nbytes, self._issue_seconds + time.perf_counter() - t0)
+            seconds = self._issue_seconds + time.perf_counter() - t0
+            self._stats.add(self._kind, self._nbytes, seconds, count=len(self._works))
+        if self._finish is not None:
+            self._finish()
+        if then is not None:
+            then()
+        self._keep = ()
 
 
-def _run(kind, fn, nbytes, stats, async_op):
+def _run(kind, issue, nbytes, stats, async_op, stream, *, copy_in=None, finish=None, keep: tuple = ()):
+    """copy_in() (untimed) then issue(a) (the collectives, async_op=a; returns their works), both on
+    `stream` ([Note: comm streams])."""
+    if stream is None:
+        return _issued(kind, issue, nbytes, stats, async_op, None, copy_in, finish, keep)
+    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.cuda.stream(stream):
+        return _issued(kind, issue, nbytes, stats, async_op, stream, copy_in, finish, keep)
+
+
+def _issued(kind, issue, nbytes, stats, async_op, stream, copy_in, finish, keep):
+    if copy_in is not None:
+        copy_in()
     t0 = time.perf_counter()
-    work = fn(async_op)
-    pending = Pending(work, stats, kind, nbytes, t0)
+    works = issue(async_op)
+    pending = Pending(works, stats, kind, nbytes, t0, stream=stream, finish=finish, keep=keep)
     if not async_op:
         pending.wait()
         return None
@@ -144,68 +203,117 @@ def rank(group) -> int:
     return dist.get_rank(group) if dist.is_initialized() else 0
 
 
+def _pieces(whole: torch.Tensor, numels: list[int]) -> list[torch.Tensor]:
+    """`whole` cut into consecutive pieces of the given sizes."""
+    out, offset = [], 0
+    for n in numels:
+        out.append(whole[offset : offset + n])
+        offset += n
+    return out
+
+
 def reduce_scatter(
     output: torch.Tensor,
-    input: torch.Tensor,
+    input: torch.Tensor | Sequence[torch.Tensor],
     group,
     *,
     stats: CommStats | None = None,
     async_op: bool = False,
     average: bool = False,
+    stream: torch.cuda.Stream | None = None,
 ) -> Pending | None:
     """output (n,) on every rank <- sum over ranks of input[r*n:(r+1)*n] (input is (world*n,)).
 
-    average=True divides by the world size after the sum (done here, not with ReduceOp.AVG, which gloo lacks).
+    input may be a list of such tensors (world*n_i,): one reduce-scatter each, their results back to back in
+    output (n_0 + n_1 + ...,). average=True divides by the world size after the sum (done here, not with
+    ReduceOp.AVG, which gloo lacks). stream: [Note: comm streams].
     """
+    inputs = [input] if isinstance(input, torch.Tensor) else list(input)
     ws = world_size(group)
+    outputs = _pieces(output, [t.numel() // ws for t in inputs])
     if ws == 1:
-        output.copy_(input)
-        return Pending(None, None, "", 0, time.perf_counter()) if async_op else None
+
+        def copy(_a):
+            for out, src in zip(outputs, inputs, strict=True):
+                out.copy_(src)
+            return []
+
+        return _run("", copy, 0, None, async_op, stream)
     op = dist.ReduceOp.SUM
 
-    def issue(a):
-        return _reduce_scatter_flat(output, input, op=op, group=group, async_op=a)
+    def issue(_a):
+        return [
+            _reduce_scatter_flat(out, src, op=op, group=group, async_op=True)
+            for out, src in zip(outputs, inputs, strict=True)
+        ]
 
-    pending = _run("reduce_scatter", issue, input.numel() * input.element_size(), stats, True)
-    if average:
-        pending = _Then(pending, lambda: output.div_(ws))
-    if not async_op:
-        pending.wait()
-        return None
-    return pending
+    def divide():
+        for out in outputs:
+            out.div_(ws)
+
+    nbytes = sum(t.numel() * t.element_size() for t in inputs)
+    return _run("reduce_scatter", issue, nbytes, stats, async_op, stream, finish=divide if average else None)
 
 
 def all_gather(
-    output: torch.Tensor,
+    output: torch.Tensor | Sequence[torch.Tensor],
     input: torch.Tensor,
     group,
     *,
     stats: CommStats | None = None,
     async_op: bool = False,
+    stream: torch.cuda.Stream | None = None,
 ) -> Pending | None:
-    """output (world*n,) <- concatenation over ranks of input (n,)."""
-    if world_size(group) == 1:
-        output.copy_(input)
-        return Pending(None, None, "", 0, time.perf_counter()) if async_op else None
+    """output (world*n,) <- concatenation over ranks of input (n,).
+
+    output may be a list of such tensors (world*n_i,): one all-gather each, input is then their shards back
+    to back (n_0 + n_1 + ...,). An input on another device than the output (a shard offloaded to the host)
+    is first copied there, non-blocking, on the collective's stream. stream: [Note: comm streams].
+    """
+    outputs = [output] if isinstance(output, torch.Tensor) else list(output)
+    ws = world_size(group)
+    staged: list[torch.Tensor] = []
+
+    def copy_in():
+        device = outputs[0].device
+        staged.append(input if input.device == device else input.to(device, non_blocking=True))
 
     def issue(a):
-        return _all_gather_flat(output, input, group=group, async_op=a)
+        pieces = _pieces(staged[0], [out.numel() // ws for out in outputs])
+        if ws == 1:
+            for out, piece in zip(outputs, pieces, strict=True):
+                out.copy_(piece)
+            return []
+        return [
+            _all_gather_flat(out, piece, group=group, async_op=a)
+            for out, piece in zip(outputs, pieces, strict=True)
+        ]
 
-    return _run("all_gather", issue, output.numel() * output.element_size(), stats, async_op)
+    keep = (input, staged)
+    if ws == 1:
+        return _run("", issue, 0, None, async_op, stream, copy_in=copy_in, keep=keep)
+    nbytes = sum(out.numel() * out.element_size() for out in outputs)
+    return _run("all_gather", issue, nbytes, stats, async_op, stream, copy_in=copy_in, keep=keep)
 
 
 def all_reduce(
-    tensor: torch.Tensor, group, *, op: str = "sum", stats: CommStats | None = None, async_op: bool = False
+    tensor: torch.Tensor,
+    group,
+    *,
+    op: str = "sum",
+    stats: CommStats | None = None,
+    async_op: bool = False,
+    stream: torch.cuda.Stream | None = None,
 ) -> Pending | None:
-    """In place: tensor <- reduction over ranks. op: "sum" | "max" | "min"."""
+    """In place: tensor <- reduction over ranks. op: "sum" | "max" | "min". stream: [Note: comm streams]."""
     if world_size(group) == 1:
-        return Pending(None, None, "", 0, time.perf_counter()) if async_op else None
+        return _run("", lambda _a: [], 0, None, async_op, stream)
     red = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
 
     def issue(a):
-        return dist.all_reduce(tensor, op=red, group=group, async_op=a)
+        return [dist.all_reduce(tensor, op=red, group=group, async_op=a)]
 
-    return _run("all_reduce", issue, tensor.numel() * tensor.element_size(), stats, async_op)
+    return _run("all_reduce", issue, tensor.numel() * tensor.element_size(), stats, async_op, stream)
 
 
 def broadcast(tensor: torch.Tensor, src_group_rank: int, group, *, stats: CommStats | None = None) -> None:
@@ -215,9 +323,9 @@ def broadcast(tensor: torch.Tensor, src_group_rank: int, group, *, stats: CommSt
     src = dist.get_global_rank(group, src_group_rank) if group is not None else src_group_rank
 
     def issue(a):
-        return dist.broadcast(tensor, src=src, group=group, async_op=a)
+        return [dist.broadcast(tensor, src=src, group=group, async_op=a)]
 
-    _run("broadcast", issue, tensor.numel() * tensor.element_size(), stats, False)
+    _run("broadcast", issue, tensor.numel() * tensor.element_size(), stats, False, None)
 
 
 def barrier(group) -> None:
@@ -235,18 +343,3 @@ def destroy_default_group(*, every_rank_finished: bool) -> None:
     if every_rank_finished and dist.get_world_size() > 1:
         dist.barrier()
     dist.destroy_process_group()
-
-
-class _Then:
-    """A Pending followed by a cheap local step (e.g. the division of an average) once it has completed."""
-
-    def __init__(self, pending: Pending, then):
-        self._pending = pending
-        self._then = then
-        self._done = False
-
-    def wait(self) -> None:
-        if not self._done:
-            self._pending.wait()
-            self._then()
-            self._done = True

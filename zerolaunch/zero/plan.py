@@ -83,59 +83,130 @@ def staging_limit(overlap: bool, max_in_flight: int = STAGING_MAX_IN_FLIGHT) -> 
     return max(1, max_in_flight) if overlap else 1
 
 
+@dataclass(frozen=True)
+class StagingTake:
+    """What a bucket's first grad costs (`StagingPool.take`)."""
+
+    complete_oldest: bool
+    """Complete the oldest in-flight reduce-scatter first (its buffer is the one reused)."""
+    allocate: bool
+    """Allocate a new staging buffer; False: reuse a free one."""
+
+
+class StagingPool:
+    """The stage-2 staging buffer policy of [Note: stage-2 buffers] (flat/reducer.py), without tensors.
+
+    flat.BackwardReducer asks it for every decision and keeps the tensors; `stage2_staging_buffers` drives
+    it with the simulated arrival order, so the estimate counts the buffers the engine allocates by
+    construction. Per backward: `grad_ready(b)` for each grad (after `take(b)` gave its bucket a buffer)
+    returns the buckets to issue now, in index order; `issue(b)` for each; `unissued()` at the end, then
+    `complete_oldest()` until nothing is in flight. Buffers are never given back to the allocator: the
+    free ones are reused by later buckets and later backwards.
+    """
+
+    def __init__(self, slot_counts: Sequence[int], overlap: bool, max_in_flight: int = STAGING_MAX_IN_FLIGHT):
+        self.slot_counts = list(slot_counts)
+        """Grads each bucket waits for before it is issued."""
+        self.overlap = overlap
+        self.limit = staging_limit(overlap, max_in_flight)
+        self.allocated = 0
+        """Staging buffers allocated so far (all of them held, in flight or free)."""
+        self.free = 0
+        self.held: set[int] = set()
+        """Buckets holding a buffer, not yet issued."""
+        self.in_flight: deque[int] = deque()
+        """Issued buckets whose reduce-scatter is not completed, oldest first."""
+        self.ready_counts = [0] * len(self.slot_counts)
+        self.next_issue = 0
+
+    def take(self, bucket: int) -> StagingTake | None:
+        """Bucket's grad arrives: None when it holds a buffer already; otherwise it takes one, first
+        completing the oldest reduce-scatter when no buffer is free and `limit` are allocated."""
+        if bucket in self.held:
+            return None
+        complete = not self.free and self.allocated >= self.limit and bool(self.in_flight)
+        if complete:
+            self.complete_oldest()
+        allocate = not self.free
+        if allocate:
+            self.allocated += 1
+        else:
+            self.free -= 1
+        self.held.add(bucket)
+        return StagingTake(complete, allocate)
+
+    def grad_ready(self, bucket: int) -> list[int]:
+        """One more of bucket's grads was staged: the buckets now complete in index order, to issue."""
+        self.ready_counts[bucket] += 1
+        ready = []
+        index = self.next_issue
+        while index < len(self.slot_counts) and self.ready_counts[index] >= self.slot_counts[index]:
+            ready.append(index)
+            index += 1
+        return ready
+
+    def unissued(self) -> list[int]:
+        """End of backward: every bucket not issued yet, in index order (missing grads count as zero)."""
+        return list(range(self.next_issue, len(self.slot_counts)))
+
+    def issue(self, bucket: int) -> bool:
+        """Bucket (holding a buffer: `take` first) is issued. True: complete it at once (no overlap)."""
+        assert bucket == self.next_issue and bucket in self.held, (bucket, self.next_issue)
+        self.held.discard(bucket)
+        self.in_flight.append(bucket)
+        self.next_issue += 1
+        if not self.overlap:
+            self.complete_oldest()
+            return True
+        return False
+
+    def complete_oldest(self) -> int:
+        """The oldest in-flight bucket's reduce-scatter completes, its buffer is free again; returns it."""
+        bucket = self.in_flight.popleft()
+        self.free += 1
+        return bucket
+
+    def end_backward(self) -> None:
+        """Every bucket was issued and completed: the next backward starts from bucket 0 again."""
+        assert not self.held and not self.in_flight, (self.held, self.in_flight)
+        self.ready_counts = [0] * len(self.slot_counts)
+        self.next_issue = 0
+
+    @property
+    def busy(self) -> bool:
+        """A backward is under way (a grad staged, a bucket issued or in flight)."""
+        return self.next_issue > 0 or bool(self.in_flight) or any(self.ready_counts)
+
+
 def stage2_staging_buffers(
     lay: Layout, registration_names, overlap: bool, max_in_flight: int = STAGING_MAX_IN_FLIGHT
 ) -> int:
     """How many staging buffers reducer.BackwardReducer holds after one backward.
 
-    Replays its policy (see [Note: stage-2 buffers] in flat/reducer.py) with grads arriving in reverse
-    registration order (the engine's bucket order; a tied weight arrives last): a bucket takes a buffer at its
-    first grad, buckets are issued in index order once complete, and a buffer returns when its reduce-scatter
-    completes. Buffers are never freed, so the count reached is what memory_bytes() reports. The two groups'
-    grads interleave (a Linear's weight and bias), so a no-decay bucket typically holds a buffer for the whole
-    backward while the decay buckets cycle through the others.
+    Drives the reducer's own `StagingPool` with grads arriving in reverse registration order (the engine's
+    bucket order; a tied weight arrives last), as the reducer's hooks do. Buffers are never freed, so the
+    count reached is what memory_bytes() reports. The two groups' grads interleave (a Linear's weight and
+    bias), so a no-decay bucket typically holds a buffer for the whole backward while the decay buckets cycle
+    through the others.
     """
-    limit = staging_limit(overlap, max_in_flight)
-    buckets = lay.buckets
-    slots_left = [len(lay.slots_in(b)) for b in buckets]
+    pool = StagingPool([len(lay.slots_in(b)) for b in lay.buckets], overlap, max_in_flight)
     slot_of = {s.name: s for s in lay.params}
     arrival = [slot_of[n] for n in reversed(list(registration_names)) if n in slot_of]
-    free = allocated = 0
-    held: set[int] = set()
-    inflight: deque = deque()
-    next_issue = 0
-
-    def take(index: int) -> None:
-        nonlocal free, allocated
-        if index in held:
-            return
-        if not free and allocated >= limit and inflight:
-            inflight.popleft()
-            free += 1
-        if free:
-            free -= 1
-        else:
-            allocated += 1
-        held.add(index)
 
     def issue(index: int) -> None:
-        nonlocal free, next_issue
-        take(index)
-        held.discard(index)
-        inflight.append(index)
-        next_issue += 1
-        if not overlap:
-            inflight.popleft()
-            free += 1
+        pool.take(index)
+        pool.issue(index)
 
     for slot in arrival:
-        take(slot.bucket)
-        slots_left[slot.bucket] -= 1
-        while next_issue < len(buckets) and slots_left[next_issue] == 0:
-            issue(next_issue)
-    while next_issue < len(buckets):
-        issue(next_issue)
-    return allocated
+        pool.take(slot.bucket)
+        for index in pool.grad_ready(slot.bucket):
+            issue(index)
+    for index in pool.unissued():
+        issue(index)
+    while pool.in_flight:
+        pool.complete_oldest()
+    pool.end_backward()
+    return pool.allocated
 
 
 # ---- grad shard segments ---------------------------------------------------------------------------------

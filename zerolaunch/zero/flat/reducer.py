@@ -142,10 +142,13 @@ class BackwardReducer:
     padding and params without a grad this micro-step contribute zeros) when its first grad arrives, and
     gives it back once its reduce-scatter has completed and the result was added into the fp32 shard. With
     overlap, at most `max_in_flight` staging buffers are kept: taking one beyond that first completes the
-    oldest issued bucket. Without overlap each reduce-scatter is awaited right after it is issued.
-    On CUDA with overlap the collectives run on `stream` (the context's reduce stream), which first waits for
-    the compute stream (the staging copies); the compute stream waits for it before reusing a buffer and at
-    the end of backward. Tensors stay alive by reference in `_inflight`, so no record_stream is needed.
+    oldest issued bucket. Without overlap each reduce-scatter is awaited right after it is issued. Every one
+    of these decisions, and the bucket-index issue order, is `plan.StagingPool`'s (estimate-memory drives the
+    same object); this class keeps the tensors.
+    On CUDA with overlap the collectives run on `stream` (the context's reduce stream) with comm.py's waits
+    ([Note: comm streams]): it waits for the compute stream (the staging copies) before each; the result is
+    added into the shard on it, and the compute stream waits for it then, so before a buffer is reused and
+    at the end of backward. Tensors stay alive by reference in `_inflight`, so no record_stream is needed.
     """
 
     def __init__(
@@ -169,16 +172,14 @@ class BackwardReducer:
         self.device = context.device
         self.overlap = context.overlap
         self.stats = stats
-        # the policy estimate-memory replays (plan.stage2_staging_buffers)
-        self.max_in_flight = plan.staging_limit(self.overlap, max_in_flight)
+        # the staging policy estimate-memory drives too (plan.stage2_staging_buffers)
+        self.pool = plan.StagingPool(
+            [len(layout.slots_in(b)) for b in layout.buckets], self.overlap, max_in_flight
+        )
         self.stream = context.reduce_stream
         self._buffer_numel = max((b.padded_numel for b in layout.buckets), default=0)
         self._free: list[torch.Tensor] = []
-        self._allocated = 0
         self._staging: dict[int, torch.Tensor] = {}
-        self._ready_count = [0] * len(layout.buckets)
-        self._slot_count = [len(layout.slots_in(b)) for b in layout.buckets]
-        self._next_issue = 0
         self._inflight: deque = deque()
         self._window = [GradWindow.FRESH] * len(layout.buckets)
         self._host_staging: torch.Tensor | None = None
@@ -189,7 +190,9 @@ class BackwardReducer:
 
     @property
     def staging_bytes(self) -> int:
-        return self._allocated * self._buffer_numel * torch.empty((), dtype=self.comm_dtype).element_size()
+        return (
+            self.pool.allocated * self._buffer_numel * torch.empty((), dtype=self.comm_dtype).element_size()
+        )
 
     def hook_for(self, slot: ParamSlot):
         def on_grad_ready(param: torch.Tensor) -> None:
@@ -203,64 +206,44 @@ class BackwardReducer:
             with torch.no_grad():
                 staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
             param.grad = None  # the full gradient is released: this rank keeps only its shard
-            self._ready_count[bucket.index] += 1
-            self._issue_ready()
+            for index in self.pool.grad_ready(bucket.index):
+                self._issue(self.layout.buckets[index])
 
         return on_grad_ready
 
     def _staging_for(self, bucket: BucketPlan) -> torch.Tensor:
-        held = self._staging.get(bucket.index)
-        if held is not None:
-            return held[1]
-        if not self._free and self._allocated >= self.max_in_flight and self._inflight:
+        take = self.pool.take(bucket.index)
+        if take is None:
+            return self._staging[bucket.index][1]
+        if take.complete_oldest:
             self._complete_oldest()
-        if self._free:
-            base = self._free.pop()
-        else:
+        if take.allocate:
             base = torch.empty(self._buffer_numel, dtype=self.comm_dtype, device=self.device)
-            self._allocated += 1
+        else:
+            base = self._free.pop()
         view = base[: bucket.padded_numel]
         view.zero_()
         self._staging[bucket.index] = (base, view)
         return view
 
-    def _issue_ready(self) -> None:
-        buckets = self.layout.buckets
-        while self._next_issue < len(buckets):
-            b = buckets[self._next_issue]
-            if self._ready_count[b.index] < self._slot_count[b.index]:
-                return
-            self._issue(b)
-
     def _issue(self, bucket: BucketPlan) -> None:
         src = self._staging_for(bucket)
         base = self._staging.pop(bucket.index)[0]
         out = torch.empty(bucket.shard_numel, dtype=self.comm_dtype, device=self.device)
-        if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self.stream):
-                pending = comm.reduce_scatter(
-                    out, src, self.group, stats=self.stats, async_op=True, average=True
-                )
-        else:
-            pending = comm.reduce_scatter(out, src, self.group, stats=self.stats, async_op=True, average=True)
+        pending = comm.reduce_scatter(
+            out, src, self.group, stats=self.stats, async_op=True, average=True, stream=self.stream
+        )
         self.issued_count += 1
-        self._next_issue += 1
         self._inflight.append((bucket, base, out, pending))
-        if not self.overlap:
+        if self.pool.issue(bucket.index):
             self._complete_oldest()
 
     def _complete_oldest(self) -> None:
+        """The pool's oldest in-flight bucket (the pool has just counted it completed): its reduced slice is
+        added into the shard on the reduce stream, after which the compute stream may overwrite `base` (the
+        next bucket's staging copies)."""
         bucket, base, out, pending = self._inflight.popleft()
-        if self.stream is not None:
-            with torch.cuda.stream(self.stream):
-                pending.wait()
-                self._accumulate(bucket, out)
-            # the compute stream may now overwrite `base` (the next bucket's staging copies).
-            torch.cuda.current_stream(self.device).wait_stream(self.stream)
-        else:
-            pending.wait()
-            self._accumulate(bucket, out)
+        pending.wait(then=lambda: self._accumulate(bucket, out))
         self._free.append(base)
 
     def _accumulate(self, bucket: BucketPlan, out: torch.Tensor) -> None:
@@ -291,16 +274,16 @@ class BackwardReducer:
     def finish_backward(self) -> None:
         """Issue every bucket not yet issued (grads missing this micro-step count as zero), await all."""
         self.shards.ensure_all()
-        while self._next_issue < len(self.layout.buckets):
-            self._issue(self.layout.buckets[self._next_issue])
-        while self._inflight:
+        for index in self.pool.unissued():
+            self._issue(self.layout.buckets[index])
+        while self.pool.in_flight:
+            self.pool.complete_oldest()
             self._complete_oldest()
-        self._ready_count = [0] * len(self.layout.buckets)
-        self._next_issue = 0
+        self.pool.end_backward()
 
     @property
     def busy(self) -> bool:
-        return self._next_issue > 0 or bool(self._inflight) or any(self._ready_count)
+        return self.pool.busy
 
 
 class DirectAccumulator:

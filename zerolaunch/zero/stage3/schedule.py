@@ -304,7 +304,6 @@ class Stage3Schedule:
             self._host_staging = host.zeros(numel, flat.grad_views[0].device, pin=True)
         flat.complete_reduce(
             work,
-            self.reduce_stream,
             accumulate=accumulate,
             host_staging=self._host_staging,
             grad_sq=self._grad_sq,

@@ -17,14 +17,15 @@ Gradients: each parameter's full gradient is copied into a staging buffer (comm 
 size, zeroed so padding and grads missing this micro-step count as zero) as soon as it is ready, and
 dropped; once the unit is issued, one reduce-scatter per bucket averages it into the fp32 grad shard.
 
-On CUDA the all-gathers run on a side stream that first waits for the compute stream; `wait_gathered()`
-makes the compute stream wait for it. Inputs stay alive by reference until then (no record_stream).
+On CUDA the all-gathers (with the copy of an offloaded shard to the device) and the reduce-scatters run on
+side streams with comm.py's waits ([Note: comm streams]): each waits for the compute stream before the
+unit's collectives are issued, and the compute stream waits for it in `wait_gathered()` / `complete_reduce()`.
+Inputs stay alive by reference until then (no record_stream).
 """
 
 from __future__ import annotations
 
 import enum
-from contextlib import nullcontext
 
 import torch
 
@@ -101,10 +102,8 @@ class UnitFlat:
         self._zero = torch.zeros((), dtype=dtype, device=device)
         self._params: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         """(param, its view into the full buffer), set by adopt_params."""
-        self._pending: list = []
-        self._keep: list[torch.Tensor] = []
-        self._stream = None
-        """The side stream the last gather ran on (None: the compute stream)."""
+        self._pending: comm.Pending | None = None
+        """The all-gathers of the last gather() until wait_gathered()."""
         self.staging: torch.Tensor | None = None
         self.grad_views: list[torch.Tensor] = []
         self.grad_segments: list[int] = []
@@ -236,34 +235,19 @@ class UnitFlat:
         for p, view in self._params:
             p.data = view
         self.state = UnitState.GATHERED
-        self._stream = stream
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self._issue_gather(group, stats)
-        else:
-            self._issue_gather(group, stats)
-
-    def _issue_gather(self, group, stats) -> None:
-        # offloaded shards are copied to the device first, ahead of use (non-blocking from pinned memory;
-        # a swapped shard is read from its file first).
-        stored = self.read_shard()
-        src = stored if stored.device == self.device else stored.to(self.device, non_blocking=True)
-        self._keep = [stored, src]
-        for i in range(len(self.buckets)):
-            pending = comm.all_gather(
-                self.bucket_full(self.full, i), self.bucket_shard(src, i), group, stats=stats, async_op=True
-            )
-            self._pending.append(pending)
+        # an offloaded shard is copied to the device by comm.all_gather, on `stream`, ahead of use
+        # (non-blocking from pinned memory; a swapped shard is read from its file first). The shard is the
+        # buckets' shards back to back, so one call gathers every bucket.
+        fulls = [self.bucket_full(self.full, i) for i in range(len(self.buckets))]
+        self._pending = comm.all_gather(
+            fulls, self.read_shard(), group, stats=stats, async_op=True, stream=stream
+        )
 
     def wait_gathered(self) -> None:
         """The compute stream may read the full buffer (or free it) from here on."""
-        for pending in self._pending:
-            pending.wait()
-        if self._pending and self._stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self._stream)
-        self._pending = []
-        self._keep = []
+        if self._pending is not None:
+            self._pending.wait()
+        self._pending = None
 
     # ---- gradients -----------------------------------------------------------------------------------------
     def add_grad(self, name: str, grad: torch.Tensor, comm_dtype: torch.dtype) -> None:
@@ -278,27 +262,16 @@ class UnitFlat:
             self.staging = torch.zeros(self.padded_numel, dtype=comm_dtype, device=self.device)
         staging, self.staging = self.staging, None
         out = torch.empty(self.shard_numel, dtype=comm_dtype, device=self.device)
-        pendings = []
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream) if stream is not None else nullcontext():
-            for i in range(len(self.buckets)):
-                pendings.append(
-                    comm.reduce_scatter(
-                        self.bucket_shard(out, i),
-                        self.bucket_full(staging, i),
-                        group,
-                        stats=stats,
-                        async_op=True,
-                        average=True,
-                    )
-                )
-        return [staging, out, pendings]
+        # out is the buckets' shards back to back, so one call reduces every bucket.
+        fulls = [self.bucket_full(staging, i) for i in range(len(self.buckets))]
+        pending = comm.reduce_scatter(
+            out, fulls, group, stats=stats, async_op=True, average=True, stream=stream
+        )
+        return [staging, out, pending]
 
     def complete_reduce(
         self,
         work: list,
-        stream,
         *,
         accumulate: bool,
         host_staging: torch.Tensor | None = None,
@@ -307,11 +280,8 @@ class UnitFlat:
         """The fp32 grad shard <- (accumulate=False: the window's first micro-step) or += the reduced grads.
         host_staging: a reusable pinned buffer for the accumulating copy to the host; grad_sq: a device
         scalar the sum of squares of the reduced grads is added to."""
-        _staging, out, pendings = work
-        for pending in pendings:
-            pending.wait()
-        if stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(stream)
+        _staging, out, pending = work
+        pending.wait()
         if grad_sq is not None:
             grad_sq.add_(sum_of_squares([out]))
         for i in range(len(self.buckets)):
