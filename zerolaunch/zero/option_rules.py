@@ -1,0 +1,182 @@
+"""The engine's option rules, written once: what `EngineOptions` the engine accepts, torch-free.
+
+`option_problems(options)` lists every broken rule as an `OptionProblem` (the dotted key within
+EngineOptions, the problem, the fix). Two readers turn them into errors: `protocol.validate_options`, which
+the engine runs at construction (ValueError, first problem), and the recipe loader (`zerolaunch.config`),
+which names the recipe file, line and the key the user wrote. So a recipe that passes `recipe show` cannot
+fail the engine's check in every worker.
+
+Texts are written in words both vocabularies share ("ZeRO stage", "offload_optimizer.device"): the engine's
+keys (`zero.stage`) and DeepSpeed's (`zero_optimization.stage`) differ only in the section prefix. This module
+owns those rules; it does not own type checks, "auto" or key names (config/), nor the checks that need the
+model (stage-3 units, param group counts: the engine and zero/sched.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .options import DTYPE_NAMES, OPTIMIZER_NAMES, EngineOptions, OffloadOptions
+
+
+@dataclass(frozen=True)
+class OptionProblem:
+    key: str
+    """The dotted path within EngineOptions, e.g. "zero.offload_optimizer.overlap_step"."""
+    problem: str
+    """What is wrong, as it reads after the key: "must be >= 0 (got -1)"."""
+    fix: str
+    """What to do, one sentence without the final period: "Use 0 or more elements"."""
+
+    def message(self) -> str:
+        """The engine's wording: `key problem; fix` (the recipe loader writes its own, with file and line)."""
+        return f"{self.key} {self.problem}; {self.fix[:1].lower()}{self.fix[1:]}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str
+    check: Callable[[EngineOptions], tuple[str, str] | None]
+    """(problem, fix) when `options` break the rule, else None."""
+
+
+def _stage(o: EngineOptions) -> tuple[str, str] | None:
+    if o.zero.stage not in (0, 1, 2, 3):
+        return f"must be 0, 1, 2 or 3 (got {o.zero.stage!r})", "Use a ZeRO stage between 0 and 3"
+    return None
+
+
+def _reduce_bucket(o: EngineOptions) -> tuple[str, str] | None:
+    if o.zero.reduce_bucket_size < 1:
+        return (
+            f"must be >= 1 element (got {o.zero.reduce_bucket_size!r})",
+            "Use a positive number of elements, e.g. 5e8",
+        )
+    return None
+
+
+def _accumulation(o: EngineOptions) -> tuple[str, str] | None:
+    if o.gradient_accumulation_steps < 1:
+        return f"must be >= 1 (got {o.gradient_accumulation_steps!r})", "Use 1 or more micro-steps per step"
+    return None
+
+
+def _clipping(o: EngineOptions) -> tuple[str, str] | None:
+    if o.gradient_clipping < 0:
+        return (
+            f"must be >= 0 (0 = off), got {o.gradient_clipping!r}",
+            "Use 0 to turn clipping off, or a positive max grad norm, e.g. 1.0",
+        )
+    return None
+
+
+def _dtype(o: EngineOptions) -> tuple[str, str] | None:
+    if o.precision.dtype not in DTYPE_NAMES:
+        return f"must be one of {', '.join(DTYPE_NAMES)}, got {o.precision.dtype!r}", "Use one of them"
+    return None
+
+
+def _comm_dtype(o: EngineOptions) -> tuple[str, str] | None:
+    value = o.precision.communication_dtype
+    if value is not None and value not in DTYPE_NAMES:
+        return (
+            f"must be one of {', '.join(DTYPE_NAMES)}, got {value!r}",
+            "Use one of them, or leave it out (fp32)",
+        )
+    return None
+
+
+def _optimizer(o: EngineOptions) -> tuple[str, str] | None:
+    if o.optimizer.name not in OPTIMIZER_NAMES:
+        return (
+            f"{o.optimizer.name!r} is not supported",
+            f"Use one of: {', '.join(OPTIMIZER_NAMES)}",
+        )
+    return None
+
+
+def _offload_optimizer(o: EngineOptions) -> tuple[str, str] | None:
+    if o.zero.stage == 0 and o.zero.offload_optimizer.device != "none":
+        return (
+            "needs ZeRO stage 1, 2 or 3 (stage is 0, which keeps everything replicated)",
+            "Set the ZeRO stage to 1, 2 or 3, or remove offload_optimizer",
+        )
+    return None
+
+
+def _overlap_step(o: EngineOptions) -> tuple[str, str] | None:
+    z = o.zero
+    if z.offload_optimizer.overlap_step and (z.stage not in (1, 2) or z.offload_optimizer.device == "none"):
+        return (
+            "runs an offloaded optimizer step during the next forward, for ZeRO stages 1 and 2 with "
+            f"offload_optimizer.device cpu or nvme (stage is {z.stage}, device is {z.offload_optimizer.device})",
+            "Remove overlap_step, or set the stage and offload_optimizer.device",
+        )
+    return None
+
+
+def _offload_param(o: EngineOptions) -> tuple[str, str] | None:
+    if o.zero.stage != 3 and o.zero.offload_param.device != "none":
+        return (
+            f"offloads parameters, which only ZeRO stage 3 shards (stage is {o.zero.stage}; stages 0-2 keep "
+            "the parameters on the device)",
+            "Set the ZeRO stage to 3, or use offload_optimizer instead",
+        )
+    return None
+
+
+def _nvme_path(name: str) -> Callable[[EngineOptions], tuple[str, str] | None]:
+    def check(o: EngineOptions) -> tuple[str, str] | None:
+        offload: OffloadOptions = getattr(o.zero, name)
+        if offload.device == "nvme" and not offload.nvme_path:
+            return "is nvme but no nvme_path is given", f"Add {name}.nvme_path: /local/nvme"
+        return None
+
+    return check
+
+
+def _at_least_zero(name: str, meaning: str) -> Callable[[EngineOptions], tuple[str, str] | None]:
+    # DeepSpeed refuses a negative value at every stage (pydantic ge=0), though only stage 3 reads it.
+    def check(o: EngineOptions) -> tuple[str, str] | None:
+        value = getattr(o.zero, name)
+        if value < 0:
+            return f"must be >= 0, got {value!r} ({meaning})", "Use 0 or more elements"
+        return None
+
+    return check
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("zero.stage", _stage),
+    Rule("zero.reduce_bucket_size", _reduce_bucket),
+    Rule(
+        "zero.stage3_max_live_parameters",
+        _at_least_zero("stage3_max_live_parameters", "0 = no prefetch beyond the unit in use"),
+    ),
+    Rule(
+        "zero.stage3_max_reuse_distance",
+        _at_least_zero("stage3_max_reuse_distance", "0 = every stage-3 unit is freed after its forward"),
+    ),
+    Rule("gradient_accumulation_steps", _accumulation),
+    Rule("gradient_clipping", _clipping),
+    Rule("precision.dtype", _dtype),
+    Rule("precision.communication_dtype", _comm_dtype),
+    Rule("optimizer.name", _optimizer),
+    Rule("zero.offload_optimizer", _offload_optimizer),
+    Rule("zero.offload_optimizer.overlap_step", _overlap_step),
+    Rule("zero.offload_optimizer.device", _nvme_path("offload_optimizer")),
+    Rule("zero.offload_param", _offload_param),
+    Rule("zero.offload_param.device", _nvme_path("offload_param")),
+)
+"""Every rule, in the order problems are reported (single-key rules before the ones across keys)."""
+
+
+def option_problems(options: EngineOptions) -> list[OptionProblem]:
+    """Every rule `options` break, in RULES order (empty when the engine accepts them)."""
+    problems = []
+    for rule in RULES:
+        found = rule.check(options)
+        if found is not None:
+            problems.append(OptionProblem(rule.key, *found))
+    return problems
