@@ -107,8 +107,9 @@ class LRSchedule:
             ratio = self._warmup_cosine_ratio(step - 1, warmup)
             return [lr * ratio for lr in own]
         # DeepSpeed's _format_param: a scalar is broadcast to every group, a list gives one value per group
-        mins = _per_group(o.warmup_min_lr, own, "warmup_min_lr")
-        peaks = own if o.warmup_max_lr is None else _per_group(o.warmup_max_lr, own, "warmup_max_lr")
+        self.check_groups(len(own), f"the {len(own)} group lrs given to lrs_at")
+        mins = _per_group(o.warmup_min_lr, len(own))
+        peaks = own if o.warmup_max_lr is None else _per_group(o.warmup_max_lr, len(own))
         if step == 0:
             return list(mins)
         step -= 1  # DeepSpeed's last_batch_iteration when step k+1 runs
@@ -155,12 +156,11 @@ class LRSchedule:
         self.last_step = int(state["last_step"])
 
 
-def _per_group(value, own: list[float], key: str) -> list[float]:
+def _per_group(value, num_groups: int) -> list[float]:
+    """One value per group: a list as given (its length is group_count_error's), a number broadcast."""
     if isinstance(value, (tuple, list)):
-        if len(value) != len(own):
-            raise ValueError(f"scheduler.{key} has {len(value)} values but there are {len(own)} param groups")
         return [float(v) for v in value]
-    return [float(value)] * len(own)
+    return [float(value)] * num_groups
 
 
 def group_count_error(options: SchedulerOptions, num_groups: int, groups: str) -> str | None:
