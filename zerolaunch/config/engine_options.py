@@ -111,15 +111,17 @@ def option_error(r: Resolver, problem: OptionProblem) -> RecipeError:
     (offload_param) is found through its leaves (offload_param.device). An option nobody wrote (a default,
     or derived) is named by its engine key, with the recipe's source."""
     key = f"engine.{problem.key}"
+    end = "" if problem.fix.endswith(".") else "."
     path = r.paths.get(key)
-    if path is None:
-        for leaf, leaf_path in r.paths.items():
-            if leaf.startswith(key + "."):
-                path = leaf_path[: len(leaf_path) - leaf[len(key) + 1 :].count(".") - 1]
-                break
     if path is not None:
         return r.fail(path, problem.problem, problem.fix)
-    end = "" if problem.fix.endswith(".") else "."
+    for leaf, leaf_path in r.paths.items():
+        if leaf.startswith(key + "."):
+            # where: the leaf's line or --set flag (the block itself may have neither); key: the block's
+            block = leaf_path[: len(leaf_path) - leaf[len(key) + 1 :].count(".") - 1]
+            return RecipeError(
+                f"{r.where(leaf_path)}: `{r.tree.key(block)}` {problem.problem}. {problem.fix}{end}"
+            )
     return RecipeError(
         f"{r.where(())}: `{key}` ({r.origins.get(key, 'default')}) {problem.problem}. {problem.fix}{end}"
     )

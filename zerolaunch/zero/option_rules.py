@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .options import DTYPE_NAMES, OPTIMIZER_NAMES, EngineOptions, OffloadOptions
+from .options import COMM_DTYPES, DTYPE_NAMES, OPTIMIZER_NAMES, EngineOptions, OffloadOptions
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,9 @@ def _dtype(o: EngineOptions) -> tuple[str, str] | None:
 
 def _comm_dtype(o: EngineOptions) -> tuple[str, str] | None:
     value = o.precision.communication_dtype
-    if value is not None and value not in DTYPE_NAMES:
+    if value is not None and value not in COMM_DTYPES:
         return (
-            f"must be one of {', '.join(DTYPE_NAMES)}, got {value!r}",
+            f"must be one of {', '.join(COMM_DTYPES)}, got {value!r}",
             "Use one of them, or leave it out (fp32)",
         )
     return None
