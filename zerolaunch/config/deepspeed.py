@@ -301,8 +301,8 @@ def optimizer_name(tree: RawTree, ds: Path) -> str | None:
     key = raw.lower()
     if key in UNSUPPORTED_OPTIMIZERS:
         raise RecipeError(
-            f"{tree.where(path)}: DeepSpeed's {UNSUPPORTED_OPTIMIZERS[key]} optimizer is not supported by "
-            "zerolaunch. Use Adam, AdamW or SGD."
+            f"{tree.where(path)}: `{tree.key(path)}` {raw!r}: DeepSpeed's {UNSUPPORTED_OPTIMIZERS[key]} optimizer "
+            "is not supported by zerolaunch. Use Adam, AdamW or SGD."
         )
     if key not in OPTIMIZER_TYPES:
         raise RecipeError(
