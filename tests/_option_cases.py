@@ -15,6 +15,7 @@ from zerolaunch.zero.options import (
     OffloadOptions,
     OptimizerOptions,
     PrecisionOptions,
+    SchedulerOptions,
     ZeroOptions,
 )
 
@@ -38,7 +39,20 @@ def _zero_recipe(body: str) -> str:
     return "train:\n  steps: 2\ndeepspeed:\n  zero_optimization:\n" + body
 
 
+def _fp16_recipe(line: str) -> str:
+    return "deepspeed:\n  fp16:\n    enabled: true\n" + line
+
+
+def _scheduler_recipe(kind: str, line: str = "") -> str:
+    return f"deepspeed:\n  scheduler:\n    type: {kind}\n    params:\n{line}"
+
+
+def _fp16(**kw) -> EngineOptions:
+    return EngineOptions(precision=PrecisionOptions(dtype="fp16", **kw))
+
+
 Z = "deepspeed.zero_optimization"
+P = "deepspeed.scheduler.params"
 CASES: tuple[Case, ...] = (
     Case(
         "zero.stage",
@@ -154,5 +168,97 @@ CASES: tuple[Case, ...] = (
         f"{Z}.offload_param.device",
         7,
         "nvme_path",
+    ),
+    Case(
+        "precision.loss_scale",
+        _fp16(loss_scale=-1.0),
+        _fp16_recipe("    loss_scale: -1\n"),
+        "deepspeed.fp16.loss_scale",
+        4,
+        ">= 0",
+    ),
+    Case(
+        "precision.initial_scale_power",
+        _fp16(initial_scale_power=65),
+        _fp16_recipe("    initial_scale_power: 65\n"),
+        "deepspeed.fp16.initial_scale_power",
+        4,
+        "between 0 and 64",
+    ),
+    Case(
+        "precision.loss_scale_window",
+        _fp16(loss_scale_window=0),
+        _fp16_recipe("    loss_scale_window: 0\n"),
+        "deepspeed.fp16.loss_scale_window",
+        4,
+        ">= 1",
+    ),
+    Case(
+        "precision.hysteresis",
+        _fp16(hysteresis=0),
+        _fp16_recipe("    hysteresis: 0\n"),
+        "deepspeed.fp16.hysteresis",
+        4,
+        ">= 1",
+    ),
+    Case(
+        "precision.min_loss_scale",
+        _fp16(min_loss_scale=0.0),
+        _fp16_recipe("    min_loss_scale: 0\n"),
+        "deepspeed.fp16.min_loss_scale",
+        4,
+        "> 0",
+    ),
+    Case(
+        "scheduler.name",
+        EngineOptions(scheduler=SchedulerOptions(name="OneCycle")),
+        "deepspeed:\n  scheduler:\n    type: OneCycle\n",
+        "deepspeed.scheduler.type",
+        3,
+        "WarmupLR",
+    ),
+    Case(
+        "scheduler.warmup_num_steps",
+        EngineOptions(scheduler=SchedulerOptions(name="WarmupLR", warmup_num_steps=-1)),
+        "train:\n  warmup_steps: -1\n",
+        "train.warmup_steps",
+        2,
+        ">= 0",
+    ),
+    Case(
+        "scheduler.warmup_type",
+        EngineOptions(scheduler=SchedulerOptions(name="WarmupLR", warmup_type="cubic")),
+        _scheduler_recipe("WarmupLR", "      warmup_type: cubic\n"),
+        f"{P}.warmup_type",
+        5,
+        "log",
+    ),
+    Case(
+        "scheduler.total_num_steps",
+        EngineOptions(scheduler=SchedulerOptions(name="WarmupDecayLR", total_num_steps=0)),
+        _scheduler_recipe("WarmupDecayLR", "      total_num_steps: 0\n"),
+        f"{P}.total_num_steps",
+        5,
+        ">= 1",
+    ),
+    Case(
+        "scheduler.cos_min_ratio",
+        EngineOptions(
+            scheduler=SchedulerOptions(name="WarmupCosineLR", total_num_steps=9, cos_min_ratio=1.5)
+        ),
+        _scheduler_recipe("WarmupCosineLR", "      cos_min_ratio: 1.5\n"),
+        f"{P}.cos_min_ratio",
+        5,
+        "between 0 and 1",
+    ),
+    Case(
+        "scheduler.warmup_min_ratio",
+        EngineOptions(
+            scheduler=SchedulerOptions(name="WarmupCosineLR", total_num_steps=9, warmup_min_ratio=-0.1)
+        ),
+        _scheduler_recipe("WarmupCosineLR", "      warmup_min_ratio: -0.1\n"),
+        f"{P}.warmup_min_ratio",
+        5,
+        "between 0 and 1",
     ),
 )

@@ -44,13 +44,12 @@ def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
         communication_dtype=r.value(
             k + "communication_dtype", DS + ("communication_data_type",), "choice", None, choices=COMM_DTYPES
         ),
-        loss_scale=r.value(k + "loss_scale", fp16 + ("loss_scale",), "float", 0.0, min=0),
-        initial_scale_power=r.value(
-            k + "initial_scale_power", fp16 + ("initial_scale_power",), "int", 16, min=0, max=64
-        ),
-        loss_scale_window=r.value(k + "loss_scale_window", fp16 + ("loss_scale_window",), "int", 1000, min=1),
-        hysteresis=r.value(k + "hysteresis", fp16 + ("hysteresis",), "int", 2, min=1),
-        min_loss_scale=r.value(k + "min_loss_scale", fp16 + ("min_loss_scale",), "float", 1.0, gt=0),
+        # their limits are the engine's rules (zero/option_rules.py), checked on the built options
+        loss_scale=r.value(k + "loss_scale", fp16 + ("loss_scale",), "float", 0.0),
+        initial_scale_power=r.value(k + "initial_scale_power", fp16 + ("initial_scale_power",), "int", 16),
+        loss_scale_window=r.value(k + "loss_scale_window", fp16 + ("loss_scale_window",), "int", 1000),
+        hysteresis=r.value(k + "hysteresis", fp16 + ("hysteresis",), "int", 2),
+        min_loss_scale=r.value(k + "min_loss_scale", fp16 + ("min_loss_scale",), "float", 1.0),
     )
     name = optimizer_name(r.tree, DS) or "adamw"
     params: Path = DS + ("optimizer", "params")
@@ -301,6 +300,8 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
     p: Path = DS + ("scheduler", "params")
     r.record(k + "name", r.tree.origin(DS + ("scheduler", "type")))
     r.record(k + "warmup_num_steps", r.origins["train.warmup_steps"], "= train.warmup_steps")
+    if "train.warmup_steps" in r.paths:
+        r.paths[k + "warmup_num_steps"] = r.paths["train.warmup_steps"]
     if r.is_auto(p + ("warmup_num_steps",)):
         r.record(k + "warmup_num_steps", "auto", "auto: = train.warmup_steps")
     wants_total = kind != "WarmupLR"
@@ -311,7 +312,6 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
         train.steps if wants_total else None,
         auto=lambda: (train.steps, "= train.steps"),
         default_note="= train.steps" if wants_total else None,
-        min=1,
     )
     if kind != "cosine" and train.warmup_steps < 2:
         # DeepSpeed clamps warmup to 2 steps (log(1) = 0); 0.19.8's WarmupLR/WarmupCosineLR raise for 0.
@@ -363,8 +363,6 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
             choices=("log", "linear"),
         ),
         total_num_steps=total,
-        cos_min_ratio=r.value(k + "cos_min_ratio", p + ("cos_min_ratio",), "float", 0.0001, min=0, max=1),
-        warmup_min_ratio=r.value(
-            k + "warmup_min_ratio", p + ("warmup_min_ratio",), "float", 0.0, min=0, max=1
-        ),
+        cos_min_ratio=r.value(k + "cos_min_ratio", p + ("cos_min_ratio",), "float", 0.0001),
+        warmup_min_ratio=r.value(k + "warmup_min_ratio", p + ("warmup_min_ratio",), "float", 0.0),
     )

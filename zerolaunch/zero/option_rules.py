@@ -16,8 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from .options import COMM_DTYPES, DTYPE_NAMES, OPTIMIZER_NAMES, EngineOptions, OffloadOptions
+from .options import (
+    COMM_DTYPES,
+    DECAYING_SCHEDULES,
+    DTYPE_NAMES,
+    OPTIMIZER_NAMES,
+    SCHEDULER_NAMES,
+    EngineOptions,
+    OffloadOptions,
+    PrecisionOptions,
+    SchedulerOptions,
+)
 
 
 @dataclass(frozen=True)
@@ -147,6 +158,85 @@ def _at_least_zero(name: str, meaning: str) -> Callable[[EngineOptions], tuple[s
     return check
 
 
+def _field(section: str, name: str, bad: Callable[[Any], bool], need: str, fix: str) -> Rule:
+    """A rule on one field: `section.name` must be `need` (a value for which `bad` is false)."""
+
+    def check(o: EngineOptions) -> tuple[str, str] | None:
+        value = getattr(getattr(o, section), name)
+        return (f"must be {need}, got {value!r}", fix) if bad(value) else None
+
+    return Rule(f"{section}.{name}", check)
+
+
+def _total_steps(o: EngineOptions) -> tuple[str, str] | None:
+    s = o.scheduler
+    if s.total_num_steps is None and s.name in DECAYING_SCHEDULES:
+        return f"is required (>= 1) for {s.name}", "Set it to the number of optimizer steps of the run"
+    if s.total_num_steps is not None and s.total_num_steps < 1:
+        return (
+            f"must be >= 1, got {s.total_num_steps!r}",
+            "Set it to the number of optimizer steps of the run",
+        )
+    return None
+
+
+def _fraction(value: float) -> bool:
+    return not 0.0 <= value <= 1.0
+
+
+# The precision rules hold for every dtype (only fp16 scales the loss), as the recipe's fp16 block has them.
+PRECISION_RULES: tuple[Rule, ...] = (
+    _field(
+        "precision",
+        "loss_scale",
+        lambda v: v < 0,
+        ">= 0 (0 = dynamic)",
+        "Use 0 for dynamic loss scaling, or a positive static scale",
+    ),
+    _field(
+        "precision",
+        "initial_scale_power",
+        lambda v: not 0 <= v <= 64,
+        "between 0 and 64 (dynamic scaling starts at 2**initial_scale_power)",
+        "Use a power from 0 to 64, e.g. 16 (DeepSpeed's default)",
+    ),
+    _field("precision", "loss_scale_window", lambda v: v < 1, ">= 1", "Use 1 or more steps, e.g. 1000"),
+    _field("precision", "hysteresis", lambda v: v < 1, ">= 1", "Use 1 or more overflows, e.g. 2"),
+    _field("precision", "min_loss_scale", lambda v: not v > 0, "> 0", "Use a positive floor, e.g. 1"),
+)
+SCHEDULER_RULES: tuple[Rule, ...] = (
+    _field(
+        "scheduler",
+        "name",
+        lambda v: v not in SCHEDULER_NAMES,
+        f"one of {', '.join(SCHEDULER_NAMES)}",
+        "Use one of them",
+    ),
+    _field("scheduler", "warmup_num_steps", lambda v: v < 0, ">= 0", "Use 0 (no warmup) or more steps"),
+    _field(
+        "scheduler",
+        "warmup_type",
+        lambda v: v not in ("log", "linear"),
+        "'log' or 'linear'",
+        "Use log or linear",
+    ),
+    Rule("scheduler.total_num_steps", _total_steps),
+    _field(
+        "scheduler",
+        "cos_min_ratio",
+        _fraction,
+        "between 0 and 1 (the final lr as a fraction of the peak)",
+        "Use a value from 0 to 1",
+    ),
+    _field(
+        "scheduler",
+        "warmup_min_ratio",
+        _fraction,
+        "between 0 and 1 (the first lr as a fraction of the peak)",
+        "Use a value from 0 to 1",
+    ),
+)
+
 RULES: tuple[Rule, ...] = (
     Rule("zero.stage", _stage),
     Rule("zero.reduce_bucket_size", _reduce_bucket),
@@ -163,6 +253,8 @@ RULES: tuple[Rule, ...] = (
     Rule("precision.dtype", _dtype),
     Rule("precision.communication_dtype", _comm_dtype),
     Rule("optimizer.name", _optimizer),
+    *PRECISION_RULES,
+    *SCHEDULER_RULES,
     Rule("zero.offload_optimizer", _offload_optimizer),
     Rule("zero.offload_optimizer.overlap_step", _overlap_step),
     Rule("zero.offload_optimizer.device", _nvme_path("offload_optimizer")),
@@ -174,9 +266,18 @@ RULES: tuple[Rule, ...] = (
 
 def option_problems(options: EngineOptions) -> list[OptionProblem]:
     """Every rule `options` break, in RULES order (empty when the engine accepts them)."""
-    problems = []
-    for rule in RULES:
-        found = rule.check(options)
-        if found is not None:
-            problems.append(OptionProblem(rule.key, *found))
-    return problems
+    return _section_problems(RULES, options)
+
+
+def _section_problems(rules: tuple[Rule, ...], options: EngineOptions) -> list[OptionProblem]:
+    return [OptionProblem(rule.key, *found) for rule in rules if (found := rule.check(options)) is not None]
+
+
+def precision_problems(options: PrecisionOptions) -> list[OptionProblem]:
+    """The precision rules alone (the loss scaler checks its options with them)."""
+    return _section_problems(PRECISION_RULES, EngineOptions(precision=options))
+
+
+def scheduler_problems(options: SchedulerOptions) -> list[OptionProblem]:
+    """The scheduler rules alone (LRSchedule checks its options with them)."""
+    return _section_problems(SCHEDULER_RULES, EngineOptions(scheduler=options))

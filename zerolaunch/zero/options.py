@@ -128,9 +128,15 @@ class OptimizerOptions:
     """SGD only."""
 
 
+SchedulerName = Literal["none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine"]
+SCHEDULER_NAMES: tuple[str, ...] = get_args(SchedulerName)
+DECAYING_SCHEDULES: tuple[str, ...] = ("WarmupDecayLR", "WarmupCosineLR", "cosine")
+"""The schedules that need total_num_steps."""
+
+
 @dataclass(frozen=True)
 class SchedulerOptions:
-    name: Literal["none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine"] = "none"
+    name: SchedulerName = "none"
     warmup_min_lr: float | tuple[float, ...] = 0.0
     """WarmupLR / WarmupDecayLR: a number for every group, or a tuple of one per param group (DeepSpeed's
     `_format_param`; the length is checked when the engine builds its groups)."""

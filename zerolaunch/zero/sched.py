@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import math
 
+from .option_rules import scheduler_problems
 from .options import SchedulerOptions
-
-NAMES = ("none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine")
 
 
 class LRSchedule:
@@ -31,21 +30,9 @@ class LRSchedule:
         self._validate()
 
     def _validate(self) -> None:
-        o = self.options
-        if o.name not in NAMES:
-            raise ValueError(f"scheduler.name {o.name!r} is unknown; use one of: {', '.join(NAMES)}")
-        if o.warmup_num_steps < 0:
-            raise ValueError(f"scheduler.warmup_num_steps must be >= 0, got {o.warmup_num_steps}")
-        if o.warmup_type not in ("log", "linear"):
-            raise ValueError(f"scheduler.warmup_type must be 'log' or 'linear', got {o.warmup_type!r}")
-        if o.name in ("WarmupDecayLR", "WarmupCosineLR", "cosine"):
-            if o.total_num_steps is None or o.total_num_steps < 1:
-                raise ValueError(
-                    f"scheduler.total_num_steps is required (>= 1) for {o.name}, got {o.total_num_steps}; "
-                    "set it to the number of optimizer steps of the run"
-                )
-        if not 0.0 <= o.cos_min_ratio <= 1.0:
-            raise ValueError(f"scheduler.cos_min_ratio must be in [0, 1], got {o.cos_min_ratio}")
+        problems = scheduler_problems(self.options)  # the rules the recipe loader reports too
+        if problems:
+            raise ValueError(problems[0].message())
 
     @property
     def peak_lr(self) -> float:
