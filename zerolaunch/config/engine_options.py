@@ -67,7 +67,7 @@ def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
     )
     momentum = 0.0
     if name == "sgd":
-        momentum = r.value("engine.optimizer.momentum", params + ("momentum",), "float", 0.0, min=0)
+        momentum = r.value("engine.optimizer.momentum", params + ("momentum",), "float", 0.0)
     else:
         r.record("engine.optimizer.momentum", "default", "SGD only")
     r.record(
@@ -157,7 +157,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
         "int",
         base.stage3_prefetch_bucket_size,
         auto=h_auto(0.9, 2, "stage3_prefetch_bucket_size"),
-        min=0,
     )
     persistence = r.value(
         k + "stage3_param_persistence_threshold",
@@ -165,7 +164,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
         "int",
         base.stage3_param_persistence_threshold,
         auto=h_auto(10, 1, "stage3_param_persistence_threshold"),
-        min=0,
     )
     overlap = r.value(
         k + "overlap_comm",
@@ -184,7 +182,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
             Z + ("allgather_bucket_size",),
             "int",
             base.allgather_bucket_size,
-            gt=0,
         ),
         overlap_comm=overlap,
         stage3_prefetch_bucket_size=prefetch,
@@ -249,7 +246,7 @@ def _offload(r: Resolver, name: str, has_ds: bool, buffer_count: int) -> Offload
     nvme_path = r.value(k + "nvme_path", path + ("nvme_path",), "optional_str", None)
     # DeepSpeed pins offload buffers unless told otherwise; an offload block here follows it.
     pin = r.value(k + "pin_memory", path + ("pin_memory",), "bool", has_ds and isinstance(block, dict))
-    count = r.value(k + "buffer_count", path + ("buffer_count",), "int", buffer_count, min=1)
+    count = r.value(k + "buffer_count", path + ("buffer_count",), "int", buffer_count)
     overlap_step = False
     if name == "offload_optimizer":
         overlap_step = r.value(k + "overlap_step", path + ("overlap_step",), "bool", False)

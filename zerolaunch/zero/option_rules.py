@@ -158,14 +158,16 @@ def _at_least_zero(name: str, meaning: str) -> Callable[[EngineOptions], tuple[s
     return check
 
 
-def _field(section: str, name: str, bad: Callable[[Any], bool], need: str, fix: str) -> Rule:
-    """A rule on one field: `section.name` must be `need` (a value for which `bad` is false)."""
+def _field(key: str, bad: Callable[[Any], bool], need: str, fix: str) -> Rule:
+    """A rule on one field: the option at dotted `key` must be `need` (a value for which `bad` is false)."""
 
     def check(o: EngineOptions) -> tuple[str, str] | None:
-        value = getattr(getattr(o, section), name)
+        value: Any = o
+        for name in key.split("."):
+            value = getattr(value, name)
         return (f"must be {need}, got {value!r}", fix) if bad(value) else None
 
-    return Rule(f"{section}.{name}", check)
+    return Rule(key, check)
 
 
 def _total_steps(o: EngineOptions) -> tuple[str, str] | None:
@@ -187,50 +189,44 @@ def _fraction(value: float) -> bool:
 # The precision rules hold for every dtype (only fp16 scales the loss), as the recipe's fp16 block has them.
 PRECISION_RULES: tuple[Rule, ...] = (
     _field(
-        "precision",
-        "loss_scale",
+        "precision.loss_scale",
         lambda v: v < 0,
         ">= 0 (0 = dynamic)",
         "Use 0 for dynamic loss scaling, or a positive static scale",
     ),
     _field(
-        "precision",
-        "initial_scale_power",
+        "precision.initial_scale_power",
         lambda v: not 0 <= v <= 64,
         "between 0 and 64 (dynamic scaling starts at 2**initial_scale_power)",
         "Use a power from 0 to 64, e.g. 16 (DeepSpeed's default)",
     ),
-    _field("precision", "loss_scale_window", lambda v: v < 1, ">= 1", "Use 1 or more steps, e.g. 1000"),
-    _field("precision", "hysteresis", lambda v: v < 1, ">= 1", "Use 1 or more overflows, e.g. 2"),
-    _field("precision", "min_loss_scale", lambda v: not v > 0, "> 0", "Use a positive floor, e.g. 1"),
+    _field("precision.loss_scale_window", lambda v: v < 1, ">= 1", "Use 1 or more steps, e.g. 1000"),
+    _field("precision.hysteresis", lambda v: v < 1, ">= 1", "Use 1 or more overflows, e.g. 2"),
+    _field("precision.min_loss_scale", lambda v: not v > 0, "> 0", "Use a positive floor, e.g. 1"),
 )
 SCHEDULER_RULES: tuple[Rule, ...] = (
     _field(
-        "scheduler",
-        "name",
+        "scheduler.name",
         lambda v: v not in SCHEDULER_NAMES,
         f"one of {', '.join(SCHEDULER_NAMES)}",
         "Use one of them",
     ),
-    _field("scheduler", "warmup_num_steps", lambda v: v < 0, ">= 0", "Use 0 (no warmup) or more steps"),
+    _field("scheduler.warmup_num_steps", lambda v: v < 0, ">= 0", "Use 0 (no warmup) or more steps"),
     _field(
-        "scheduler",
-        "warmup_type",
+        "scheduler.warmup_type",
         lambda v: v not in ("log", "linear"),
         "'log' or 'linear'",
         "Use log or linear",
     ),
     Rule("scheduler.total_num_steps", _total_steps),
     _field(
-        "scheduler",
-        "cos_min_ratio",
+        "scheduler.cos_min_ratio",
         _fraction,
         "between 0 and 1 (the final lr as a fraction of the peak)",
         "Use a value from 0 to 1",
     ),
     _field(
-        "scheduler",
-        "warmup_min_ratio",
+        "scheduler.warmup_min_ratio",
         _fraction,
         "between 0 and 1 (the first lr as a fraction of the peak)",
         "Use a value from 0 to 1",
@@ -248,11 +244,39 @@ RULES: tuple[Rule, ...] = (
         "zero.stage3_max_reuse_distance",
         _at_least_zero("stage3_max_reuse_distance", "0 = every stage-3 unit is freed after its forward"),
     ),
+    _field(
+        "zero.allgather_bucket_size",
+        lambda v: v < 1,
+        ">= 1 element",
+        "Use a positive number of elements, e.g. 5e8",
+    ),
+    _field(
+        "zero.stage3_prefetch_bucket_size",
+        lambda v: v < 0,
+        ">= 0 (0 = no prefetch)",
+        "Use 0 or more elements",
+    ),
+    _field(
+        "zero.stage3_param_persistence_threshold",
+        lambda v: v < 0,
+        ">= 0 (0 = no param stays gathered)",
+        "Use 0 or more elements",
+    ),
+    _field(
+        "zero.offload_optimizer.buffer_count",
+        lambda v: v < 1,
+        ">= 1",
+        "Use 1 or more staging buffers, e.g. 4",
+    ),
+    _field(
+        "zero.offload_param.buffer_count", lambda v: v < 1, ">= 1", "Use 1 or more staging buffers, e.g. 5"
+    ),
     Rule("gradient_accumulation_steps", _accumulation),
     Rule("gradient_clipping", _clipping),
     Rule("precision.dtype", _dtype),
     Rule("precision.communication_dtype", _comm_dtype),
     Rule("optimizer.name", _optimizer),
+    _field("optimizer.momentum", lambda v: v < 0, ">= 0 (SGD's)", "Use 0 (no momentum) or more, e.g. 0.9"),
     *PRECISION_RULES,
     *SCHEDULER_RULES,
     Rule("zero.offload_optimizer", _offload_optimizer),
