@@ -7,7 +7,8 @@ which names the recipe file, line and the key the user wrote. So a recipe that p
 fail the engine's check in every worker.
 
 Texts are written in words both vocabularies share ("ZeRO stage", "offload_optimizer.device"): the engine's
-keys (`zero.stage`) and DeepSpeed's (`zero_optimization.stage`) differ only in the section prefix. This module
+keys (`zero.stage`, `precision.hysteresis`) and DeepSpeed's (`zero_optimization.stage`, `fp16.hysteresis`)
+differ in their sections, not their names. This module
 owns those rules; it does not own type checks, "auto" or key names (config/), nor the checks that need the
 model (stage-3 units, param group counts: the engine and zero/sched.py).
 """
@@ -36,7 +37,7 @@ class OptionProblem:
     key: str
     """The dotted path within EngineOptions, e.g. "zero.offload_optimizer.overlap_step"."""
     problem: str
-    """What is wrong, as it reads after the key: "must be >= 0 (got -1)"."""
+    """What is wrong, as it reads after the key: "must be >= 0, got -1"."""
     fix: str
     """What to do, one sentence without the final period: "Use 0 or more elements"."""
 
@@ -55,30 +56,6 @@ class Rule:
 def _stage(o: EngineOptions) -> tuple[str, str] | None:
     if o.zero.stage not in (0, 1, 2, 3):
         return f"must be 0, 1, 2 or 3 (got {o.zero.stage!r})", "Use a ZeRO stage between 0 and 3"
-    return None
-
-
-def _reduce_bucket(o: EngineOptions) -> tuple[str, str] | None:
-    if o.zero.reduce_bucket_size < 1:
-        return (
-            f"must be >= 1 element (got {o.zero.reduce_bucket_size!r})",
-            "Use a positive number of elements, e.g. 5e8",
-        )
-    return None
-
-
-def _accumulation(o: EngineOptions) -> tuple[str, str] | None:
-    if o.gradient_accumulation_steps < 1:
-        return f"must be >= 1 (got {o.gradient_accumulation_steps!r})", "Use 1 or more micro-steps per step"
-    return None
-
-
-def _clipping(o: EngineOptions) -> tuple[str, str] | None:
-    if o.gradient_clipping < 0:
-        return (
-            f"must be >= 0 (0 = off), got {o.gradient_clipping!r}",
-            "Use 0 to turn clipping off, or a positive max grad norm, e.g. 1.0",
-        )
     return None
 
 
@@ -142,17 +119,6 @@ def _nvme_path(name: str) -> Callable[[EngineOptions], tuple[str, str] | None]:
         offload: OffloadOptions = getattr(o.zero, name)
         if offload.device == "nvme" and not offload.nvme_path:
             return "is nvme but no nvme_path is given", f"Add {name}.nvme_path: /local/nvme"
-        return None
-
-    return check
-
-
-def _at_least_zero(name: str, meaning: str) -> Callable[[EngineOptions], tuple[str, str] | None]:
-    # DeepSpeed refuses a negative value at every stage (pydantic ge=0), though only stage 3 reads it.
-    def check(o: EngineOptions) -> tuple[str, str] | None:
-        value = getattr(o.zero, name)
-        if value < 0:
-            return f"must be >= 0, got {value!r} ({meaning})", "Use 0 or more elements"
         return None
 
     return check
@@ -235,14 +201,24 @@ SCHEDULER_RULES: tuple[Rule, ...] = (
 
 RULES: tuple[Rule, ...] = (
     Rule("zero.stage", _stage),
-    Rule("zero.reduce_bucket_size", _reduce_bucket),
-    Rule(
-        "zero.stage3_max_live_parameters",
-        _at_least_zero("stage3_max_live_parameters", "0 = no prefetch beyond the unit in use"),
+    _field(
+        "zero.reduce_bucket_size",
+        lambda v: v < 1,
+        ">= 1 element",
+        "Use a positive number of elements, e.g. 5e8",
     ),
-    Rule(
+    # DeepSpeed refuses a negative value at every stage (pydantic ge=0), though only stage 3 reads it.
+    _field(
+        "zero.stage3_max_live_parameters",
+        lambda v: v < 0,
+        ">= 0 (0 = no prefetch beyond the unit in use)",
+        "Use 0 or more elements (DeepSpeed's default is 1e9)",
+    ),
+    _field(
         "zero.stage3_max_reuse_distance",
-        _at_least_zero("stage3_max_reuse_distance", "0 = every stage-3 unit is freed after its forward"),
+        lambda v: v < 0,
+        ">= 0 (0 = every stage-3 unit is freed after its forward)",
+        "Use 0 or more elements",
     ),
     _field(
         "zero.allgather_bucket_size",
@@ -271,8 +247,13 @@ RULES: tuple[Rule, ...] = (
     _field(
         "zero.offload_param.buffer_count", lambda v: v < 1, ">= 1", "Use 1 or more staging buffers, e.g. 5"
     ),
-    Rule("gradient_accumulation_steps", _accumulation),
-    Rule("gradient_clipping", _clipping),
+    _field("gradient_accumulation_steps", lambda v: v < 1, ">= 1", "Use 1 or more micro-steps per step"),
+    _field(
+        "gradient_clipping",
+        lambda v: v < 0,
+        ">= 0 (0 = off)",
+        "Use 0 to turn clipping off, or a positive max grad norm, e.g. 1.0",
+    ),
     Rule("precision.dtype", _dtype),
     Rule("precision.communication_dtype", _comm_dtype),
     Rule("optimizer.name", _optimizer),
