@@ -364,8 +364,8 @@ def test_list_of_another_length_is_refused_naming_key_and_counts():
         LRSchedule(
             SchedulerOptions(name="WarmupDecayLR", warmup_max_lr=(0.1,), total_num_steps=5), 0.1
         ).check_groups(2, "two")
-    with pytest.raises(ValueError, match="scheduler.warmup_min_lr has 3 values but there are 2 param groups"):
-        s.lrs_at(1, [None, None])
+    with pytest.raises(ValueError, match=r"warmup_min_lr is a list of 3 values .* has 2 param groups"):
+        s.lrs_at(1, [None, None])  # the same check as check_groups, not a second one
 
 
 def test_engine_refuses_a_list_that_does_not_fit_its_groups():

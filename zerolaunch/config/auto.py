@@ -98,12 +98,16 @@ def spelled_twice(
         )
     if t_val is not None:
         value, origin, note = t_val, r.tree.origin(train_path), None
+        r.paths[f"train.{name}"] = train_path
     elif d_val is not None:
         value, origin, note = d_val, r.tree.origin(ds_path), f"from {dotted(ds_path)}"
+        r.paths[f"train.{name}"] = ds_path
     else:
         value, origin, note = default, "default", None
     r.record(f"train.{name}", origin, note)
     if engine_key is not None:
+        if f"train.{name}" in r.paths:
+            r.paths[engine_key] = r.paths[f"train.{name}"]
         if ds_path is not None and r.is_auto(ds_path):
             r.record(engine_key, "auto", f"auto: {dotted(ds_path)} = train.{name}")
         elif d_val is not None:
@@ -136,8 +140,10 @@ def resolve_precision(r: Resolver) -> str:
                     f'Keep one of them, or set {dtype}.enabled to "auto".'
                 )
         r.record("train.precision", r.tree.origin(path))
+        r.paths["engine.precision.dtype"] = path
     elif chosen is not None:
         precision = chosen
+        r.paths["engine.precision.dtype"] = DS + (chosen, "enabled")
         r.record(
             "train.precision", r.tree.origin(DS + (chosen, "enabled")), f"from deepspeed.{chosen}.enabled"
         )
@@ -174,6 +180,8 @@ def resolve_batch(r: Resolver) -> tuple[int, int, int]:
         r.record(
             f"train.{name}", "derived", f"batch rule: global = micro * accum * world_size ({r.world_size})"
         )
+    if "train.gradient_accumulation_steps" in r.paths:
+        r.paths["engine.gradient_accumulation_steps"] = r.paths["train.gradient_accumulation_steps"]
     accum_ds = spellings["gradient_accumulation_steps"]
     if r.is_auto(accum_ds):
         r.record("engine.gradient_accumulation_steps", "auto", "auto: = train.gradient_accumulation_steps")
@@ -290,8 +298,7 @@ def resolve_train(
         DS + ("gradient_clipping",),
         "float",
         DEFAULTS.gradient_clipping,
-        "engine.gradient_clipping",
-        min=0,
+        "engine.gradient_clipping",  # its limit is the engine's rule (zero/option_rules.py)
     )
     warmup_ds = DS + ("scheduler", "params", "warmup_num_steps") if has_ds_scheduler else None
     # DeepSpeed's warmup schedulers default to 1000 warmup steps when the key is absent ("auto" = train's).

@@ -301,8 +301,8 @@ def optimizer_name(tree: RawTree, ds: Path) -> str | None:
     key = raw.lower()
     if key in UNSUPPORTED_OPTIMIZERS:
         raise RecipeError(
-            f"{tree.where(path)}: DeepSpeed's {UNSUPPORTED_OPTIMIZERS[key]} optimizer is not supported by "
-            "zerolaunch. Use Adam, AdamW or SGD."
+            f"{tree.where(path)}: `{tree.key(path)}` {raw!r}: DeepSpeed's {UNSUPPORTED_OPTIMIZERS[key]} optimizer "
+            "is not supported by zerolaunch. Use Adam, AdamW or SGD."
         )
     if key not in OPTIMIZER_TYPES:
         raise RecipeError(
@@ -319,8 +319,8 @@ def scheduler_name(tree: RawTree, ds: Path) -> str | None:
     raw = tree.get(path)
     if isinstance(raw, str) and raw.lower() in UNSUPPORTED_SCHEDULERS:
         raise RecipeError(
-            f"{tree.where(path)}: DeepSpeed's {UNSUPPORTED_SCHEDULERS[raw.lower()]} scheduler is not supported "
-            f"by zerolaunch. Use one of {', '.join(SCHEDULER_TYPES)}."
+            f"{tree.where(path)}: `{tree.key(path)}` {raw!r}: DeepSpeed's {UNSUPPORTED_SCHEDULERS[raw.lower()]} "
+            f"scheduler is not supported by zerolaunch. Use one of {', '.join(SCHEDULER_TYPES)}."
         )
     by_lower = {t.lower(): t for t in SCHEDULER_TYPES}
     if not isinstance(raw, str) or raw.lower() not in by_lower:

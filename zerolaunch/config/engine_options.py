@@ -4,7 +4,10 @@ With no DeepSpeed block the engine takes zerolaunch's defaults (ZeRO stage 1) an
 one, DeepSpeed's defaults apply where a key is absent (stage 0, overlap_comm on for stage 3 only, pinned
 offload buffers, WarmupLR's 1000 warmup steps and 0.001 peak), as a DeepSpeed user expects. Bucket "auto"s
 come from the hidden size h as in Hugging Face: reduce h*h, stage-3 prefetch 0.9*h*h, persistence 10*h.
-This module owns that mapping and the cross-key rules (offload_param needs stage 3, ...).
+This module owns that mapping. The engine's rules (stage range, offload_param needs stage 3, ...) are not
+repeated here: `build_engine` runs zero/option_rules.py's `option_problems` on the options it built and reports
+the first at the key the user wrote (its file and line or --set flag), so the recipe check and the engine's
+cannot drift. What stays here is the recipe's own: types, choices, "auto" and the limits no engine rule has.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from .tree import Path
 from .values import DS, Resolver
 
 if TYPE_CHECKING:
+    from zerolaunch.zero.option_rules import OptionProblem
     from zerolaunch.zero.options import EngineOptions, OffloadOptions, ZeroOptions
 
 Z: Path = DS + ("zero_optimization",)
@@ -40,13 +44,12 @@ def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
         communication_dtype=r.value(
             k + "communication_dtype", DS + ("communication_data_type",), "choice", None, choices=COMM_DTYPES
         ),
-        loss_scale=r.value(k + "loss_scale", fp16 + ("loss_scale",), "float", 0.0, min=0),
-        initial_scale_power=r.value(
-            k + "initial_scale_power", fp16 + ("initial_scale_power",), "int", 16, min=0, max=64
-        ),
-        loss_scale_window=r.value(k + "loss_scale_window", fp16 + ("loss_scale_window",), "int", 1000, min=1),
-        hysteresis=r.value(k + "hysteresis", fp16 + ("hysteresis",), "int", 2, min=1),
-        min_loss_scale=r.value(k + "min_loss_scale", fp16 + ("min_loss_scale",), "float", 1.0, gt=0),
+        # their limits are the engine's rules (zero/option_rules.py), checked on the built options
+        loss_scale=r.value(k + "loss_scale", fp16 + ("loss_scale",), "float", 0.0),
+        initial_scale_power=r.value(k + "initial_scale_power", fp16 + ("initial_scale_power",), "int", 16),
+        loss_scale_window=r.value(k + "loss_scale_window", fp16 + ("loss_scale_window",), "int", 1000),
+        hysteresis=r.value(k + "hysteresis", fp16 + ("hysteresis",), "int", 2),
+        min_loss_scale=r.value(k + "min_loss_scale", fp16 + ("min_loss_scale",), "float", 1.0),
     )
     name = optimizer_name(r.tree, DS) or "adamw"
     params: Path = DS + ("optimizer", "params")
@@ -64,7 +67,7 @@ def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
     )
     momentum = 0.0
     if name == "sgd":
-        momentum = r.value("engine.optimizer.momentum", params + ("momentum",), "float", 0.0, min=0)
+        momentum = r.value("engine.optimizer.momentum", params + ("momentum",), "float", 0.0)
     else:
         r.record("engine.optimizer.momentum", "default", "SGD only")
     r.record(
@@ -81,13 +84,45 @@ def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
         decay_1d=train.weight_decay_1d,
         momentum=momentum,
     )
-    return EngineOptions(
+    options = EngineOptions(
         zero=zero,
         precision=precision,
         optimizer=optimizer,
         scheduler=_scheduler(r, train),
         gradient_clipping=train.gradient_clipping,
         gradient_accumulation_steps=train.gradient_accumulation_steps,
+    )
+    check_engine_options(r, options)
+    return options
+
+
+def check_engine_options(r: Resolver, options: EngineOptions) -> None:
+    """Raise the first of the engine's option problems as a RecipeError at the recipe key behind it."""
+    from zerolaunch.zero.option_rules import option_problems
+
+    problems = option_problems(options)
+    if problems:
+        raise option_error(r, problems[0])
+
+
+def option_error(r: Resolver, problem: OptionProblem) -> RecipeError:
+    """The problem at the path the user wrote for `engine.<problem.key>`; an option they set by a block
+    (offload_param) is found through its leaves (offload_param.device). An option nobody wrote (a default,
+    or derived) is named by its engine key, with the recipe's source."""
+    key = f"engine.{problem.key}"
+    end = "" if problem.fix.endswith(".") else "."
+    path = r.paths.get(key)
+    if path is not None:
+        return r.fail(path, problem.problem, problem.fix)
+    for leaf, leaf_path in r.paths.items():
+        if leaf.startswith(key + "."):
+            # where: the leaf's line or --set flag (the block itself may have neither); key: the block's
+            block = leaf_path[: len(leaf_path) - leaf[len(key) + 1 :].count(".") - 1]
+            return RecipeError(
+                f"{r.where(leaf_path)}: `{r.tree.key(block)}` {problem.problem}. {problem.fix}{end}"
+            )
+    return RecipeError(
+        f"{r.where(())}: `{key}` ({r.origins.get(key, 'default')}) {problem.problem}. {problem.fix}{end}"
     )
 
 
@@ -98,7 +133,7 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
     k = "engine.zero."
     stage_default = 0 if has_ds else base.stage
     note = "DeepSpeed's default without zero_optimization" if has_ds else "zerolaunch's default"
-    stage = r.value(k + "stage", Z + ("stage",), "int", stage_default, default_note=note, min=0, max=3)
+    stage = r.value(k + "stage", Z + ("stage",), "int", stage_default, default_note=note)
 
     def h_auto(factor: float, power: int, key: str):
         def compute() -> tuple[int, str]:
@@ -115,7 +150,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
         "int",
         base.reduce_bucket_size,
         auto=h_auto(1, 2, "reduce_bucket_size"),
-        gt=0,
     )
     prefetch = r.value(
         k + "stage3_prefetch_bucket_size",
@@ -123,7 +157,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
         "int",
         base.stage3_prefetch_bucket_size,
         auto=h_auto(0.9, 2, "stage3_prefetch_bucket_size"),
-        min=0,
     )
     persistence = r.value(
         k + "stage3_param_persistence_threshold",
@@ -131,7 +164,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
         "int",
         base.stage3_param_persistence_threshold,
         auto=h_auto(10, 1, "stage3_param_persistence_threshold"),
-        min=0,
     )
     overlap = r.value(
         k + "overlap_comm",
@@ -142,25 +174,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
     )
     offload_optimizer = _offload(r, "offload_optimizer", has_ds, 4)
     offload_param = _offload(r, "offload_param", has_ds, 5)
-    if offload_param.device != "none" and stage != 3:
-        path = Z + ("offload_param",)
-        raise RecipeError(
-            f"{r.where(path)}: `zero_optimization.offload_param` offloads parameters, which only ZeRO stage 3 "
-            f"shards (stage is {stage}). Set zero_optimization.stage to 3, or use offload_optimizer instead."
-        )
-    if offload_optimizer.overlap_step and (stage not in (1, 2) or offload_optimizer.device == "none"):
-        path = Z + ("offload_optimizer", "overlap_step")
-        raise RecipeError(
-            f"{r.where(path)}: `overlap_step` runs an offloaded optimizer step during the next forward, for "
-            f"ZeRO stages 1 and 2 with offload_optimizer.device cpu or nvme (stage is {stage}, device is "
-            f"{offload_optimizer.device}). Remove overlap_step, or set stage and device."
-        )
-    if offload_optimizer.device != "none" and stage == 0:
-        path = Z + ("offload_optimizer",)
-        raise RecipeError(
-            f"{r.where(path)}: `zero_optimization.offload_optimizer` needs ZeRO stage 1, 2 or 3 (stage is 0). "
-            "Set zero_optimization.stage."
-        )
     return ZeroOptions(
         stage=stage,
         reduce_bucket_size=reduce_bucket,
@@ -169,7 +182,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
             Z + ("allgather_bucket_size",),
             "int",
             base.allgather_bucket_size,
-            gt=0,
         ),
         overlap_comm=overlap,
         stage3_prefetch_bucket_size=prefetch,
@@ -203,7 +215,7 @@ def _gather_16bit(r: Resolver) -> bool:
 
 def _max_live(r: Resolver, default: int) -> int:
     key = "engine.zero.stage3_max_live_parameters"
-    value = r.value(key, Z + ("stage3_max_live_parameters",), "int", default, min=0)
+    value = r.value(key, Z + ("stage3_max_live_parameters",), "int", default)
     if value == 0:
         r.notes[key] = "0: no prefetch beyond the unit in use (that unit is always gathered)"
     return value
@@ -211,7 +223,7 @@ def _max_live(r: Resolver, default: int) -> int:
 
 def _max_reuse(r: Resolver, default: int) -> int:
     key = "engine.zero.stage3_max_reuse_distance"
-    value = r.value(key, Z + ("stage3_max_reuse_distance",), "int", default, min=0)
+    value = r.value(key, Z + ("stage3_max_reuse_distance",), "int", default)
     if value > 0:
         r.notes[key] = (
             f"{value}: a stage-3 unit reused within {value} gathered elements (the last ones of the forward) "
@@ -232,13 +244,9 @@ def _offload(r: Resolver, name: str, has_ds: bool, buffer_count: int) -> Offload
         )
     device = r.value(k + "device", path + ("device",), "choice", "none", choices=("none", "cpu", "nvme"))
     nvme_path = r.value(k + "nvme_path", path + ("nvme_path",), "optional_str", None)
-    if device == "nvme" and not nvme_path:
-        raise r.fail(
-            path + ("device",), "is nvme but no nvme_path is given", f"Add {name}.nvme_path: /local/nvme"
-        )
     # DeepSpeed pins offload buffers unless told otherwise; an offload block here follows it.
     pin = r.value(k + "pin_memory", path + ("pin_memory",), "bool", has_ds and isinstance(block, dict))
-    count = r.value(k + "buffer_count", path + ("buffer_count",), "int", buffer_count, min=1)
+    count = r.value(k + "buffer_count", path + ("buffer_count",), "int", buffer_count)
     overlap_step = False
     if name == "offload_optimizer":
         overlap_step = r.value(k + "overlap_step", path + ("overlap_step",), "bool", False)
@@ -289,6 +297,8 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
     p: Path = DS + ("scheduler", "params")
     r.record(k + "name", r.tree.origin(DS + ("scheduler", "type")))
     r.record(k + "warmup_num_steps", r.origins["train.warmup_steps"], "= train.warmup_steps")
+    if "train.warmup_steps" in r.paths:
+        r.paths[k + "warmup_num_steps"] = r.paths["train.warmup_steps"]
     if r.is_auto(p + ("warmup_num_steps",)):
         r.record(k + "warmup_num_steps", "auto", "auto: = train.warmup_steps")
     wants_total = kind != "WarmupLR"
@@ -299,7 +309,6 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
         train.steps if wants_total else None,
         auto=lambda: (train.steps, "= train.steps"),
         default_note="= train.steps" if wants_total else None,
-        min=1,
     )
     if kind != "cosine" and train.warmup_steps < 2:
         # DeepSpeed clamps warmup to 2 steps (log(1) = 0); 0.19.8's WarmupLR/WarmupCosineLR raise for 0.
@@ -351,8 +360,6 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
             choices=("log", "linear"),
         ),
         total_num_steps=total,
-        cos_min_ratio=r.value(k + "cos_min_ratio", p + ("cos_min_ratio",), "float", 0.0001, min=0, max=1),
-        warmup_min_ratio=r.value(
-            k + "warmup_min_ratio", p + ("warmup_min_ratio",), "float", 0.0, min=0, max=1
-        ),
+        cos_min_ratio=r.value(k + "cos_min_ratio", p + ("cos_min_ratio",), "float", 0.0001),
+        warmup_min_ratio=r.value(k + "warmup_min_ratio", p + ("warmup_min_ratio",), "float", 0.0),
     )

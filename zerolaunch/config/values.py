@@ -25,6 +25,9 @@ class Resolver:
         self.world_size = world_size
         self.origins: dict[str, str] = {}
         self.notes: dict[str, str] = {}
+        self.paths: dict[str, Path] = {}
+        """Output key -> the tree path its value was read from, for keys the user wrote (engine option
+        problems are reported at that path: the recipe key or the DeepSpeed key as written)."""
 
     # ---- raw access -------------------------------------------------------------------------------------
     def raw(self, path: Path) -> Any:
@@ -61,18 +64,21 @@ class Resolver:
             )
         check = _CONVERTERS[kind]
         result = check(self, path, value, limits)
-        low, high = limits.get("min"), limits.get("max")
-        gt = limits.get("gt")
-        if low is not None and high is not None and not low <= result <= high:
-            raise self.fail(
-                path, f"must be between {low} and {high} (got {value!r})", f"Use a value from {low} to {high}"
-            )
-        if gt is not None and not result > gt:
-            raise self.fail(path, f"must be > {gt} (got {value!r})", "Use a positive value")
-        if low is not None and result < low:
-            raise self.fail(path, f"must be >= {low} (got {value!r})", f"Use a value of at least {low}")
-        if high is not None and result > high:
-            raise self.fail(path, f"must be <= {high} (got {value!r})", f"Use a value of at most {high}")
+        if isinstance(result, tuple):  # a list: the limits hold for each item (one per param group)
+            for i, item in enumerate(result):
+                broken = limit_problem(item, limits)
+                if broken is not None:
+                    need, _ = broken
+                    raise self.fail(
+                        path,
+                        f"item {i} must be {need} (got {value[i]!r} in {list(value)!r})",
+                        f"Give each param group a value {need}",
+                    )
+            return result
+        broken = limit_problem(result, limits)
+        if broken is not None:
+            need, fix = broken
+            raise self.fail(path, f"must be {need} (got {value!r})", fix)
         return result
 
     def value(
@@ -91,6 +97,7 @@ class Resolver:
         if raw is MISSING:
             self.record(key, "default", default_note)
             return default
+        self.paths[key] = path
         if raw == AUTO and auto is not None:
             resolved, note = auto()
             self.record(key, "auto", f"auto: {note}")
@@ -98,6 +105,20 @@ class Resolver:
         result = self.convert(path, raw, kind, **limits)
         self.record(key, self.tree.origin(path))
         return result
+
+
+def limit_problem(result: float, limits: dict) -> tuple[str, str] | None:
+    """(what the value must be, the fix) when `result` breaks the min / max / gt limits, else None."""
+    low, high, gt = limits.get("min"), limits.get("max"), limits.get("gt")
+    if low is not None and high is not None and not low <= result <= high:
+        return f"between {low} and {high}", f"Use a value from {low} to {high}"
+    if gt is not None and not result > gt:
+        return f"> {gt}", "Use a positive value"
+    if low is not None and result < low:
+        return f">= {low}", f"Use a value of at least {low}"
+    if high is not None and result > high:
+        return f"<= {high}", f"Use a value of at most {high}"
+    return None
 
 
 def _int(r: Resolver, path: Path, value: Any, limits: dict) -> int:
@@ -117,7 +138,8 @@ def _float(r: Resolver, path: Path, value: Any, limits: dict) -> float:
 
 def _float_or_list(r: Resolver, path: Path, value: Any, limits: dict) -> float | tuple[float, ...]:
     """A number, or a list of numbers (one per optimizer param group, as DeepSpeed's scheduler `_format_param`
-    takes them); the limits hold for each value. The list's length is checked when the engine has its groups."""
+    takes them); `Resolver.convert` holds each item to the limits. The list's length is checked when the engine
+    has its groups."""
     if not isinstance(value, (list, tuple)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise r.fail(
@@ -126,10 +148,8 @@ def _float_or_list(r: Resolver, path: Path, value: Any, limits: dict) -> float |
                 "Write a number, e.g. 3e-4, or one per param group, e.g. [3e-4, 1e-4]",
             )
         return float(value)
-    low, high, gt = limits.pop("min", None), limits.pop("max", None), limits.pop("gt", None)
     if not value:
         raise r.fail(path, "is an empty list", "Give one number per param group, or a single number for all")
-    result = []
     for i, v in enumerate(value):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise r.fail(
@@ -137,16 +157,7 @@ def _float_or_list(r: Resolver, path: Path, value: Any, limits: dict) -> float |
                 f"must be a list of numbers (one per param group), but item {i} is {v!r} (in {list(value)!r})",
                 "Write numbers only, e.g. [3e-4, 1e-4]",
             )
-        bad = (gt is not None and not v > gt and f"> {gt}") or (low is not None and v < low and f">= {low}")
-        bad = bad or (high is not None and v > high and f"<= {high}")
-        if bad:
-            raise r.fail(
-                path,
-                f"item {i} must be {bad} (got {v!r} in {list(value)!r})",
-                f"Give each param group a value {bad}",
-            )
-        result.append(float(v))
-    return tuple(result)
+    return tuple(float(v) for v in value)
 
 
 def _bool(r: Resolver, path: Path, value: Any, limits: dict) -> bool:

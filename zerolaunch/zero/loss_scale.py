@@ -9,6 +9,7 @@ check itself (an all-reduced inf/nan flag) is the engine's; this module only hea
 
 from __future__ import annotations
 
+from .option_rules import precision_problems
 from .options import PrecisionOptions
 
 
@@ -16,15 +17,9 @@ class LossScaler:
     def __init__(self, options: PrecisionOptions):
         self.enabled = options.dtype == "fp16"
         self.dynamic = self.enabled and options.loss_scale <= 0
-        if options.loss_scale < 0:
-            raise ValueError(f"precision.loss_scale must be >= 0 (0 = dynamic), got {options.loss_scale}")
-        if self.dynamic:
-            if options.loss_scale_window < 1:
-                raise ValueError(f"precision.loss_scale_window must be >= 1, got {options.loss_scale_window}")
-            if options.hysteresis < 1:
-                raise ValueError(f"precision.hysteresis must be >= 1, got {options.hysteresis}")
-            if options.min_loss_scale <= 0:
-                raise ValueError(f"precision.min_loss_scale must be > 0, got {options.min_loss_scale}")
+        problems = precision_problems(options)  # the rules the recipe loader reports too
+        if problems:
+            raise ValueError(problems[0].message())
         if not self.enabled:
             self.scale = 1.0
         elif self.dynamic:

@@ -19,6 +19,10 @@ COMM_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
 """The names `precision.communication_dtype` (DeepSpeed's communication_data_type) accepts: DTYPE_NAMES,
 listed fp16 before bf16 as DeepSpeed documents that key (config/ offers them in this order)."""
 
+OptimizerName = Literal["adamw", "adam", "sgd"]
+OPTIMIZER_NAMES: tuple[str, ...] = get_args(OptimizerName)
+"""The optimizers the engine builds (zero/optim/torch_optim.py's STATE_KINDS has one entry for each)."""
+
 OFFLOADED_BUCKET_NUMEL = 50_000_000
 """Largest gradient bucket while the optimizer is offloaded: each bucket is copied to the host as soon as it
 is reduced, so only the last bucket's copy (200 MB of fp32, ~4 ms at PCIe 5 rates) is left after backward;
@@ -110,7 +114,7 @@ class PrecisionOptions:
 
 @dataclass(frozen=True)
 class OptimizerOptions:
-    name: Literal["adamw", "adam", "sgd"] = "adamw"
+    name: OptimizerName = "adamw"
     """adamw (decoupled decay; DeepSpeed's "Adam" with adam_w_mode true), adam (L2 decay) or sgd."""
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
@@ -124,9 +128,15 @@ class OptimizerOptions:
     """SGD only."""
 
 
+SchedulerName = Literal["none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine"]
+SCHEDULER_NAMES: tuple[str, ...] = get_args(SchedulerName)
+DECAYING_SCHEDULES: tuple[str, ...] = ("WarmupDecayLR", "WarmupCosineLR", "cosine")
+"""The schedules that need total_num_steps."""
+
+
 @dataclass(frozen=True)
 class SchedulerOptions:
-    name: Literal["none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine"] = "none"
+    name: SchedulerName = "none"
     warmup_min_lr: float | tuple[float, ...] = 0.0
     """WarmupLR / WarmupDecayLR: a number for every group, or a tuple of one per param group (DeepSpeed's
     `_format_param`; the length is checked when the engine builds its groups)."""

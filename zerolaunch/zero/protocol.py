@@ -1,5 +1,5 @@
 """What the engine checks and returns, apart from the engine itself: the compute dtypes, the `StepInfo` that
-`step()` returns, and the option checks run before any strategy is built.
+`step()` returns, and `validate_options`, run before any strategy is built (its rules are option_rules.py's).
 """
 
 from __future__ import annotations
@@ -9,10 +9,14 @@ from dataclasses import dataclass
 import torch
 
 from .optim.torch_optim import STATE_KINDS
-from .options import DTYPE_NAMES, EngineOptions
+from .option_rules import option_problems
+from .options import DTYPE_NAMES, OPTIMIZER_NAMES, EngineOptions
 
 # strict: a name added to options.Dtype without its torch dtype fails at import, not at first use.
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
+# the same for an optimizer name option_rules.py accepts but the engine could not build.
+if set(STATE_KINDS) != set(OPTIMIZER_NAMES):
+    raise ImportError(f"optim STATE_KINDS {sorted(STATE_KINDS)} != options.OPTIMIZER_NAMES {OPTIMIZER_NAMES}")
 
 
 @dataclass(frozen=True)
@@ -29,39 +33,8 @@ class StepInfo:
 
 
 def validate_options(options: EngineOptions) -> None:
-    """Raise ValueError naming the bad option and the fix (the config layer shows the message)."""
-    z, p = options.zero, options.precision
-    if z.stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero.stage must be 0, 1, 2 or 3, got {z.stage}")
-    if z.reduce_bucket_size < 1:
-        raise ValueError(f"zero.reduce_bucket_size must be >= 1 element, got {z.reduce_bucket_size}")
-    if options.gradient_accumulation_steps < 1:
-        raise ValueError(
-            f"gradient_accumulation_steps must be >= 1, got {options.gradient_accumulation_steps}"
-        )
-    if options.gradient_clipping < 0:
-        raise ValueError(f"gradient_clipping must be >= 0 (0 = off), got {options.gradient_clipping}")
-    for key, value in (
-        ("precision.dtype", p.dtype),
-        ("precision.communication_dtype", p.communication_dtype),
-    ):
-        if value is not None and value not in DTYPES:
-            raise ValueError(f"{key} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
-    if options.optimizer.name not in STATE_KINDS:
-        raise ValueError(
-            f"optimizer.name {options.optimizer.name!r} is not supported; use one of: {', '.join(STATE_KINDS)}"
-        )
-    if z.stage == 0 and z.offload_optimizer.device != "none":
-        raise ValueError("zero.offload_optimizer needs zero.stage >= 1 (stage 0 keeps everything replicated)")
-    if z.offload_optimizer.overlap_step and (z.stage not in (1, 2) or z.offload_optimizer.device == "none"):
-        raise ValueError(
-            "zero.offload_optimizer.overlap_step needs zero.stage 1 or 2 with offload_optimizer.device cpu "
-            f"or nvme (got stage {z.stage}, device {z.offload_optimizer.device}); remove overlap_step"
-        )
-    # 0 is DeepSpeed's "no prefetch beyond the current unit": the unit needed now is always gathered.
-    if z.stage == 3 and z.stage3_max_live_parameters < 0:
-        raise ValueError(f"zero.stage3_max_live_parameters must be >= 0, got {z.stage3_max_live_parameters}")
-    if z.stage < 3 and z.offload_param.device != "none":
-        raise ValueError(
-            "zero.offload_param needs zero.stage 3 (stages 0-2 keep the parameters on the device)"
-        )
+    """Raise ValueError with the first broken rule of option_rules.py (key, problem, fix); the recipe loader
+    reports the same rules against the recipe's keys, so a loaded recipe passes here."""
+    problems = option_problems(options)
+    if problems:
+        raise ValueError(problems[0].message())

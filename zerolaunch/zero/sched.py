@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import math
 
+from .option_rules import scheduler_problems
 from .options import SchedulerOptions
-
-NAMES = ("none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine")
 
 
 class LRSchedule:
@@ -31,21 +30,9 @@ class LRSchedule:
         self._validate()
 
     def _validate(self) -> None:
-        o = self.options
-        if o.name not in NAMES:
-            raise ValueError(f"scheduler.name {o.name!r} is unknown; use one of: {', '.join(NAMES)}")
-        if o.warmup_num_steps < 0:
-            raise ValueError(f"scheduler.warmup_num_steps must be >= 0, got {o.warmup_num_steps}")
-        if o.warmup_type not in ("log", "linear"):
-            raise ValueError(f"scheduler.warmup_type must be 'log' or 'linear', got {o.warmup_type!r}")
-        if o.name in ("WarmupDecayLR", "WarmupCosineLR", "cosine"):
-            if o.total_num_steps is None or o.total_num_steps < 1:
-                raise ValueError(
-                    f"scheduler.total_num_steps is required (>= 1) for {o.name}, got {o.total_num_steps}; "
-                    "set it to the number of optimizer steps of the run"
-                )
-        if not 0.0 <= o.cos_min_ratio <= 1.0:
-            raise ValueError(f"scheduler.cos_min_ratio must be in [0, 1], got {o.cos_min_ratio}")
+        problems = scheduler_problems(self.options)  # the rules the recipe loader reports too
+        if problems:
+            raise ValueError(problems[0].message())
 
     @property
     def peak_lr(self) -> float:
@@ -107,8 +94,9 @@ class LRSchedule:
             ratio = self._warmup_cosine_ratio(step - 1, warmup)
             return [lr * ratio for lr in own]
         # DeepSpeed's _format_param: a scalar is broadcast to every group, a list gives one value per group
-        mins = _per_group(o.warmup_min_lr, own, "warmup_min_lr")
-        peaks = own if o.warmup_max_lr is None else _per_group(o.warmup_max_lr, own, "warmup_max_lr")
+        self.check_groups(len(own), f"the {len(own)} group lrs given to lrs_at")
+        mins = _per_group(o.warmup_min_lr, len(own))
+        peaks = own if o.warmup_max_lr is None else _per_group(o.warmup_max_lr, len(own))
         if step == 0:
             return list(mins)
         step -= 1  # DeepSpeed's last_batch_iteration when step k+1 runs
@@ -155,12 +143,11 @@ class LRSchedule:
         self.last_step = int(state["last_step"])
 
 
-def _per_group(value, own: list[float], key: str) -> list[float]:
+def _per_group(value, num_groups: int) -> list[float]:
+    """One value per group: a list as given (its length is group_count_error's), a number broadcast."""
     if isinstance(value, (tuple, list)):
-        if len(value) != len(own):
-            raise ValueError(f"scheduler.{key} has {len(value)} values but there are {len(own)} param groups")
         return [float(v) for v in value]
-    return [float(value)] * len(own)
+    return [float(value)] * num_groups
 
 
 def group_count_error(options: SchedulerOptions, num_groups: int, groups: str) -> str | None:
