@@ -304,6 +304,14 @@ CASES: tuple[Case, ...] = (
         ">= 1",
     ),
     Case(
+        "optimizer.lr",
+        EngineOptions(optimizer=OptimizerOptions(lr=-1.0)),
+        "deepspeed:\n  optimizer:\n    type: AdamW\n    params:\n      lr: -1\n",
+        "deepspeed.optimizer.params.lr",
+        5,
+        "must be",  # the recipe is stricter (> 0: a zero lr in a recipe is a mistake), the engine takes 0
+    ),
+    Case(
         "optimizer.momentum",
         EngineOptions(optimizer=OptimizerOptions(name="sgd", momentum=-0.5)),
         "deepspeed:\n  optimizer:\n    type: SGD\n    params:\n      momentum: -0.5\n",

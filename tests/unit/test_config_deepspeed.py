@@ -530,3 +530,17 @@ def test_built_in_loop_refuses_a_list_that_is_not_two_groups_before_workers_star
     check_scheduler_groups(
         load_recipe({**one, "deepspeed": _warmup({"warmup_max_lr": [0.01]})["deepspeed"]}), "r"
     )
+
+
+def test_an_error_on_a_field_name_quotes_the_key_and_line_as_written(tmp_path):
+    # DeepSpeed's pydantic field name (max_live_parameters) is read as stage3_max_live_parameters; an error
+    # about its value must point at what the user wrote, once: `... line 5: ...max_live_parameters`.
+    path = tmp_path / "r.yaml"
+    path.write_text("train:\n  steps: 2\ndeepspeed:\n  zero_optimization:\n    max_live_parameters: -5\n")
+    with pytest.raises(RecipeError) as e:
+        load_recipe(path)
+    message = str(e.value)
+    assert message.startswith(
+        f"{path} line 5: `deepspeed.zero_optimization.max_live_parameters` must be >= 0"
+    )
+    assert message.count(" line ") == 1, message

@@ -230,9 +230,7 @@ def _zero_field_names(tree: RawTree, zero: dict, notes: dict[str, str]) -> None:
                 f"{tree.where(Z + (name,))}: both `{name}` and `{key}` are given (the same DeepSpeed setting "
                 f"under its field name and its alias). Keep `{key}`."
             )
-        origin, where = tree.origin(Z + (name,)), tree.where(Z + (name,))
-        value = zero.pop(name)
-        tree.put(Z + (key,), value, origin, where)
+        tree.rename(Z + (name,), Z + (key,))
         notes[f"deepspeed.zero_optimization.{key}"] = (
             f"given as `{name}`, DeepSpeed's field name for this key"
         )

@@ -27,6 +27,8 @@ class RawTree:
         self.data: dict[str, Any] = {}
         self._records: dict[Path, tuple[str, str]] = {}
         self._lines: dict[Path, int] = {}
+        self._spelled: dict[Path, str] = {}
+        """Keys the user wrote under another name (DeepSpeed's field names): path -> the name written."""
         self.bare_deepspeed = False
         """The recipe file is a bare ds_config.json: its keys are shown without the `deepspeed.` prefix."""
 
@@ -99,8 +101,21 @@ class RawTree:
                 return record
         return ("default", "the built-in defaults")
 
+    def rename(self, old: Path, new: Path) -> None:
+        """Move the value at `old` to `new` (a synonym the loader normalizes), keeping where it was written and
+        how: errors about `new` quote `old`'s file, line and spelling."""
+        origin, where = self._record(old)
+        line = self._lines.get(old)
+        value = self.get(old)
+        parent = self.get(old[:-1])
+        del parent[old[-1]]
+        self.put(new, value, origin, where, {(): line} if line is not None else None)
+        self._spelled[new] = old[-1]
+
     def key(self, path: Path) -> str:
         """The dotted key as the user wrote it (no `deepspeed.` prefix inside a bare ds_config.json)."""
+        if path in self._spelled:
+            path = path[:-1] + (self._spelled[path],)
         if self.bare_deepspeed and path[:1] == ("deepspeed",) and len(path) > 1:
             path = path[1:]
         return dotted(path)

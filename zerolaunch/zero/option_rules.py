@@ -257,6 +257,7 @@ RULES: tuple[Rule, ...] = (
     Rule("precision.dtype", _dtype),
     Rule("precision.communication_dtype", _comm_dtype),
     Rule("optimizer.name", _optimizer),
+    _field("optimizer.lr", lambda v: v < 0, ">= 0", "Use a learning rate of 0 or more, e.g. 3e-4"),
     _field("optimizer.momentum", lambda v: v < 0, ">= 0 (SGD's)", "Use 0 (no momentum) or more, e.g. 0.9"),
     *PRECISION_RULES,
     *SCHEDULER_RULES,

@@ -32,7 +32,7 @@ import torch
 
 from ..options import OffloadOptions, OptimizerOptions
 from . import host
-from .nvme_store import NvmeError, SwapStore
+from .nvme_store import SwapStore
 from .torch_optim import build_optimizer, state_kinds
 
 if TYPE_CHECKING:
@@ -107,11 +107,7 @@ class ShardOptimizer:
         self.store: SwapStore | None = None
         self.master: list[torch.Tensor] = []
         self.state: list[dict[str, torch.Tensor]] = []
-        if offload_options.device == "nvme":
-            if not offload_options.nvme_path:
-                raise NvmeError(
-                    "offload_optimizer.device is nvme but no nvme_path is given; add nvme_path: /local/nvme"
-                )
+        if offload_options.device == "nvme":  # nvme_path given: zero/option_rules.py
             self.store = SwapStore(
                 offload_options.nvme_path,
                 [c.numel for c in self.chunks],
