@@ -50,8 +50,9 @@ ENGINES = {
     "zl-z2-compile-model": "zerolaunch ZeRO-2, the whole model's forward compiled (loss included), before the engine",
     "zl-train": "`zerolaunch train recipes/gpt-SIZE.yaml --gpus 1` (ZeRO-2): the built-in loop, its own data",
     "zl-train-compile": "the zl-train row with --set train.compile=true",
+    "zl-train-compile-model": "the zl-train row with train.compile=true, train.compile_scope=model",
 }
-TRAIN_PATH = ("zl-train", "zl-train-compile")
+TRAIN_PATH = ("zl-train", "zl-train-compile", "zl-train-compile-model")
 # --model: "gpt" is the built-in GPT at --sizes; the others are Hugging Face configs (recipes/hf-*.yaml's
 # model.args), one size each: (the size column's label, the config). bench.HF_MODELS is what a CPU check extends.
 HF_MODELS = {
@@ -200,8 +201,10 @@ def run_train_path(
         f"checkpoint.dir={ckpt_dir}",
         "checkpoint.keep=1",
     ]
-    if engine == "zl-train-compile":
+    if engine in ("zl-train-compile", "zl-train-compile-model"):
         sets.append("train.compile=true")
+    if engine == "zl-train-compile-model":
+        sets.append("train.compile_scope=model")
     sets += list(extra_sets)
     cmd = [sys.executable, "-m", "zerolaunch", "train", os.path.join(repo, "recipes", f"gpt-{size}.yaml")]
     cmd += [*workers, "--run-dir", run_dir] + [a for kv in sets for a in ("--set", kv)]

@@ -1,4 +1,5 @@
-"""`train.compile`: the built-in loop with each GPT block torch.compile'd gives the eager losses.
+"""`train.compile`: the built-in loop with each GPT block torch.compile'd, or its whole forward
+(`train.compile_scope: model`, stages 0-2), gives the eager losses.
 
 Covers: stages 0, 2 and 3 (stage 3 builds on meta and gathers units around the compiled forwards), and
 stage 2 with activation checkpointing and CPU optimizer offload; 3 optimizer steps of 2 micro-steps each,
@@ -18,7 +19,7 @@ from zerolaunch.train.loop import run_training
 pytestmark = pytest.mark.e2e
 
 
-def _recipe(run_dir, stage, *, compile_on, train_extra=None, zero_extra=None):
+def _recipe(run_dir, stage, *, compile_on, train_extra=None, zero_extra=None, scope=None):
     train = {
         "steps": 3,
         "micro_batch_size": 2,
@@ -31,6 +32,8 @@ def _recipe(run_dir, stage, *, compile_on, train_extra=None, zero_extra=None):
     }
     if compile_on:
         train.update({"compile": True, "compile_backend": "aot_eager"})
+    if scope:
+        train["compile_scope"] = scope
     return load_recipe(
         {
             "model": {
@@ -83,10 +86,58 @@ def test_compiled_blocks_give_the_eager_losses(group, tmp_path, name, capsys):
     assert "train.compile: 2 blocks compiled (aot_eager); first step" in out
 
 
+MODEL_CASES = {
+    "stage0": (0, None, None),
+    "stage2": (2, None, None),
+    "stage2_ckpt_offload": (2, {"activation_checkpointing": True}, {"offload_optimizer": {"device": "cpu"}}),
+}
+
+
+@pytest.mark.parametrize("name", list(MODEL_CASES))
+def test_the_whole_forward_compiled_gives_the_eager_losses(group, tmp_path, name, capsys):
+    from torch._dynamo.utils import counters
+
+    stage, train_extra, zero_extra = MODEL_CASES[name]
+    torch._dynamo.reset()
+    counters.clear()
+    eager = run_training(
+        _recipe(tmp_path / "eager", stage, compile_on=False, train_extra=train_extra, zero_extra=zero_extra),
+        _ctx(),
+    )
+    compiled = run_training(
+        _recipe(
+            tmp_path / "compiled",
+            stage,
+            compile_on=True,
+            train_extra=train_extra,
+            zero_extra=zero_extra,
+            scope="model",
+        ),
+        _ctx(),
+    )
+    assert counters["stats"]["unique_graphs"] >= 1, dict(counters["stats"])
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-6, atol=0)
+    assert "train.compile: the whole forward compiled (aot_eager); first step" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "stage,zero_extra,match",
+    [
+        (3, None, "ZeRO stage 3 gathers each unit from hooks inside the forward"),
+        (2, {"offload_optimizer": {"device": "cpu", "overlap_step": True}}, "overlap_step publishes"),
+    ],
+)
+def test_the_whole_forward_is_refused_where_hooks_run_inside_it(tmp_path, stage, zero_extra, match):
+    with pytest.raises(RecipeError, match=rf"`train.compile_scope` is model .*{match}"):
+        _recipe(tmp_path, stage, compile_on=True, zero_extra=zero_extra, scope="model")
+
+
 @pytest.mark.parametrize(
     "train,match",
     [
         ({"compile": "yes"}, "`train.compile` must be true or false"),
+        ({"compile": True, "compile_scope": "layers"}, "must be one of blocks, model"),
+        ({"compile_scope": "model"}, "train.compile is false, so it would do nothing"),
         ({"compile": True, "compile_backend": "inductr"}, "must be one of inductor, aot_eager, eager"),
         ({"compile_backend": "aot_eager"}, "train.compile is false, so it would do nothing"),
     ],
@@ -109,6 +160,7 @@ def test_recipe_show_reports_the_compile_keys(tmp_path):
         world_size=1,
     )
     assert recipe.train.compile is True and recipe.train.compile_backend == "inductor"
+    assert recipe.train.compile_scope == "blocks" and recipe.origins["train.compile_scope"] == "default"
     assert recipe.origins["train.compile"] == "file" and recipe.origins["train.compile_backend"] == "default"
 
 

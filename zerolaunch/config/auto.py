@@ -12,13 +12,23 @@ from __future__ import annotations
 import ast
 import json
 from pathlib import Path as FsPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import RecipeError, dotted
 from .monitors import resolve_monitors
-from .schema import COMPILE_BACKENDS, DEFAULT_MODEL_BUILDER, LR_SCHEDULES, PRECISIONS, TrainSection
+from .schema import (
+    COMPILE_BACKENDS,
+    COMPILE_SCOPES,
+    DEFAULT_MODEL_BUILDER,
+    LR_SCHEDULES,
+    PRECISIONS,
+    TrainSection,
+)
 from .tree import MISSING, Path
 from .values import AUTO, DS, Resolver
+
+if TYPE_CHECKING:
+    from zerolaunch.zero.options import EngineOptions
 
 DEFAULTS = TrainSection()
 T: Path = ("train",)
@@ -260,6 +270,28 @@ def gpt_hidden_sizes(source: FsPath | None = None) -> dict[str, int]:
     return dict(FALLBACK_HIDDEN)
 
 
+def check_compile_scope(r: Resolver, train: TrainSection, engine: EngineOptions) -> None:
+    """train.compile_scope: model traces the whole forward into one graph, so module hooks that must run
+    eagerly inside it cannot: stage 3's gather / free hooks, overlap_step's publish hooks."""
+    if not train.compile or train.compile_scope != "model":
+        return
+    path = T + ("compile_scope",)
+    if engine.zero.stage == 3:
+        raise r.fail(
+            path,
+            "is model (the whole forward as one graph), but ZeRO stage 3 gathers each unit from hooks inside "
+            "the forward",
+            "Use train.compile_scope: blocks (the default) with stage 3",
+        )
+    if engine.zero.offload_optimizer.overlap_step:
+        raise r.fail(
+            path,
+            "is model (the whole forward as one graph), but offload_optimizer.overlap_step publishes each "
+            "module's params from hooks inside the forward",
+            "Use train.compile_scope: blocks, or turn overlap_step off",
+        )
+
+
 def resolve_train(
     r: Resolver, source_stem: str | None, has_ds_scheduler: bool, optimizer: str | None
 ) -> TrainSection:
@@ -342,13 +374,20 @@ def resolve_train(
         DEFAULTS.compile_backend,
         choices=COMPILE_BACKENDS,
     )
-    if r.given(T + ("compile_backend",)) and not compile_on:
-        path = T + ("compile_backend",)
-        raise r.fail(
-            path,
-            "is set but train.compile is false, so it would do nothing",
-            "Set train.compile: true, or remove train.compile_backend",
-        )
+    compile_scope = r.value(
+        "train.compile_scope",
+        T + ("compile_scope",),
+        "choice",
+        DEFAULTS.compile_scope,
+        choices=COMPILE_SCOPES,
+    )
+    for key in ("compile_backend", "compile_scope"):
+        if r.given(T + (key,)) and not compile_on:
+            raise r.fail(
+                T + (key,),
+                "is set but train.compile is false, so it would do nothing",
+                f"Set train.compile: true, or remove train.{key}",
+            )
     stem = source_stem or "default"
     run_dir = r.value(
         "train.run_dir", T + ("run_dir",), "str", f"runs/{stem}", default_note="runs/<recipe name>"
@@ -375,6 +414,7 @@ def resolve_train(
         ),
         compile=compile_on,
         compile_backend=compile_backend,
+        compile_scope=compile_scope,
         max_nonfinite_steps=r.value(
             "train.max_nonfinite_steps",
             T + ("max_nonfinite_steps",),

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from . import deepspeed as ds_vocab
-from .auto import resolve_train
+from .auto import check_compile_scope, resolve_train
 from .builders import check_builder_spec, import_builder
 from .engine_options import build_engine
 from .errors import RecipeError, did_you_mean
@@ -411,6 +411,7 @@ def load_recipe(
     has_scheduler = ds_vocab.scheduler_name(tree, DS) is not None
     train = resolve_train(r, stem, has_scheduler, optimizer)
     engine = build_engine(r, train)
+    check_compile_scope(r, train, engine)
     model, data, checkpoint, entrypoint = _sections(r, train, base_dir)
     if bare:
         r.notes["model.builder"] = (

@@ -26,6 +26,9 @@ LR_SCHEDULES = ("cosine", "constant")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 """torch.compile backends train.compile_backend accepts: inductor (the fast one), aot_eager and eager (no
 code generation: for debugging a compile problem, and for CPU tests)."""
+COMPILE_SCOPES = ("blocks", "model")
+"""What train.compile compiles: each repeated block's forward (every stage), or the model's whole forward
+as one graph, loss included (stages 0-2 without overlap_step: faster, more activation memory)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class TrainSection:
     stage; the first step includes the compile time (reported when it ends)."""
     compile_backend: str = "inductor"
     """torch.compile backend for train.compile: inductor, aot_eager or eager."""
+    compile_scope: str = "blocks"
+    """What train.compile compiles: blocks (each repeated block's forward) or model (the whole forward)."""
     max_nonfinite_steps: int = 3
     """Stop the run (exit code 3) after this many optimizer steps in a row with a non-finite loss or grad
     norm; each such step is skipped, not applied. 0 = never stop (the steps are still skipped)."""

@@ -34,3 +34,23 @@ def compile_blocks(model: nn.Module, *, backend: str, unit_classes: tuple[str, .
         # dynamic=False: the shapes of a training run are fixed; no symbolic shapes to trace or guard.
         block.forward = torch.compile(block.forward, backend=backend, dynamic=False)
     return len(blocks)
+
+
+def compile_model(model: nn.Module, *, backend: str) -> None:
+    """train.compile_scope: model -- the model's whole forward (embeddings, blocks, head, loss) as one graph.
+
+    The blocks alone leave out the part of the forward with the largest elementwise work of a language model:
+    the loss over (tokens, vocab) logits. On one H200, GPT-1.3B, ZeRO-2: 286.2 ms eager, 282.9 with the
+    blocks compiled, 271.8 with the whole forward (bench/RESULTS.md, 2026-12-04 s28), for 2.6 GiB more peak
+    memory (what inductor saves for backward). Only for engines whose hooks run outside the forward (stages 0-2
+    without overlap_step: the config refuses the others); the engine's gradient hooks and activation
+    checkpointing (traced by dynamo) still work, and the module tree does not change."""
+    model.forward = torch.compile(model.forward, backend=backend, dynamic=False)
+
+
+def compile_for(model: nn.Module, *, scope: str, backend: str, unit_classes: tuple[str, ...] = ()) -> str:
+    """train.compile: compile by `scope` (blocks | model); returns what was compiled, for the first step's line."""
+    if scope == "model":
+        compile_model(model, backend=backend)
+        return "the whole forward"
+    return f"{compile_blocks(model, backend=backend, unit_classes=unit_classes)} blocks"

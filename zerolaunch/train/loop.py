@@ -34,7 +34,7 @@ from zerolaunch.train.batches import (
     tokens_in,
 )
 from zerolaunch.train.checkpointing import CheckpointHook
-from zerolaunch.train.compiling import compile_blocks
+from zerolaunch.train.compiling import compile_for
 from zerolaunch.train.context import RunContext
 from zerolaunch.train.init_weights import load_initial_weights
 from zerolaunch.train.nonfinite import NonFiniteGuard
@@ -138,10 +138,14 @@ class Trainer:
                     "no enable_activation_checkpointing(); add one, or apply torch.utils.checkpoint in the model"
                 )
             enable()
-        self.compiled_blocks = 0
+        self.compiled: str | None = None
+        """What train.compile compiled ("24 blocks", "the whole forward"), for the first step's line."""
         if recipe.train.compile:
-            self.compiled_blocks = compile_blocks(
-                model, backend=recipe.train.compile_backend, unit_classes=recipe.engine.zero.stage3_units
+            self.compiled = compile_for(
+                model,
+                scope=recipe.train.compile_scope,
+                backend=recipe.train.compile_backend,
+                unit_classes=recipe.engine.zero.stage3_units,
             )
         return model
 
@@ -232,9 +236,9 @@ class Trainer:
         ctx = self.ctx
         loss_sums, mem_peaks, step_seconds = pending.read(ctx.world_size)
         step, fields = pending.step, pending.fields
-        if self.compiled_blocks and step == self.start_step + 1 and ctx.is_rank0:
+        if self.compiled and step == self.start_step + 1 and ctx.is_rank0:
             print(
-                f"train.compile: {self.compiled_blocks} blocks compiled ({self.recipe.train.compile_backend}); "
+                f"train.compile: {self.compiled} compiled ({self.recipe.train.compile_backend}); "
                 f"first step {1000 * step_seconds:.0f} ms, compile included",
                 flush=True,
             )
