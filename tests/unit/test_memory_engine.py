@@ -221,3 +221,28 @@ def test_reuse_replay_keeps_the_units_the_engine_keeps(reuse, max_live):
     assert schedule.peak_live_numel <= peak
     if all(kept):
         assert schedule.peak_live_numel == peak == root + sum(blocks)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_grads_under_the_backward_peak_are_the_engines_largest_segment(stage, monkeypatch):
+    # estimate-memory places, just after the loss, only the first grad segment backward allocates (the
+    # largest stands for it): the engine's own segments (zero/grad_shards.py), one rank, no offload.
+    from zerolaunch.memory.estimate import _states
+    from zerolaunch.zero import plan
+
+    monkeypatch.setattr(plan, "GRAD_SEGMENT_NUMEL", 2000)  # several segments in the tiny GPT at stage 2
+    case = ("gpt", stage, "bf16", 3000 if stage == 2 else 100, None, "adamw", "none")
+    engine = Engine(_model("gpt"), _options(*case[1:]))
+    segments = engine.sharding.grad_shards.segments
+    assert len(segments) > 3
+    name, stage, dtype, bucket, overlap, optimizer, offload = case
+    setup = Setup(
+        gpus_per_node=1,
+        dtype=dtype,
+        reduce_bucket_size=bucket if stage < 3 else 500_000_000,
+        stage3_param_persistence_threshold=bucket if stage == 3 else 100_000,
+        optimizer=optimizer,
+    )
+    *_, released, in_backward = _states(from_module(_model(name), source=name), setup, stage, offload)
+    assert released == engine.sharding.grad_shards.capacity_bytes
+    assert in_backward == 4 * max(s.numel for s in segments)
