@@ -33,6 +33,8 @@ ENGINES = {
     "fsdp2": "FSDP2 fully_shard per block, bf16 params / fp32 reduce",
     "torch-compile": "plain torch, fused AdamW, torch.compile(model)",
     "torch-compile-blocks": "plain torch, fused AdamW, each block's forward compiled as train.compile does",
+    "torch-amp": "plain torch, fp32 params + bf16 autocast, fused AdamW: the same numerics as ZeRO's fp32 master",
+    "torch-amp-compile": "torch-amp with torch.compile(model)",
     "fsdp2-compile": "FSDP2 as above, each block torch.compile'd before fully_shard (torchtitan's order)",
     "ds-z1": "DeepSpeed ZeRO-1",
     "ds-z2": "DeepSpeed ZeRO-2",
@@ -78,6 +80,8 @@ PEERS = (
     "fsdp2",
     "torch-compile",
     "torch-compile-blocks",
+    "torch-amp",
+    "torch-amp-compile",
     "fsdp2-compile",
     "ds-z1",
     "ds-z2",
@@ -314,6 +318,23 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
 
         def step(b):
             loss = model(**b).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+    elif engine in ("torch-amp", "torch-amp-compile"):
+        # fp32 weights, grads and AdamW moments, matmuls in bf16 under autocast: what every ZeRO stage and
+        # FSDP2 here compute, without sharding (the pure-bf16 torch rows skip the fp32 master and copies)
+        model = make().to(device)
+        if engine == "torch-amp-compile":
+            model = torch.compile(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+        parts = {"module": model, "stepper": opt, "engine": None}
+
+        def step(b):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = model(**b).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
