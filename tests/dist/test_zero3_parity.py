@@ -201,6 +201,7 @@ def _train_cases(rank, world_size, names):
             "stepped": [i.stepped for i in infos],
             "norms": [i.grad_norm for i in infos if i.stepped],
             "param_bytes": engine.memory_bytes()["params"],
+            "from_master": engine.sharding.gathers_from_master,
             "full_alive": sum(f.full_bytes_alive for f in flats if not f.resident),
             "resident_numel": sum(f.numel for f in flats if f.resident),
             "sharded_numel": sum(f.numel for f in flats if not f.resident),
@@ -242,11 +243,14 @@ def _check(results, world_size, names):
             torch.testing.assert_close(got["final"]["shift"], Net3(0).shift, rtol=0, atol=0)
             torch.testing.assert_close(torch.tensor(got["norms"]), torch.tensor(ref_norms), rtol=1e-5, atol=0)
             # after the step no unit is gathered; a rank holds 1/N of the sharded params (+ padding) plus
-            # the resident ones (persistent: full buffer + shard; frozen), in fp32 bytes.
+            # the resident ones (persistent: full buffer + shard; frozen), in fp32 bytes. Without offload
+            # no shard at all ([Note: gather from master]): the resident full buffer and the frozen params.
             assert got["full_alive"] == 0, name
-            sharded = got["sharded_numel"] / world_size
-            padding = got["buckets"] * (world_size - 1)
-            resident = got["resident_numel"] * (1 + 1 / world_size) + n_frozen
+            assert got["from_master"] is (opts.zero.offload_optimizer.device == "none"), name
+            shards = 0 if got["from_master"] else 1
+            sharded = shards * got["sharded_numel"] / world_size
+            padding = shards * got["buckets"] * (world_size - 1)
+            resident = got["resident_numel"] * (1 + shards / world_size) + n_frozen
             low, high = 4 * (sharded + resident), 4 * (sharded + padding + resident + 2 * (world_size - 1))
             assert low <= got["param_bytes"] <= high, (name, low, got["param_bytes"], high)
             prefetch = opts.zero.stage3_prefetch_bucket_size > 0 and opts.zero.stage3_max_live_parameters > 1

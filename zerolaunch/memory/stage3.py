@@ -2,7 +2,8 @@
 
 Owns the replay of zero/stage3/partition.py (persistent = trainable params under the threshold, kept whole on
 every rank), zero/stage3/unit_buffers.py (per unit one bucket per param group, padded to a multiple of
-world_size; this rank keeps 1/world of it) and zero/stage3/schedule.py's gather schedule (root unit gathered
+world_size; this rank keeps 1/world of it in the compute dtype, unless the units gather from the fp32 master:
+zero.plan.gathers_from_master) and zero/stage3/schedule.py's gather schedule (root unit gathered
 throughout, the unit running now, plus the next units that fit in stage3_prefetch_bucket_size, within
 stage3_max_live_parameters, plus the units stage3_max_reuse_distance keeps from forward to backward).
 Torch-free.
@@ -11,6 +12,7 @@ Torch-free.
 from __future__ import annotations
 
 from zerolaunch.memory import engine_layout as el
+from zerolaunch.zero import plan
 
 
 def unit_padded_numels(
@@ -99,6 +101,15 @@ def gathered_peak_numel(
     return peak
 
 
+def offload_devices(offload: str) -> tuple[str, str]:
+    """(offload_optimizer.device, offload_param.device) of a row's offload ("none", "optimizer-cpu",
+    "optimizer+params-nvme", ...)."""
+    if offload == "none":
+        return "none", "none"
+    what, device = offload.rsplit("-", 1)
+    return device, device if what == "optimizer+params" else "none"
+
+
 def stage3_states(shape, setup, offload: str):
     """(gpu, host, step transient, gathered bytes, staging bytes, nvme bytes) of the stage 3 engine.
 
@@ -117,6 +128,8 @@ def stage3_states(shape, setup, offload: str):
     host = dict(gpu)
     nvme = 0
     unit_shards, resident_shard = b * (sum(units) // world), b * (resident // world)
+    # zero/stage3/unit_buffers.py [Note: gather from master]: no compute-dtype shard, gathers read the master
+    from_master = plan.gathers_from_master(*offload_devices(offload))
     if offload == "optimizer+params-nvme":
         # zero/stage3/unit_sharding.py: the units' shards live in the param swap file (no streaming buffers: a
         # unit's shard is read into a host copy when it is gathered); the persistent params' shard stays on
@@ -125,7 +138,7 @@ def stage3_states(shape, setup, offload: str):
         host["params"] = resident_shard
     elif offload == "optimizer+params-cpu":
         host["params"] = unit_shards + resident_shard
-    else:
+    elif not from_master:
         gpu["params"] = unit_shards + resident_shard
     # the persistent params are also kept whole on every GPU, as are the frozen ones.
     gpu["params"] += b * resident + b * shape.frozen_numel
@@ -141,7 +154,13 @@ def stage3_states(shape, setup, offload: str):
     in_flight = 3 if setup.overlap(3) else 1
     blocks = [u for u in units[1:] if u]
     staging = c * (units[0] + resident + in_flight * max(blocks, default=0))
-    live = (b * gathered, staging)
+    gathered_bytes = b * gathered
+    if from_master and world > 1 and b != 4:
+        # each gather in flight casts its unit's fp32 master shard into a compute-dtype input (1/world of the
+        # unit) alive until it is waited; counted for every gathered unit, a bound (a waited one has none).
+        # In fp32 the master view itself is the input.
+        gathered_bytes += b * (gathered // world)
+    live = (gathered_bytes, staging)
     opt = 4 * shard * setup.optimizer_state_tensors
     if offload in ("optimizer-nvme", "optimizer+params-nvme"):
         # master + moments in the swap file (one chunk per unit bucket); the host keeps the fp32 grad shard

@@ -268,15 +268,17 @@ def all_gather(
 
     output may be a list of such tensors (world*n_i,): one all-gather each, input is then their shards back
     to back (n_0 + n_1 + ...,). An input on another device than the output (a shard offloaded to the host)
-    is first copied there, non-blocking, on the collective's stream. stream: [Note: comm streams].
+    is first copied there, non-blocking, on the collective's stream; at world size > 1 an input of another
+    dtype (a fp32 master shard) is cast there too, into a buffer alive until wait() (at world size 1 the
+    copy into the output casts). stream: [Note: comm streams].
     """
     outputs = [output] if isinstance(output, torch.Tensor) else list(output)
     ws = world_size(group)
     staged: list[torch.Tensor] = []
 
     def copy_in():
-        device = outputs[0].device
-        staged.append(input if input.device == device else input.to(device, non_blocking=True))
+        dtype = outputs[0].dtype if ws > 1 else input.dtype
+        staged.append(input.to(outputs[0].device, dtype, non_blocking=True))  # itself when nothing changes
 
     def issue(a):
         pieces = _pieces(staged[0], [out.numel() // ws for out in outputs])

@@ -78,6 +78,15 @@ def accumulates_directly(
     return stage == 2 or dtype == "fp32" or gradient_accumulation_steps == 1
 
 
+def gathers_from_master(offload_optimizer: str, offload_param: str) -> bool:
+    """Stage 3 keeps no compute-dtype shard when the fp32 master and the units' shards both stay on the
+    compute device (offload devices by name: "none", "cpu", "nvme"): a unit's gather casts its fp32 master
+    slice into the all-gather input ([Note: gather from master] in stage3/unit_buffers.py). FSDP2's design:
+    its sharded fp32 param is the master; it saves the shard, 2 bytes per param / world in bf16. With either
+    offload the shard stays: a gather from a host master would be bound by PCIe."""
+    return offload_optimizer == "none" and offload_param == "none"
+
+
 def staging_limit(overlap: bool, max_in_flight: int = STAGING_MAX_IN_FLIGHT) -> int:
     """Staging buffers flat.BackwardReducer keeps before it waits for the oldest reduce-scatter."""
     return max(1, max_in_flight) if overlap else 1

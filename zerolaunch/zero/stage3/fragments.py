@@ -24,7 +24,8 @@ class UnitStateMixin:
     @torch.no_grad()
     def load_fragment_state(self, read) -> None:
         """read(kind, name, start, stop) -> flat fp32 tensor: the owned master + optimizer state, then every
-        unit's shard from the master; resident params read whole (no collective)."""
+        unit's shard from the master (where it keeps one: [Note: gather from master]); resident params read
+        whole (no collective)."""
         self._load_fragments(read, self.owned_fragments())
         for flat in self.flats:
             if flat is None:
@@ -60,14 +61,15 @@ class UnitStateMixin:
         return self.shards.read("master", bucket.group, flat.master_offsets[i], bucket.shard_numel)
 
     def _gather_for_save(self, flat: UnitFlat, from_master: bool) -> torch.Tensor:
-        """A standalone full copy of the unit (compute dtype, or the fp32 master)."""
-        if from_master:
-            src = torch.cat([self._bucket_master(flat, i) for i in range(len(flat.buckets))]).to(self.device)
+        """A standalone full copy of the unit (compute dtype, or the fp32 master). A unit without a shard
+        gathers its master, which comm casts to the compute dtype ([Note: gather from master])."""
+        if from_master or flat.gathers_from_master:
+            sources = [self._bucket_master(flat, i).to(self.device) for i in range(len(flat.buckets))]
         else:
-            src = flat.read_shard().to(self.device)
-        out = torch.empty(flat.padded_numel, dtype=src.dtype, device=self.device)
-        for i in range(len(flat.buckets)):
-            comm.all_gather(
-                flat.bucket_full(out, i), flat.bucket_shard(src, i), self.group, stats=self.comm_stats
-            )
+            shard = flat.read_shard().to(self.device)
+            sources = [flat.bucket_shard(shard, i) for i in range(len(flat.buckets))]
+        dtype = torch.float32 if from_master else self.dtype
+        out = torch.empty(flat.padded_numel, dtype=dtype, device=self.device)
+        for i, src in enumerate(sources):
+            comm.all_gather(flat.bucket_full(out, i), src, self.group, stats=self.comm_stats)
         return out

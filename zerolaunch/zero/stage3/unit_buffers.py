@@ -10,8 +10,9 @@ storage, so they read the re-gathered values in backward without any patching of
 freed, each parameter's `.data` is a zero-stride placeholder of its shape (reads give zeros, never freed
 memory); gathering points it back at its view (set_data keeps the version counter autograd checks).
 This rank keeps only its slice of every bucket (the shard, compute dtype; on the host when the params are
-offloaded), plus its fp32 grad shard (`grad_views` point into the engine's per-group flat grads) and its fp32
-master and optimizer state (the engine's ShardOptimizer, at `master_offsets`).
+offloaded; none when it gathers from the master, below), plus its fp32 grad shard (`grad_views` point into
+the engine's per-group flat grads) and its fp32 master and optimizer state (the engine's ShardOptimizer, at
+`master_offsets`).
 
 Gradients: each parameter's full gradient is copied into a staging buffer (comm dtype, the unit's padded
 size, zeroed so padding and grads missing this micro-step count as zero) as soon as it is ready, and
@@ -21,6 +22,19 @@ On CUDA the all-gathers (with the copy of an offloaded shard to the device) and 
 side streams with comm.py's waits ([Note: comm streams]): each waits for the compute stream before the
 unit's collectives are issued, and the compute stream waits for it in `wait_gathered()` / `complete_reduce()`.
 Inputs stay alive by reference until then (no record_stream).
+
+[Note: gather from master]
+With the fp32 master on the compute device and no param offload (plan.gathers_from_master), a unit keeps no
+compute-dtype shard: it would only ever be the cast of the master (at init, after every step, at a
+checkpoint load), so the gather reads the master instead, as FSDP2 does (its sharded fp32 param is the
+master, cast into a transient all-gather input). `attach_master` hands the unit its buckets' master views
+(one per bucket: the buckets' masters live in their param groups' flat masters, not back to back), and
+`gather` issues one comm.all_gather per bucket with the fp32 view as input. comm casts on the gather
+stream, after that stream waited for the compute stream where the step wrote the master: at world size 1
+straight into the full buffer, above it into a compute-dtype buffer of the bucket's shard size that the
+Pending keeps alive until `wait_gathered()` (none in fp32: the master view itself is the input). Nothing is
+written after a step (`write_shard` does nothing); the resident unit still re-gathers. Saves the shard's
+bytes: 2 per param / world in bf16.
 """
 
 from __future__ import annotations
@@ -64,8 +78,8 @@ class UnitFlat:
         pin: bool,
         resident: bool,
     ):
-        """shard_device: where this rank's compute-dtype shard lives; None = in a swap file, attached
-        with `attach_swap` (offload_param nvme)."""
+        """shard_device: where this rank's compute-dtype shard lives; None = no shard in memory: in a swap
+        file, attached with `attach_swap` (offload_param nvme), or the master's, `attach_master`."""
         self.index = index
         self.rank = rank
         self.world_size = world_size
@@ -95,14 +109,17 @@ class UnitFlat:
             self.state = UnitState.SHARDED
         self._pin = pin
         self.shard: torch.Tensor | None = None
-        """The resident shard (None while it lives in a swap file: read_shard / write_shard)."""
+        """The resident shard (None while it lives in a swap file: read_shard / write_shard, or when the unit
+        gathers from the master)."""
         if shard_device is not None:
             self.shard = host.zeros(self.shard_numel, shard_device, pin=pin, dtype=dtype)
         self._swap: tuple[SwapStore, int] | None = None
+        self._master: list[torch.Tensor] | None = None
+        """Each bucket's fp32 master view when the unit gathers from it ([Note: gather from master])."""
         self._zero = torch.zeros((), dtype=dtype, device=device)
         self._params: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         """(param, its view into the full buffer), set by adopt_params."""
-        self._pending: comm.Pending | None = None
+        self._pending: list[comm.Pending] = []
         """The all-gathers of the last gather() until wait_gathered()."""
         self.staging: torch.Tensor | None = None
         self.grad_views: list[torch.Tensor] = []
@@ -134,6 +151,16 @@ class UnitFlat:
         self._swap = (store, chunk)
         self.shard = None
 
+    def attach_master(self, views: list[torch.Tensor]) -> None:
+        """Gather from these fp32 master views, one per bucket, and keep no shard ([Note: gather from
+        master]); the caller keeps the master up to date."""
+        self._master = list(views)
+        self.shard = None
+
+    @property
+    def gathers_from_master(self) -> bool:
+        return self._master is not None
+
     def read_shard(self) -> torch.Tensor:
         """This rank's whole compute-dtype shard: the resident tensor itself, or a new host copy read from the
         swap file (pinned when asked: blocks come from torch's pinned-memory cache, so a gathered unit's copy
@@ -148,7 +175,10 @@ class UnitFlat:
     @torch.no_grad()
     def write_shard(self, start: int, values: torch.Tensor, *, non_blocking: bool = False) -> None:
         """Shard elements [start, start + values.numel()) <- values (any float dtype; cast). non_blocking: the
-        caller guarantees `values` stays unchanged until the device's current stream has passed the copy."""
+        caller guarantees `values` stays unchanged until the device's current stream has passed the copy.
+        Nothing to write when the unit gathers from the master (the caller writes the master)."""
+        if self._master is not None:
+            return
         if self._swap is None:
             self.shard[start : start + values.numel()].copy_(values, non_blocking=non_blocking)
             return
@@ -235,19 +265,26 @@ class UnitFlat:
         for p, view in self._params:
             p.data = view
         self.state = UnitState.GATHERED
+        fulls = [self.bucket_full(self.full, i) for i in range(len(self.buckets))]
+        if self._master is not None:
+            # one call per bucket, its fp32 master cast by comm on `stream` ([Note: gather from master])
+            self._pending = [
+                comm.all_gather(full, master, group, stats=stats, async_op=True, stream=stream)
+                for full, master in zip(fulls, self._master, strict=True)
+            ]
+            return
         # an offloaded shard is copied to the device by comm.all_gather, on `stream`, ahead of use
         # (non-blocking from pinned memory; a swapped shard is read from its file first). The shard is the
         # buckets' shards back to back, so one call gathers every bucket.
-        fulls = [self.bucket_full(self.full, i) for i in range(len(self.buckets))]
-        self._pending = comm.all_gather(
-            fulls, self.read_shard(), group, stats=stats, async_op=True, stream=stream
-        )
+        self._pending = [
+            comm.all_gather(fulls, self.read_shard(), group, stats=stats, async_op=True, stream=stream)
+        ]
 
     def wait_gathered(self) -> None:
         """The compute stream may read the full buffer (or free it) from here on."""
-        if self._pending is not None:
-            self._pending.wait()
-        self._pending = None
+        for pending in self._pending:
+            pending.wait()
+        self._pending = []
 
     # ---- gradients -----------------------------------------------------------------------------------------
     def add_grad(self, name: str, grad: torch.Tensor, comm_dtype: torch.dtype) -> None:

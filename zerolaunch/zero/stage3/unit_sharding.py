@@ -6,13 +6,14 @@ rank's shard), the forward/backward hooks (schedule.py, see [Note: stage-3 sched
 publish of updated shards, memory accounting; the checkpoint fragments are fragments.py's. Buffers:
 [Note: stage-3 buffers] in unit_buffers.py.
 
-Per rank it holds: the compute-dtype shard of every unit (on the host with `offload_param.device == "cpu"`),
-the fp32 grad shards per param group and, in ../optim/shard_optimizer.py's ShardOptimizer, the fp32 master +
+Per rank it holds: the compute-dtype shard of every unit (on the host with `offload_param.device == "cpu"`;
+none without any offload, where a unit gathers from its fp32 master: [Note: gather from master]), the fp32
+grad shards per param group and, in ../optim/shard_optimizer.py's ShardOptimizer, the fp32 master +
 optimizer state (on the host with offload_optimizer cpu, in a swap file with nvme), the resident tensors
 (params under `stage3_param_persistence_threshold` -- replicated, their grads averaged by reduce-scatter then
 re-gathered after the step, the bytes of an all-reduce --, frozen params, buffers), and, only while a unit
 runs, that unit's full buffer. The step walks the master chunk by chunk (one per unit bucket, cut smaller with
-cpu offload) and refreshes each chunk's compute-dtype shard as soon as it has stepped.
+cpu offload) and refreshes each chunk's compute-dtype shard, where there is one, as soon as it has stepped.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..layout import ParamSpec
 from ..optim import host, nvme_store, shard_optimizer
 from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
 from ..param_groups import collect_aliases, collect_params, optimizer_groups
-from ..plan import GradSegment
+from ..plan import GradSegment, gathers_from_master
 from ..sharding import Sharding, nbytes
 from .fragments import UnitStateMixin
 from .materialize import materialize, param_sites, unit_seed
@@ -44,8 +45,13 @@ class UnitSharding(UnitStateMixin, Sharding):
         super().__init__(engine)
         options = self.options
         z = options.zero
+        self.gathers_from_master = gathers_from_master(z.offload_optimizer.device, z.offload_param.device)
+        """No compute-dtype shard: each unit gathers from its fp32 master ([Note: gather from master])."""
         # offload_param nvme: the shards of the units (not the small persistent params) live in a swap file.
+        param_nvme = z.offload_param.device == "nvme"
         shard_device = {"cpu": torch.device("cpu"), "nvme": None}.get(z.offload_param.device, self.device)
+        if self.gathers_from_master:
+            shard_device = None  # the unit reads its master's views, attached in _allocate_shards
         self.module = model
 
         self._aliases = collect_aliases(model)
@@ -69,7 +75,7 @@ class UnitSharding(UnitStateMixin, Sharding):
                 rank=self.rank,
                 dtype=self.dtype,
                 device=self.device,
-                shard_device=torch.device("cpu") if resident and shard_device is None else shard_device,
+                shard_device=torch.device("cpu") if resident and param_nvme else shard_device,
                 resident=resident,
                 pin=z.offload_param.pin_memory,
             )
@@ -79,7 +85,7 @@ class UnitSharding(UnitStateMixin, Sharding):
         self._flat_of = {n: k for k, f in enumerate(self.flats) if f is not None for n in f.slots}
         self.param_swap: nvme_store.SwapStore | None = None
         """offload_param nvme: every unit's compute-dtype shard, one chunk per unit."""
-        if shard_device is None:
+        if param_nvme:
             if not z.offload_param.nvme_path:
                 raise nvme_store.NvmeError(
                     "offload_param.device is nvme but no nvme_path is given; add nvme_path: /local/nvme"
@@ -169,6 +175,13 @@ class UnitSharding(UnitStateMixin, Sharding):
             for i, b in enumerate(flat.buckets):
                 flat.grad_views.append(self.grad_shards.view(b.group, flat.master_offsets[i], b.shard_numel))
                 flat.grad_segments.append(self.grad_shards.index_of(b.group, flat.master_offsets[i]))
+            if self.gathers_from_master:  # views into the device-resident master (offload_optimizer none)
+                flat.attach_master(
+                    [
+                        self.shards.read("master", b.group, flat.master_offsets[i], b.shard_numel)
+                        for i, b in enumerate(flat.buckets)
+                    ]
+                )
 
     def _write_master(self, flat: UnitFlat, i: int, start: int, values: torch.Tensor) -> None:
         """Elements [start, start + n) of unit bucket i's fp32 master shard <- values."""
@@ -287,8 +300,8 @@ class UnitSharding(UnitStateMixin, Sharding):
     @torch.no_grad()
     def step_and_publish(self, grad_multiplier: torch.Tensor | None, lr: float) -> None:
         """Step the shards chunk by chunk, each stepped chunk cast into the unit's compute-dtype shard at
-        once (host->device without blocking when pinned: [Note: offload pipeline]); then the resident unit
-        re-gathers its full buffer."""
+        once (host->device without blocking when pinned: [Note: offload pipeline]; nothing to write when the
+        units gather from the master); then the resident unit re-gathers its full buffer."""
 
         def on_stepped(c: int, master: torch.Tensor) -> None:
             chunk = self.shards.chunks[c]
