@@ -24,6 +24,7 @@ from test_zero3_parity import STEPS, Net3, micro_batch, options, reference, rows
 from zerolaunch.checkpoint import load_checkpoint, save_checkpoint
 from zerolaunch.zero import Engine
 from zerolaunch.zero.options import PrecisionOptions, ZeroOptions
+from zerolaunch.zero.stage3.unit_sharding import UnitSharding
 
 
 def _weights(engine) -> dict:
@@ -184,10 +185,12 @@ def test_bad_stage3_options_name_the_fix():
         raise AssertionError("a non-scalar loss must be refused")
 
 
-def test_units_reduce_during_backward_and_free_after_use():
-    # one process: the schedule is the same code at any world size. The input layer's output grad is the
-    # last thing backward computes before the root's own grads: by then every block was reduce-scattered
-    # and freed, while the root is still gathered.
+def test_units_reduce_during_backward_and_free_after_use(monkeypatch):
+    # one process: the schedule is the same code at any world size, once the world-size-1 direct path
+    # ([Note: direct grads]) is turned off. The input layer's output grad is the last thing backward computes
+    # before the root's own grads: by then every block was reduce-scattered and freed, while the root is
+    # still gathered.
+    monkeypatch.setattr(UnitSharding, "_accumulates_directly", lambda self, o: False)
     opts = options(overlap=True)
     model = Net3(0)
     engine = Engine(model, opts)
@@ -218,3 +221,45 @@ def test_units_reduce_during_backward_and_free_after_use():
         w.add_(1.0)
     engine.backward(F.mse_loss(engine(rows(x, 0)), rows(y, 0)))  # still trains after the reads
     assert engine.step().stepped is False and engine.step().stepped is True
+
+
+@pytest.mark.parametrize(
+    "dtype,gas,persist,ckpt",
+    [("fp32", 1, 0, False), ("fp32", 3, 0, False), ("bf16", 3, 40, False), ("bf16", 2, 0, True)],
+)
+def test_world_size_1_direct_grads_are_bit_identical_to_the_reducing_path(dtype, gas, persist, ckpt, monkeypatch):
+    # [Note: direct grads]: one rank, no offload, grads straight into the grad shard. The reducing path
+    # (forced) is the reference: same weights and norms to the bit, with tied weights across units, resident
+    # params (persist), a unit skipped in one micro-step of a window (its params get no grad there: their
+    # slices must read zero in the window's first micro-step, not the last window's values), a unit called
+    # twice, and activation checkpointing.
+    def run(direct: bool):
+        with monkeypatch.context() as m:
+            if not direct:
+                m.setattr(UnitSharding, "_accumulates_directly", lambda self, o: False)
+            opts = replace(
+                options(persist=persist),
+                precision=PrecisionOptions(dtype=dtype),
+                gradient_accumulation_steps=gas,
+            )
+            engine = Engine(Net3(0), opts)
+        assert engine.sharding.schedule.direct is direct
+        model, norms = engine.module, []
+        model.ckpt = ckpt
+        for step in range(4):
+            for micro in range(gas):
+                model.skip = (step, micro) == (1, 0)
+                model.twice = (step, micro) == (2, gas - 1)
+                x, y = micro_batch(step, micro, 1)
+                engine.backward(F.mse_loss(engine(rows(x, 0).to(engine.dtype)).float(), rows(y, 0)))
+                info = engine.step()
+            norms.append(info.grad_norm)
+        staging = engine.sharding.schedule.staging_bytes
+        return dict(engine.full_state_dict(torch.float32)), norms, staging, engine.sharding.schedule.issued_count
+
+    want, want_norms, _, _ = run(direct=False)
+    got, got_norms, staging, issued = run(direct=True)
+    assert staging == 0 and issued == 0  # nothing staged, nothing issued
+    assert got_norms == want_norms
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)

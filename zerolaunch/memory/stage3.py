@@ -154,6 +154,8 @@ def stage3_states(shape, setup, offload: str):
     in_flight = 3 if setup.overlap(3) else 1
     blocks = [u for u in units[1:] if u]
     staging = c * (units[0] + resident + in_flight * max(blocks, default=0))
+    if el.accumulates_directly(3, world, offload, setup.dtype, setup.communication_dtype):
+        staging = 0  # one rank: grads go straight into the grad shard ([Note: direct grads])
     gathered_bytes = b * gathered
     if from_master and world > 1 and b != 4:
         # each gather in flight casts its unit's fp32 master shard into a compute-dtype input (1/world of the

@@ -68,14 +68,14 @@ def accumulates_directly(
     stage: int, world_size: int, offload: bool, dtype: str, comm_dtype: str, gradient_accumulation_steps: int
 ) -> bool:
     """World size 1 without offload: grads go straight into the fp32 shards (flat/reducer.py [Note: world size
-    1]), wherever that gives the reducing path's values bit for bit: the comm dtype is fp32 or the compute
-    dtype (no rounding skipped), and stages 0/1 (which accumulate micro-steps in the compute dtype) train in
-    fp32 or take one micro-step per window. Dtypes by name (protocol.DTYPES)."""
+    1]; stage 3: stage3/schedule.py), wherever that gives the reducing path's values bit for bit: the comm
+    dtype is fp32 or the compute dtype (no rounding skipped), and stages 0/1 (which accumulate micro-steps in
+    the compute dtype) train in fp32 or take one micro-step per window. Dtypes by name (protocol.DTYPES)."""
     if world_size != 1 or offload:
         return False
     if comm_dtype not in ("fp32", dtype):
         return False
-    return stage == 2 or dtype == "fp32" or gradient_accumulation_steps == 1
+    return stage >= 2 or dtype == "fp32" or gradient_accumulation_steps == 1
 
 
 def gathers_from_master(offload_optimizer: str, offload_param: str) -> bool:

@@ -28,6 +28,15 @@
   collectives even when autograd orders grads differently. At the end of backward every unit not yet
   issued (skipped this step, or with an unused param) is issued with the grads it has (zeros otherwise).
 All gathers depend only on the call sequence, which is the same on every rank for the same model code.
+
+[Note: direct grads]
+At world size 1 without offload (plan.accumulates_directly, as stages 0-2's flat/reducer.py DirectAccumulator)
+a reduce-scatter is a copy: the staging buffer, the reduce output and their two copies of every gradient
+hold nothing the shard would not. So each param's hook writes its grad straight into its slice of the
+unit's fp32 grad shard: overwritten (the exact upcast) in the window's first micro-step, added to (fp32)
+after it, the values of the reducing path bit for bit. A unit whose every param reported is done for the
+micro-step; at the end of backward, the slices of params without a grad in the window's first micro-step
+are zeroed, which is what the zeroed staging buffer gave. Nothing is issued.
 """
 
 from __future__ import annotations
@@ -80,10 +89,13 @@ class Stage3Schedule:
         max_reduces_in_flight: int = 2,
         track_grad_sq: bool = False,
         grad_shards: GradShards | None = None,
+        direct: bool = False,
     ):
         """flats[k] / params[k]: unit k's buffers and sharded params (None / [] when it has none); the last
         entry is the resident unit of persistent params (modules[-1] is None)."""
         self.flats = flats
+        self.direct = direct
+        """World size 1 ([Note: direct grads]): grads go straight into the grad shard from their hooks."""
         self.grad_shards = grad_shards
         """Where the units' grad views point; a unit's segments are (re-)allocated before its reduced grads
         are written ([Note: released grad shards] in ../grad_shards.py). None: always held (unit tests)."""
@@ -136,6 +148,8 @@ class Stage3Schedule:
 
     def _reset_backward_state(self) -> None:
         n = len(self.flats)
+        self._written: list[set[str]] = [set() for _ in range(n)]
+        """The direct path: params of each unit written this micro-step."""
         self.grad_count = [0] * n
         self.ready = [False] * n
         self.next_issue = 0
@@ -267,14 +281,28 @@ class Stage3Schedule:
         if param.grad is None:
             return
         flat = self.flats[k]
-        flat.add_grad(name, param.grad, self.comm_dtype)
+        if self.direct:
+            self._ensure_grad_segments(flat)
+            flat.write_grad(name, param.grad, accumulate=self._window[k] is GradWindow.ACCUMULATING)
+            self._written[k].add(name)
+        else:
+            flat.add_grad(name, param.grad, self.comm_dtype)
         param.grad = None  # the full gradient is released: this rank keeps only its shard
         self.grad_count[k] += 1
         if self.grad_count[k] == self.n_trainable[k]:
             self.ready[k] = True
             self._held.discard(k)
             flat.free()
-            self._issue_ready()
+            if self.direct:
+                self._window[k] = GradWindow.ACCUMULATING  # every param was written: nothing to zero
+            else:
+                self._issue_ready()
+
+    def _ensure_grad_segments(self, flat: UnitFlat) -> None:
+        """Before a write into the unit's grad shard, on the compute stream (which writes and later frees it)."""
+        if self.grad_shards is not None:
+            for segment in flat.grad_segments:
+                self.grad_shards.ensure(segment)
 
     def _issue_ready(self) -> None:
         while self.next_issue < len(self.reduce_order) and self.ready[self.reduce_order[self.next_issue]]:
@@ -296,9 +324,7 @@ class Stage3Schedule:
         flat, work = self.inflight.popleft()
         k = flat.index
         accumulate = self._window[k] is GradWindow.ACCUMULATING
-        if self.grad_shards is not None:  # here, on the compute stream, which writes and later frees them
-            for segment in flat.grad_segments:
-                self.grad_shards.ensure(segment)
+        self._ensure_grad_segments(flat)
         if accumulate and self._host_staging is None and flat.grad_views[0].device != self.device:
             numel = max(f.shard_numel for f in self.flats if f is not None)
             self._host_staging = host.zeros(numel, flat.grad_views[0].device, pin=True)
@@ -311,11 +337,19 @@ class Stage3Schedule:
         self._window[k] = GradWindow.ACCUMULATING
 
     def finish_backward(self) -> None:
-        """Issue what is left in the fixed order (zeros where no grad came), await all, free every unit."""
-        while self.next_issue < len(self.reduce_order):
-            self._issue(self.reduce_order[self.next_issue])
-        while self.inflight:
-            self._complete_oldest()
+        """Issue what is left in the fixed order (zeros where no grad came), await all, free every unit. The
+        direct path zeroes instead what the window's first micro-step did not write."""
+        if self.direct:
+            for k in self.reduce_order:
+                if self._window[k] is GradWindow.FRESH:
+                    self._ensure_grad_segments(self.flats[k])
+                    self.flats[k].zero_grads_except(self._written[k])
+                    self._window[k] = GradWindow.ACCUMULATING
+        else:
+            while self.next_issue < len(self.reduce_order):
+                self._issue(self.reduce_order[self.next_issue])
+            while self.inflight:
+                self._complete_oldest()
         for flat in self.flats:
             if flat is not None:
                 flat.free()

@@ -23,7 +23,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from .. import comm
+from .. import comm, plan
 from ..grad_shards import GradShards
 from ..layout import ParamSpec
 from ..optim import host, nvme_store, shard_optimizer
@@ -126,8 +126,22 @@ class UnitSharding(UnitStateMixin, Sharding):
             # are the window's final values and would otherwise be summed again on the host.
             track_grad_sq=z.offload_optimizer.device != "none" and options.gradient_accumulation_steps == 1,
             grad_shards=self.grad_shards,
+            direct=self._accumulates_directly(options),
         )
         self.grad_shards.release()  # not held before the first backward either
+
+    def _accumulates_directly(self, options) -> bool:
+        """plan.accumulates_directly ([Note: direct grads] in schedule.py); a method: tests force the
+        reducing path to compare the two."""
+        p = options.precision
+        return plan.accumulates_directly(
+            3,
+            self.world_size,
+            options.zero.offload_optimizer.device != "none",
+            p.dtype,
+            p.communication_dtype or "fp32",
+            options.gradient_accumulation_steps,
+        )
 
     # ---- construction --------------------------------------------------------------------------------------
     def _allocate_shards(self, groups: list[dict]) -> None:
