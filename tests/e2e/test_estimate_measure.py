@@ -45,7 +45,11 @@ def test_measure_equals_estimate_per_component(gpus, extra):
     assert measured["row"] == ("stage 3" if extra else "stage 2")
     for name, pair in measured["components"].items():
         assert pair["estimated"] == pair["measured"], (name, pair)
-    assert measured["components"]["params"]["measured"] > 0
+    # something was measured (stage 3 without offload may hold no params at all between steps: every unit
+    # gathers from its fp32 master and the tiny GPT has nothing under the persistence threshold)
+    assert measured["components"]["master"]["measured"] > 0
+    if not extra:
+        assert measured["components"]["params"]["measured"] > 0
     assert len(measured["per_rank"]) == int(gpus)
 
 
