@@ -304,9 +304,12 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
     else:
         raise SystemExit(f"unknown model {model_name!r}; choose from gpt, {', '.join(HF_MODELS)}")
 
-    if engine in ("torch", "torch-compile", "torch-compile-blocks"):
-        model = make().to(device=device, dtype=torch.bfloat16)
-        if engine == "torch-compile":
+    if engine in ("torch", "torch-compile", "torch-compile-blocks", "torch-amp", "torch-amp-compile"):
+        # torch*: pure bf16 (bf16 params, grads and AdamW moments). torch-amp*: fp32 weights, grads and moments,
+        # matmuls in bf16 under autocast: what every ZeRO stage and FSDP2 here compute, without sharding.
+        amp = engine.startswith("torch-amp")
+        model = make().to(device) if amp else make().to(device=device, dtype=torch.bfloat16)
+        if engine in ("torch-compile", "torch-amp-compile"):
             model = torch.compile(model)
         elif engine == "torch-compile-blocks":
             from zerolaunch.train.compiling import compile_blocks
@@ -317,23 +320,7 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
         parts = {"module": model, "stepper": opt, "engine": None}
 
         def step(b):
-            loss = model(**b).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
-    elif engine in ("torch-amp", "torch-amp-compile"):
-        # fp32 weights, grads and AdamW moments, matmuls in bf16 under autocast: what every ZeRO stage and
-        # FSDP2 here compute, without sharding (the pure-bf16 torch rows skip the fp32 master and copies)
-        model = make().to(device)
-        if engine == "torch-amp-compile":
-            model = torch.compile(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-        parts = {"module": model, "stepper": opt, "engine": None}
-
-        def step(b):
-            with torch.autocast(device.type, dtype=torch.bfloat16):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                 loss = model(**b).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -54,3 +54,22 @@ def trained_hf_engine(config: dict, *, steps: int = 1, seq_len: int = 16):
         engine.backward(engine(input_ids=x, labels=x).loss)
         engine.step()
     return engine, x
+
+
+def live_cpu_storage_bytes() -> int:
+    """Bytes of every distinct CPU tensor storage the garbage collector can reach (an independent count of what
+    an engine really holds, beside its own memory_bytes())."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    seen: dict[int, int] = {}
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+                s = obj.untyped_storage()
+                seen[s.data_ptr()] = s.nbytes()
+        except Exception:  # noqa: BLE001 - some objects refuse introspection; they are not ours
+            continue
+    return sum(seen.values())

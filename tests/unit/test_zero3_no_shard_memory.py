@@ -12,12 +12,12 @@ CUDA peaks (bench/run.py on the GPU).
 
 from __future__ import annotations
 
-import gc
 from unittest import mock
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import live_cpu_storage_bytes  # noqa: E402
 
 from zerolaunch.zero import Engine
 from zerolaunch.zero.options import (
@@ -58,19 +58,6 @@ def _options(offload: str = "none") -> EngineOptions:
     )
 
 
-def _live_storage_bytes() -> int:
-    gc.collect()
-    seen: dict[int, int] = {}
-    for obj in gc.get_objects():
-        try:
-            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-                s = obj.untyped_storage()
-                seen[s.data_ptr()] = s.nbytes()
-        except Exception:  # noqa: BLE001 - some objects refuse introspection; they are not ours
-            continue
-    return sum(seen.values())
-
-
 def _stepped(options: EngineOptions) -> Engine:
     engine = Engine(Blocks(), options)
     x, y = torch.randn(8, 64), torch.randn(8, 64)
@@ -84,7 +71,7 @@ def _sharded_numel(engine) -> int:
 
 
 def test_no_compute_dtype_shard_without_offload():
-    before = _live_storage_bytes()
+    before = live_cpu_storage_bytes()
     engine = _stepped(_options())
     flats = [f for f in engine.sharding.flats if f is not None]
     assert engine.sharding.gathers_from_master and all(f.shard is None for f in flats)
@@ -99,7 +86,7 @@ def test_no_compute_dtype_shard_without_offload():
     # the grad shards are released between steps ([Note: released grad shards]): the live bytes are the
     # model states. Small tensors (lr, loss scale, counters) are allowed; a shard (2 B per sharded element,
     # > 1.7 MB here) is not.
-    live = _live_storage_bytes() - before
+    live = live_cpu_storage_bytes() - before
     assert abs(live - model_states) < 64 * 1024, (live, model_states)
 
 

@@ -16,7 +16,6 @@ Leaves out: more than one rank (tests/dist parity tests) and CUDA peaks (bench/r
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 from dataclasses import replace
@@ -24,6 +23,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import live_cpu_storage_bytes  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "dist"))
 
@@ -65,25 +65,12 @@ class WideNet(torch.nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-def _live_storage_bytes() -> int:
-    gc.collect()
-    seen: dict[int, int] = {}
-    for obj in gc.get_objects():
-        try:
-            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-                s = obj.untyped_storage()
-                seen[s.data_ptr()] = s.nbytes()
-        except Exception:  # noqa: BLE001 - some objects refuse introspection; they are not ours
-            continue
-    return sum(seen.values())
-
-
 @pytest.mark.parametrize("stage", [0, 1, 2])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
     x = torch.randn(8, 64)
     y = torch.randn(8, 64)
-    before = _live_storage_bytes()
+    before = live_cpu_storage_bytes()
     engine = Engine(WideNet(), _options(stage, dtype))
     # not held before the first backward
     assert sum(t.untyped_storage().nbytes() for t in engine.sharding.grad_shards.tensors) == 0
@@ -102,14 +89,14 @@ def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
     # between steps the grad shard's storage is released ([Note: released grad shards]): the live bytes are
     # the model states less the grad shard. Small tensors (lr, loss scale, counters) are allowed; a second
     # grad buffer (>= 2 * padded) or a grad shard kept alive is not.
-    live = _live_storage_bytes() - before
+    live = live_cpu_storage_bytes() - before
     assert abs(live - (model_states - 4 * padded)) < 64 * 1024, (live, model_states)
     # the next backward brings it back (its first gradient re-allocates it), and the values are still
     # exactly what a fresh shard would get (covered by the bit-identity test below over several steps)
     loss = F.mse_loss(engine(x.to(engine.dtype)).float(), y)
     engine.backward(loss)
     del loss
-    live = _live_storage_bytes() - before
+    live = live_cpu_storage_bytes() - before
     assert abs(live - model_states) < 64 * 1024, (live, model_states)
     assert sum(t.untyped_storage().nbytes() for t in engine.sharding.grad_shards.tensors) == 4 * padded
 
