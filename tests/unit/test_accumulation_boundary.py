@@ -63,3 +63,25 @@ def test_a_caller_set_window_of_three_backwards_is_one_clipped_step(stage, offlo
     ours = dict(engine.full_state_dict())
     for name, expected in ref.state_dict().items():
         torch.testing.assert_close(ours[name], expected, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("offload", ["none", "cpu"])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_boundary_with_no_backward_steps_on_zero_grads(stage, offload):
+    # DeepSpeed's set_gradient_accumulation_boundary lets a caller end a window that had no backward: "no
+    # gradient" is zero. SGD without momentum or decay then leaves every weight where it was, whatever the
+    # last window's grads were (host shards under offload keep them unless zeroed).
+    torch.manual_seed(0)
+    model = _model()
+    options = EngineOptions(
+        zero=ZeroOptions(stage=stage, offload_optimizer=OffloadOptions(device=offload)),
+        optimizer=OptimizerOptions(name="sgd", lr=LR, momentum=0.0, weight_decay=0.0),
+    )
+    engine = Engine(model, options)
+    engine.backward(_loss(engine, 0))
+    assert engine.step().stepped
+    before = {n: t.clone() for n, t in engine.full_state_dict(torch.float32)}
+    info = engine.step(boundary=True)
+    assert info.stepped and info.grad_norm == 0.0
+    for name, t in engine.full_state_dict(torch.float32):
+        torch.testing.assert_close(t, before[name], rtol=0, atol=0, msg=name)

@@ -19,7 +19,8 @@ window (GradWindow.FRESH; stage 2 and stage 3 issue every bucket / unit every mi
 accumulator zeroes what got no gradient in finish_backward). Only a segment the step finds released -- no
 write in the window, e.g. a boundary with no backward -- is zero-filled, which is what "no gradient" means.
 Host shards (optimizer offload) are one pinned tensor per group, never released: pinned allocations are
-slow and host memory is not the peak.
+slow and host memory is not the peak. So a window with no backward at all zeroes every shard (`zero_all`,
+from the strategies' finish_window), or the host shards would apply the last window's grads again.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class GradShards:
         return self._index[group][k]
 
     def view(self, group: int, offset: int, numel: int) -> torch.Tensor:
-        """Elements [offset, offset + numel) of `group`'s shard, which must lie in one segment. A view taken
-        while the segment is released is valid once it is re-allocated (ensure)."""
+        """Elements [offset, offset + numel) of `group`'s shard, which must lie in one segment. Take views
+        while the segment is held (torch refuses to slice a storage of size 0); a view taken then stays valid
+        across release() and ensure(), which resize the storage it shares."""
         i = self.index_of(group, offset)
         s = self.segments[i]
         start = offset - s.offset
@@ -88,8 +90,9 @@ class GradShards:
 
     # ---- memory --------------------------------------------------------------------------------------
     def ensure(self, index: int) -> None:
-        """Before a write into segment `index`: re-allocate it if released. Call on the stream that
-        writes it (the compute stream), so the block belongs to the stream that frees it after the step."""
+        """Before a write into segment `index`: re-allocate it if released. Call on the compute stream, which
+        frees it after the step, so the block belongs to that stream's pool; a write on a side stream (stage
+        2's reduce stream) is ordered after this by comm's waits ([Note: comm streams])."""
         if not self._held[index]:
             self.tensors[index].untyped_storage().resize_(self._nbytes[index])
             self._held[index] = True
@@ -97,6 +100,13 @@ class GradShards:
     def ensure_all(self) -> None:
         for i in range(len(self.segments)):
             self.ensure(i)
+
+    def zero_all(self) -> None:
+        """A window without any backward: every element reads zero (host shards are never released, so they
+        would otherwise still hold the last window's grads)."""
+        for i in range(len(self.segments)):
+            self.ensure(i)
+            self.tensors[i].zero_()
 
     def ensure_zeroed(self) -> None:
         """Before the step reads the shards: a segment no write reached this window reads zeros."""

@@ -236,7 +236,9 @@ class FlatSharding(Sharding):
             if self.reducer.busy:
                 self.reducer.finish_backward()
             device_sq = self.reducer.take_grad_sq()
-            if backwards > 1:
+            if backwards == 0:
+                self.grad_shards.zero_all()  # no gradient (host shards still hold the last window's)
+            if backwards != 1:
                 # stage 2 sums squares per backward (asked for at accumulation 1 only): the window's norm
                 # only when the window is one backward; a caller-set boundary can make it several.
                 device_sq = None

@@ -85,11 +85,7 @@ class UnitSharding(UnitStateMixin, Sharding):
         self._flat_of = {n: k for k, f in enumerate(self.flats) if f is not None for n in f.slots}
         self.param_swap: nvme_store.SwapStore | None = None
         """offload_param nvme: every unit's compute-dtype shard, one chunk per unit."""
-        if param_nvme:
-            if not z.offload_param.nvme_path:
-                raise nvme_store.NvmeError(
-                    "offload_param.device is nvme but no nvme_path is given; add nvme_path: /local/nvme"
-                )
+        if param_nvme:  # nvme_path given: zero/option_rules.py
             swapped = [f for f in self.flats if f is not None and f.shard is None]
             self.param_swap = nvme_store.SwapStore(
                 z.offload_param.nvme_path,
@@ -301,11 +297,13 @@ class UnitSharding(UnitStateMixin, Sharding):
 
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
         host.sync(self.device)
+        if backwards == 0:
+            self.grad_shards.zero_all()  # no gradient (host shards still hold the last window's)
         self.grad_shards.ensure_zeroed()  # segments no reduce reached in this window
         device_sq = self.schedule.take_grad_sq()
         # summed per unit reduce, i.e. per backward (asked for at accumulation 1 only): the window's norm
         # only when the window is one backward; a caller-set boundary can make it several.
-        return (device_sq if backwards <= 1 else None), loss_nonfinite
+        return (device_sq if backwards == 1 else None), loss_nonfinite
 
     def reset_accumulation(self) -> None:
         # the next window's first reduce-scatter of each unit overwrites its grad shard: no zeroing pass.
