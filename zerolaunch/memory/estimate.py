@@ -26,7 +26,7 @@ from zerolaunch.memory.activations import activation_profile
 from zerolaunch.memory.deepspeed import deepspeed_bytes
 from zerolaunch.memory.shape import ModelShape
 from zerolaunch.memory.sizes import DTYPE_BYTES, EstimateError, normalize_dtype, positive_int
-from zerolaunch.memory.stage3 import largest_bucket_shard, stage3_states
+from zerolaunch.memory.stage3 import largest_unit_shard, stage3_states
 from zerolaunch.zero.options import bucket_numel
 
 OFFLOADS = ("none", "optimizer-cpu", "optimizer+params-cpu", "optimizer-nvme", "optimizer+params-nvme")
@@ -258,10 +258,14 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     publish_transient = 0 if stage == 0 or world == 1 else b * shard
     released = 4 * shard if offload == "none" else 0
     # written from the backward hooks (direct, stage 2) or only by the step's reduction (stages 0/1). Under the
-    # peak just after the loss only the first segments backward writes are held: the largest one stands for
-    # them (the others are allocated while backward frees more activations than they take).
-    segment = max((g.numel for g in el.grad_segments(lay, direct)), default=0)
-    in_backward = 4 * segment if released and (direct or stage == 2) else 0
+    # peak just after the loss only the first segments backward writes are held: a layer's weight and bias
+    # open one in each param group, so the largest segment of each group stands for them (the others are
+    # allocated while backward frees more activations than they take).
+    segments = el.grad_segments(lay, direct)
+    first = sum(
+        max((g.numel for g in segments if g.group == k), default=0) for k in {g.group for g in segments}
+    )
+    in_backward = 4 * first if released and (direct or stage == 2) else 0
     return gpu, host, max(reduce_transient, publish_transient), released, in_backward
 
 
@@ -330,12 +334,13 @@ def _states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     grads written in backward) of one row."""
     if stage == 3:
         gpu, host, transient, gathered, staging, nvme = stage3_states(shape, setup, offload)
-        # as stage 2's: each unit bucket's fp32 grad segment is allocated by its first reduce in backward and
-        # freed after the step ([Note: released grad shards] in zero/grad_shards.py); after the loss, about one.
+        # as stage 2's: a unit's fp32 grad segments (one per param group) are allocated by its first reduce or
+        # grad in backward and freed after the step ([Note: released grad shards] in zero/grad_shards.py);
+        # after the loss, about one unit's: the largest stands for it.
         released = gpu["grads"]
         threshold, world = setup.stage3_param_persistence_threshold, setup.world_size
-        segment = largest_bucket_shard(shape, world, threshold, setup.decay_1d) if released else 0
-        return gpu, host, transient, gathered, staging, nvme, released, 4 * segment
+        unit = largest_unit_shard(shape, world, threshold, setup.decay_1d) if released else 0
+        return gpu, host, transient, gathered, staging, nvme, released, 4 * unit
     gpu, host, transient, released, in_backward = stage012_states(shape, setup, stage, offload)
     nvme = 0
     if offload == "optimizer-nvme":

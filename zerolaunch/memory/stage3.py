@@ -41,6 +41,22 @@ def largest_bucket_shard(shape, world_size: int, threshold: int, decay_1d: bool 
     return largest
 
 
+def largest_unit_shard(shape, world_size: int, threshold: int, decay_1d: bool = False) -> int:
+    """Elements of the largest per-rank shard of one unit (its buckets together: one per param group), the
+    resident unit included: the grad segments a unit's first grads allocate at once."""
+    persistent = {s.name for s in shape.specs if s.numel < threshold}
+    groups = [[s for s in shape.unit_specs(u) if s.name not in persistent] for u in shape.units]
+    groups.append([s for s in shape.specs if s.name in persistent])
+    return max(
+        (
+            sum(b.shard_numel for b in el.unit_layout(specs, world_size, decay_1d).buckets)
+            for specs in groups
+            if specs
+        ),
+        default=0,
+    )
+
+
 def _padded(specs, world_size: int, decay_1d: bool = False) -> int:
     if not specs:
         return 0
