@@ -544,3 +544,11 @@ def test_an_error_on_a_field_name_quotes_the_key_and_line_as_written(tmp_path):
         f"{path} line 5: `deepspeed.zero_optimization.max_live_parameters` must be >= 0"
     )
     assert message.count(" line ") == 1, message
+
+
+def test_an_error_inside_the_old_bfloat16_block_quotes_it_as_written(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("deepspeed:\n  train_micro_batch_size_per_gpu: 1\n  bfloat16:\n    enabled: maybe\n")
+    with pytest.raises(RecipeError) as e:
+        load_recipe(path)
+    assert str(e.value).startswith(f"{path} line 4: `deepspeed.bfloat16.enabled` must be true or false")

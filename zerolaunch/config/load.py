@@ -203,15 +203,12 @@ def _normalize(tree: RawTree, notes: dict[str, str]) -> None:
         notes["deepspeed.zero_optimization"] = (
             f"legacy `zero_optimization: {str(zero).lower()}` = stage {int(zero)}"
         )
-    old = tree.get(DS + ("bfloat16",))
     if isinstance(tree.get(DS), dict) and "bfloat16" in tree.get(DS):
         if tree.has(DS + ("bf16",)):
             raise RecipeError(
                 f"{tree.where(DS + ('bfloat16',))}: both `bf16` and its old name `bfloat16` are given. Keep `bf16`."
             )
-        origin, where = tree.origin(DS + ("bfloat16",)), tree.where(DS + ("bfloat16",))
-        del tree.get(DS)["bfloat16"]
-        tree.put(DS + ("bf16",), old, origin, where)
+        tree.rename(DS + ("bfloat16",), DS + ("bf16",))
         notes["deepspeed.bf16"] = "given under its old name `bfloat16`"
     zero = tree.get(DS + ("zero_optimization",))
     if isinstance(zero, dict):

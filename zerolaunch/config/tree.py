@@ -105,17 +105,20 @@ class RawTree:
         """Move the value at `old` to `new` (a synonym the loader normalizes), keeping where it was written and
         how: errors about `new` quote `old`'s file, line and spelling."""
         origin, where = self._record(old)
-        line = self._lines.get(old)
+        lines = {p[len(old) :]: line for p, line in self._lines.items() if p[: len(old)] == old}
         value = self.get(old)
         parent = self.get(old[:-1])
         del parent[old[-1]]
-        self.put(new, value, origin, where, {(): line} if line is not None else None)
+        self.put(new, value, origin, where, lines)
         self._spelled[new] = old[-1]
 
     def key(self, path: Path) -> str:
         """The dotted key as the user wrote it (no `deepspeed.` prefix inside a bare ds_config.json)."""
-        if path in self._spelled:
-            path = path[:-1] + (self._spelled[path],)
+        for depth in range(len(path), 0, -1):  # the renamed key itself or a key inside a renamed mapping
+            spelled = self._spelled.get(path[:depth])
+            if spelled is not None:
+                path = path[: depth - 1] + (spelled,) + path[depth:]
+                break
         if self.bare_deepspeed and path[:1] == ("deepspeed",) and len(path) > 1:
             path = path[1:]
         return dotted(path)

@@ -1,4 +1,5 @@
-"""`train.compile`: torch.compile of each repeated block of the model, in place, for every ZeRO stage.
+"""`train.compile`: torch.compile of each repeated block of the model, in place, for every ZeRO stage
+(`compile_scope: blocks`, the default), or of the model's whole forward (`compile_scope: model`, below).
 
 Owns which modules are compiled and how. The blocks are those stage 3 gathers as units
 (`zero.stage3.partition.find_unit_modules`: the children of the model's largest ModuleList of one class, or
@@ -8,6 +9,9 @@ Only each block's `forward` is replaced by its compiled version (not `module.com
 and activation checkpointing (which calls the block) all stay eager around the compiled code, and the
 module tree and parameter names do not change (checkpoints, stage 3 units and HF saving see the eager
 model). The blocks share one class, so dynamo compiles the forward once and reuses it for every block.
+With `compile_scope: model` the model's own `forward` is replaced by its compiled version (one graph,
+activation checkpointing traced by dynamo); only the engine's gradient hooks stay eager (they run in
+backward), which is why the config allows it at stages 0-2 without overlap_step only.
 """
 
 from __future__ import annotations
