@@ -24,6 +24,7 @@ reference (the caller's and the Pending's) until `wait()`, so no record_stream i
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -163,9 +164,10 @@ class Pending:
             if work is not None:
                 work.wait()
         self._done = True
+        count, self._works = len(self._works), []  # completed: the works (and tensors gloo keeps) go now
         if self._stats is not None:
             seconds = self._issue_seconds + time.perf_counter() - t0
-            self._stats.add(self._kind, self._nbytes, seconds, count=len(self._works))
+            self._stats.add(self._kind, self._nbytes, seconds, count=count)
         if self._finish is not None:
             self._finish()
         if then is not None:
@@ -339,9 +341,16 @@ def destroy_default_group(*, every_rank_finished: bool) -> None:
     """Destroy the default process group (if any). When every rank finished normally, a barrier first: no rank
     closes its connections while a peer still uses them (gloo aborted one rank in ~1 of 15 runs under load
     with "terminate called without an active exception" when the ranks tore down unsynchronized). After a
-    failure no barrier: the peers may be gone, and waiting would hang until the group's timeout."""
+    failure no barrier: the peers may be gone, and waiting would hang until the group's timeout.
+
+    First the garbage collector runs: an engine left in a reference cycle (a user script's, its hooks and
+    closures) still holds gloo works and their tensors; destroyed only at interpreter finalization, after the
+    group, they abort the process with the same message (pytorch/pytorch#179291 describes the mechanism). One
+    such abort was seen at the exit of an `entrypoint:` script using zerolaunch.initialize, once in 14 clean CI
+    runs (not reproduced in 12 runs of that test alone): this is the likely cause, not a proven one."""
     if not dist.is_initialized():
         return
+    gc.collect()
     if every_rank_finished and dist.get_world_size() > 1:
         dist.barrier()
     dist.destroy_process_group()
