@@ -16,11 +16,12 @@ object, whose data pointer is read at each use.
 
 The contents need no zeroing pass: every write path overwrites a shard element on its first write in a
 window (GradWindow.FRESH; stage 2 and stage 3 issue every bucket / unit every micro-step; the world-size-1
-accumulator zeroes what got no gradient in finish_backward). Only a segment the step finds released -- no
-write in the window, e.g. a boundary with no backward -- is zero-filled, which is what "no gradient" means.
-Host shards (optimizer offload) are one pinned tensor per group, never released: pinned allocations are
-slow and host memory is not the peak. So a window with no backward at all zeroes every shard (`zero_all`,
-from the strategies' finish_window), or the host shards would apply the last window's grads again.
+accumulators zero what got no gradient in finish_backward). Every writer calls `ensure` first, which also
+marks the segment written in this window; only a segment no write reached -- e.g. a boundary with no
+backward -- is zero-filled before the step reads it (`ensure_zeroed`), which is what "no gradient" means.
+Host shards (optimizer offload) are one pinned tensor per group, never freed (pinned allocations are slow and
+host memory is not the peak), so the written marks, not the allocation, say what holds this window's grads:
+a host shard keeps the last window's values until it is written or zeroed.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class GradShards:
         """One fp32 tensor per segment (the norm sums over them; ensure_zeroed() first)."""
         self._nbytes = [4 * s.numel for s in self.segments]
         self._held = [True] * len(self.segments)
+        self._written = [False] * len(self.segments)
+        """Written (ensure() called) since the last step's release()."""
 
     # ---- where an element lives ----------------------------------------------------------------------
     def index_of(self, group: int, offset: int) -> int:
@@ -90,34 +93,33 @@ class GradShards:
 
     # ---- memory --------------------------------------------------------------------------------------
     def ensure(self, index: int) -> None:
-        """Before a write into segment `index`: re-allocate it if released. Call on the compute stream, which
-        frees it after the step, so the block belongs to that stream's pool; a write on a side stream (stage
-        2's reduce stream) is ordered after this by comm's waits ([Note: comm streams])."""
+        """Before a write into segment `index`: re-allocate it if released, and mark it written in this window.
+        Call on the compute stream, which frees it after the step, so the block belongs to that stream's
+        pool; a write on a side stream (stage 2's reduce stream) is ordered after this by comm's waits
+        ([Note: comm streams])."""
         if not self._held[index]:
             self.tensors[index].untyped_storage().resize_(self._nbytes[index])
             self._held[index] = True
+        self._written[index] = True
 
     def ensure_all(self) -> None:
         for i in range(len(self.segments)):
             self.ensure(i)
 
-    def zero_all(self) -> None:
-        """A window without any backward: every element reads zero (host shards are never released, so they
-        would otherwise still hold the last window's grads)."""
-        for i in range(len(self.segments)):
-            self.ensure(i)
-            self.tensors[i].zero_()
-
     def ensure_zeroed(self) -> None:
-        """Before the step reads the shards: a segment no write reached this window reads zeros."""
-        for i, held in enumerate(self._held):
-            if not held:
+        """Before the step reads the shards: a segment no write reached this window reads zeros (a released
+        one instead of freed memory, a host one instead of the last window's grads)."""
+        for i, written in enumerate(self._written):
+            if not written:
                 self.ensure(i)
                 self.tensors[i].zero_()
 
     def release(self) -> None:
-        """After the optimizer step has read them (its kernels are queued on the current stream, whose
-        allocator pool gets the blocks back: later work on that stream is ordered after them)."""
+        """After the optimizer step has read them (or a skipped step discarded them): the next window starts
+        unwritten, and device segments are freed (the step's kernels are queued on the current stream, whose
+        allocator pool gets the blocks back: later work on that stream is ordered after them). Host segments
+        stay allocated, also while an overlapped step still reads them."""
+        self._written = [False] * len(self.segments)
         if not self.releasable:
             return
         for i, t in enumerate(self.tensors):

@@ -83,8 +83,8 @@ class Sharding:
 
     def release_grads(self) -> None:
         """After the step read the grad shards (or a skipped step discarded them): free what the next window
-        re-allocates at its first write ([Note: released grad shards] in grad_shards.py). Default:
-        keep."""
+        re-allocates at its first write ([Note: released grad shards] in grad_shards.py)."""
+        self.grad_shards.release()
 
     def settle(self) -> None:
         """Finish a step still running in the background (only an overlapped step has one)."""

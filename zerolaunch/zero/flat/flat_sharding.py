@@ -236,8 +236,6 @@ class FlatSharding(Sharding):
             if self.reducer.busy:
                 self.reducer.finish_backward()
             device_sq = self.reducer.take_grad_sq()
-            if backwards == 0:
-                self.grad_shards.zero_all()  # no gradient (host shards still hold the last window's)
             if backwards != 1:
                 # stage 2 sums squares per backward (asked for at accumulation 1 only): the window's norm
                 # only when the window is one backward; a caller-set boundary can make it several.
@@ -264,7 +262,7 @@ class FlatSharding(Sharding):
             for g in self.full_grads:
                 g.zero_()
         host.sync(self.device)
-        self.grad_shards.ensure_zeroed()  # segments no gradient reached in this window
+        self.grad_shards.ensure_zeroed()  # segments no gradient reached in this window (e.g. no backward)
         # stage 0 put a bad loss into its grads above, unless they went straight to the shards
         return device_sq, loss_nonfinite if self.stage > 0 or not self.full_grads else None
 
@@ -279,10 +277,6 @@ class FlatSharding(Sharding):
             self._in_flight = self._start_overlapped_step(grad_multiplier, lr)
         else:
             self._step_in_place(grad_multiplier, lr)
-
-    def release_grads(self) -> None:
-        if self._in_flight is None:  # an overlapped step (host shards: never released) still reads them
-            self.grad_shards.release()
 
     def _params_written_directly(self) -> bool:
         """Stage 0 and world size 1: this rank's shard is the whole bucket, written straight into the params

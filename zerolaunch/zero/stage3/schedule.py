@@ -88,7 +88,7 @@ class Stage3Schedule:
         stats: comm.CommStats,
         max_reduces_in_flight: int = 2,
         track_grad_sq: bool = False,
-        grad_shards: GradShards | None = None,
+        grad_shards: GradShards,
         direct: bool = False,
     ):
         """flats[k] / params[k]: unit k's buffers and sharded params (None / [] when it has none); the last
@@ -98,7 +98,7 @@ class Stage3Schedule:
         """World size 1 ([Note: direct grads]): grads go straight into the grad shard from their hooks."""
         self.grad_shards = grad_shards
         """Where the units' grad views point; a unit's segments are (re-)allocated before its reduced grads
-        are written ([Note: released grad shards] in ../grad_shards.py). None: always held (unit tests)."""
+        are written ([Note: released grad shards] in ../grad_shards.py)."""
         self.group = context.group
         self.device = context.device
         self.comm_dtype = comm_dtype
@@ -300,9 +300,8 @@ class Stage3Schedule:
 
     def _ensure_grad_segments(self, flat: UnitFlat) -> None:
         """Before a write into the unit's grad shard, on the compute stream (which writes and later frees it)."""
-        if self.grad_shards is not None:
-            for segment in flat.grad_segments:
-                self.grad_shards.ensure(segment)
+        for segment in flat.grad_segments:
+            self.grad_shards.ensure(segment)
 
     def _issue_ready(self) -> None:
         while self.next_issue < len(self.reduce_order) and self.ready[self.reduce_order[self.next_issue]]:

@@ -297,9 +297,7 @@ class UnitSharding(UnitStateMixin, Sharding):
 
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
         host.sync(self.device)
-        if backwards == 0:
-            self.grad_shards.zero_all()  # no gradient (host shards still hold the last window's)
-        self.grad_shards.ensure_zeroed()  # segments no reduce reached in this window
+        self.grad_shards.ensure_zeroed()  # segments no grad reached in this window (e.g. no backward)
         device_sq = self.schedule.take_grad_sq()
         # summed per unit reduce, i.e. per backward (asked for at accumulation 1 only): the window's norm
         # only when the window is one backward; a caller-set boundary can make it several.
@@ -328,9 +326,6 @@ class UnitSharding(UnitStateMixin, Sharding):
         for flat in self.flats:
             if flat is not None:
                 flat.regather_resident(self.group, stats=self.comm_stats)
-
-    def release_grads(self) -> None:
-        self.grad_shards.release()
 
     # ---- accounting ----------------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
