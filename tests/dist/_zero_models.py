@@ -62,14 +62,15 @@ def train_engine(engine, rank: int, world_size: int, steps: int) -> list:
     return infos
 
 
-def reference_weights(options, world_size: int, steps: int):
-    """(final weights {name: tensor}, [grad norm before clipping per step]) under EngineOptions `options`."""
-    model = Net(0)
+def reference_weights(options, world_size: int, steps: int, dtype=torch.float32):
+    """(final weights {name: tensor}, [grad norm before clipping per step]) under EngineOptions `options`,
+    computed in `dtype` (float64: the answer fp32 rounding is measured against)."""
+    model = Net(0).to(dtype)
 
     def micro_loss(step, micro):
         x, y = micro_batch(step, micro, world_size)
         # the global mean = the mean over ranks of equal-size per-rank means.
-        return F.mse_loss(model(x), y)
+        return F.mse_loss(model(x.to(dtype)), y.to(dtype))
 
     norms = _reference.train(model, options, steps, micro_loss)
     return {n: p.detach().clone() for n, p in model.named_parameters()}, norms

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import _reference
 import pytest
 import torch
 import torch.nn.functional as F
@@ -156,9 +157,18 @@ def test_parity_one_process_without_process_group():
         engine = Engine(Net(0), replace(CASES[name]))
         infos = train_engine(engine, 0, 1, STEPS)
         assert sum(i.stepped for i in infos) == STEPS
-        ref, _ = reference_weights(CASES[name], 1, STEPS)
-        for pname, w in ref.items():
-            torch.testing.assert_close(dict(engine.module.named_parameters())[pname], w, rtol=1e-6, atol=1e-7)
+        _assert_like_one_process(engine, CASES[name], name)
+
+
+def _assert_like_one_process(engine, options, label):
+    """The engine's weights against one fp32 process on the same batches, as close to the fp64 answer as
+    that process is (_reference.assert_adam_close: at world size 1 the engine sums each micro-batch's grads
+    into the fp32 shard, the reference sums them in autograd, and Adam can make that rounding visible)."""
+    ref32, _ = reference_weights(options, 1, STEPS)
+    ref64, _ = reference_weights(options, 1, STEPS, dtype=torch.float64)
+    got = dict(engine.module.named_parameters())
+    for pname in ref32:
+        _reference.assert_adam_close(got[pname].detach(), ref32[pname], ref64[pname], f"{label} {pname}")
 
 
 def test_stage1_survives_model_zero_grad():
@@ -171,6 +181,4 @@ def test_stage1_survives_model_zero_grad():
             engine.backward(F.mse_loss(engine(x), y))
             engine.step()
         engine.module.zero_grad()
-    ref, _ = reference_weights(CASES["stage1"], 1, STEPS)
-    for pname, w in ref.items():
-        torch.testing.assert_close(dict(engine.module.named_parameters())[pname], w, rtol=1e-6, atol=1e-7)
+    _assert_like_one_process(engine, CASES["stage1"], "stage1 after zero_grad")
