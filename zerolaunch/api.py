@@ -161,6 +161,12 @@ class ZeroLaunchEngine:
         for param in self.module.parameters():
             param.grad = None
 
+    def discard_window(self) -> None:
+        """Drop the accumulation window's grads after a backward raised (zero/engine.py Engine.discard_window,
+        [Note: failed backward]); the window's losses are dropped from the monitors' mean too."""
+        self._losses.clear()
+        self.engine.discard_window()
+
     def get_lr(self) -> list[float]:
         """The lr of each optimizer param group for the next optimizer step (DeepSpeed steps its scheduler
         after each optimizer step, so its param groups already hold the next step's lr). Per group as

@@ -87,6 +87,10 @@ class Engine(EngineStateMixin):
         self._lr = self.lrs_at(0)[0]
         self._window_backwards = 0
         """Backwards since the last accumulation boundary."""
+        self._window_start = 0
+        """micro_steps at the last accumulation boundary (discard_window() returns there)."""
+        self._failed_backward: str | None = None
+        """Why a backward of this window raised, until discard_window() ([Note: failed backward])."""
 
     # ---- training step --------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -103,6 +107,7 @@ class Engine(EngineStateMixin):
                 f"engine.backward expects a scalar loss, got shape {tuple(loss.shape)}; "
                 "reduce it first (e.g. loss.mean())"
             )
+        self._refuse_failed_window("backward")
         self.settle()
         self.sharding.begin_backward()
         self._loss_nonfinite = note_nonfinite_loss(self._loss_nonfinite, loss)
@@ -110,8 +115,9 @@ class Engine(EngineStateMixin):
         scale = self.scaler.scale / self.options.gradient_accumulation_steps
         try:
             (loss * scale).backward()
-        except BaseException:
+        except BaseException as error:
             self.sharding.abort_backward()
+            self._failed_backward = f"{type(error).__name__}: {error}".splitlines()[0][:200]
             raise
         self.sharding.finish_backward()
 
@@ -119,12 +125,14 @@ class Engine(EngineStateMixin):
         """Call after every backward; steps the optimizer only at an accumulation boundary: every
         gradient_accumulation_steps-th call, or when `boundary` says so (DeepSpeed's
         set_gradient_accumulation_boundary: the caller decides; any number of backwards per window)."""
+        self._refuse_failed_window("step")
         self.settle()
         self.micro_steps += 1
         if boundary is None:
             boundary = self.micro_steps % self.options.gradient_accumulation_steps == 0
         if not boundary:
             return StepInfo(False, False, None, self.scaler.scale, self._lr)
+        self._window_start = self.micro_steps
         backwards, self._window_backwards = self._window_backwards, 0
         loss_nonfinite, self._loss_nonfinite = self._loss_nonfinite, None
         device_sq, loss_nonfinite = self.sharding.finish_window(loss_nonfinite, backwards)
@@ -150,6 +158,34 @@ class Engine(EngineStateMixin):
         self.sharding.release_grads()
         self.global_steps += 1
         return StepInfo(True, False, float(scaling.grad_norm), loss_scale, self._lr)
+
+    def discard_window(self) -> None:
+        """Drop every grad of the current accumulation window: the micro-steps since the last optimizer step
+        count as never run, and the next backward starts the window afresh (the micro-step count returns to
+        the last boundary). What a caller does after catching an error raised by backward (an out-of-memory
+        error, say) before going on; see [Note: failed backward]. Params and optimizer state are untouched."""
+        self.settle()
+        self.sharding.discard_window()
+        self._window_backwards = 0
+        self._loss_nonfinite = None
+        self.micro_steps = self._window_start
+        self._failed_backward = None
+
+    def _refuse_failed_window(self, call: str) -> None:
+        """[Note: failed backward]
+        A backward that raises stops part way: some grads were reduced into the shards (stage 2/3), written
+        into the flat grads (stages 0/1) or staged, others never arrived, and the strategies' bookkeeping is
+        mid-window. Stepping on that, or running the micro-batch again into it, would apply a wrong gradient
+        without a sign, so until the caller drops the window (discard_window) both are refused. At world
+        size > 1 only a failure every rank meets the same way can be recovered like this: a rank that fails
+        alone leaves the others waiting in a collective, which the launcher ends and reports."""
+        if self._failed_backward is None:
+            return
+        raise RuntimeError(
+            f"engine.{call}(): a backward of this accumulation window raised ({self._failed_backward}), so "
+            "its grads are only partly reduced. Call engine.discard_window() to drop the window's grads (then "
+            "run its micro-batches since the last optimizer step again), or stop the run."
+        )
 
     def lrs_at(self, step: int) -> list[float]:
         """Each param group's lr for the optimizer step after `step` steps (sched.py LRSchedule.lrs_at)."""

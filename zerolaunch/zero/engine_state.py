@@ -73,6 +73,7 @@ class EngineStateMixin:
         self.settle()
         self.global_steps = int(meta["global_steps"])
         self.micro_steps = int(meta.get("micro_steps", 0))
+        self._window_start = self.micro_steps  # checkpoints are taken between windows
         self.scheduler.load_state_dict(meta["scheduler"])
         self.scaler.load_state_dict(meta["loss_scaler"])
         self.shards.step_count = int(meta.get("optimizer_step", self.global_steps))

@@ -181,6 +181,15 @@ class StagingPool:
         self.ready_counts = [0] * len(self.slot_counts)
         self.next_issue = 0
 
+    def discard(self) -> None:
+        """The window was dropped (its reduce-scatters awaited by the caller): every buffer is free again and
+        the next backward starts from bucket 0."""
+        self.free = self.allocated
+        self.held.clear()
+        self.in_flight.clear()
+        self.ready_counts = [0] * len(self.slot_counts)
+        self.next_issue = 0
+
     @property
     def busy(self) -> bool:
         """A backward is under way (a grad staged, a bucket issued or in flight)."""

@@ -65,6 +65,18 @@ class Sharding:
     def finish_backward(self) -> None:
         """After each micro-step's backward: drain what the grad hooks started."""
 
+    def discard_window(self) -> None:
+        """Drop this accumulation window's grads (Engine.discard_window, after a backward that raised:
+        [Note: failed backward] in engine.py): the collectives the grad hooks started are awaited, staged
+        grads dropped, every slice of the grad shards FRESH again and the shards released, no param keeps a
+        .grad. The next backward starts a window as after a step."""
+        raise NotImplementedError
+
+    def _drop_param_grads(self) -> None:
+        """No param keeps a .grad a failed backward left (a hook that did not run to its end)."""
+        for p in self._named.values():
+            p.grad = None
+
     # ---- the boundary --------------------------------------------------------------------------------
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
         """At an accumulation boundary: bring the window's grads into `grad_shards`, the device synced.

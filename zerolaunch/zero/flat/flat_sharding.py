@@ -231,6 +231,14 @@ class FlatSharding(Sharding):
                 view.copy_(grad)
             param.grad = view
 
+    @torch.no_grad()
+    def discard_window(self) -> None:
+        if self.reducer is not None:
+            self.reducer.discard()
+        self._drop_param_grads()
+        self._reattach_grad_views()  # stages 0/1: every param.grad is its flat view again, zeroed
+        self.grad_shards.release()
+
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
         if self.reducer is not None:
             if self.reducer.busy:

@@ -281,6 +281,19 @@ class BackwardReducer:
             self._complete_oldest()
         self.pool.end_backward()
 
+    def discard(self) -> None:
+        """The window is dropped: await the reduce-scatters in flight (their buffers are reused), drop the
+        staged grads, every bucket FRESH again."""
+        while self._inflight:
+            _bucket, base, _out, pending = self._inflight.popleft()
+            pending.wait()
+            self._free.append(base)
+        self._free.extend(base for base, _view in self._staging.values())
+        self._staging.clear()
+        self.pool.discard()
+        self.reset_accumulation()
+        self._grad_sq = None
+
     @property
     def busy(self) -> bool:
         return self.pool.busy
@@ -355,6 +368,11 @@ class DirectAccumulator:
 
     def reset_accumulation(self) -> None:
         self._window = [GradWindow.FRESH] * len(self.layout.params)
+
+    def discard(self) -> None:
+        """The window is dropped: every param's slice FRESH again (nothing is in flight)."""
+        self.reset_accumulation()
+        self._seen_this_backward = False
 
     @property
     def busy(self) -> bool:

@@ -360,6 +360,24 @@ class Stage3Schedule:
         """After a step: each unit's next reduced grads overwrite its grad shard (no zeroing pass)."""
         self._window = [GradWindow.FRESH] * len(self.flats)
 
+    def discard_window(self) -> None:
+        """The window is dropped (a backward raised part way): await the reduce-scatters in flight, drop the
+        units' staged grads, free every unit (the resident one stays), every unit FRESH again, IDLE."""
+        while self.inflight:
+            _flat, (_staging, _out, pending) = self.inflight.popleft()
+            pending.wait()
+        for flat in self.flats:
+            if flat is not None:
+                flat.staging = None  # its memory: a retry overwrites every staged grad anyway
+                flat.free()
+        self._held.clear()
+        self._prefetched.clear()
+        self._reset_backward_state()
+        self.reset_accumulation()
+        if self._grad_sq is not None:
+            self._grad_sq.zero_()
+        self.phase = SchedulePhase.IDLE
+
     def take_grad_sq(self) -> torch.Tensor | None:
         """Sum of squares of the grads reduced since the last call (track_grad_sq), on the device."""
         if self._grad_sq is None:

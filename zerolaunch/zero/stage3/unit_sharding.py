@@ -295,6 +295,11 @@ class UnitSharding(UnitStateMixin, Sharding):
         """Units reduce-scatter as they finish; wait for the last ones."""
         self.schedule.finish_backward()
 
+    def discard_window(self) -> None:
+        self.schedule.discard_window()
+        self._drop_param_grads()
+        self.grad_shards.release()
+
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
         host.sync(self.device)
         self.grad_shards.ensure_zeroed()  # segments no grad reached in this window (e.g. no backward)
