@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: CUDA tests, the `zerolaunch train` path, then bench/run.py side by side.
-#   bash bench/gpu_check.sh SIZES ENGINES     (wheels for DeepSpeed in .whl/, see bench/run.py's docstring)
+#   bash bench/gpu_check.sh SIZES ENGINES     (wheels for DeepSpeed in .whl/: bash bench/fetch_wheels.sh)
 set -o pipefail
 SIZES=${1:-350m}; ENGINES=${2:-torch,fsdp2,ds-z2,zl-z1,zl-z2,zl-z3}; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then

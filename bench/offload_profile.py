@@ -1,7 +1,7 @@
 """Where an offloaded step's time goes, on one GPU: host/device copy rates, CPU optimizer rates, and the
 phases of a zerolaunch ZeRO-2 + CPU optimizer offload step.
 
-    python bench/offload_profile.py --size 1.3b
+    python bench/offload_profile.py --size 1.3b [--parts rates,engine,peer]
 
 Prints one table. The phases are timed from the host with a device sync at each boundary, so they add up
 to the step (overlap between phases is deliberately removed here; bench/run.py times the real step).
@@ -148,13 +148,64 @@ def engine_phases(size: str, rows: list, steps: int = 4) -> None:
         rows.append((f"{size} zl-z2-off {label}", f"{statistics.median(v):.1f} ms"))
 
 
+def fsdp2_phases(size: str, rows: list, steps: int = 4) -> None:
+    """The peer's side of the offload comparison: FSDP2 + CPUOffloadPolicy (bench/run.py's fsdp2-off, fused CPU
+    AdamW), each phase synced, so a slow peer row can be traced to its phase (its 1.3B step measured 1345 and
+    1673 ms in two calls of bench/run.py, 774 ms in #19's outside harness)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from run import _batches, build_step
+
+    _, _, parts = build_step("fsdp2-off", size, 2048)
+    model, opt = parts["module"], parts["stepper"]
+    device = torch.device("cuda", 0)
+    phases: dict[str, list[float]] = {}
+
+    def synced(fn):
+        """(fn(), wall ms) with the device synced on both sides."""
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        return out, (time.perf_counter() - t0) * 1e3
+
+    for i, b in enumerate(_batches(50304, 2048, 8, steps + 2, device)):
+        loss, fwd = synced(lambda b=b: model(**b).loss)
+        _, bwd = synced(loss.backward)
+        _, clip = synced(lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        _, step = synced(opt.step)
+        _, zero = synced(lambda: opt.zero_grad(set_to_none=True))
+        if i < 2:
+            continue
+        for label, ms in (
+            ("forward", fwd),
+            ("backward (+ D2H grads)", bwd),
+            ("clip_grad_norm_ (host grads)", clip),
+            ("optimizer.step (fused CPU AdamW)", step),
+            ("zero_grad", zero),
+            ("whole step", fwd + bwd + clip + step + zero),
+        ):
+            phases.setdefault(label, []).append(ms)
+    for label, v in phases.items():
+        rows.append((f"{size} fsdp2-off {label}", f"{statistics.median(v):.1f} ms"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="1.3b")
+    ap.add_argument(
+        "--parts",
+        default="rates,engine",
+        help="comma list of: rates (copy and CPU AdamW rates), engine (zerolaunch's phases), peer (FSDP2's)",
+    )
     args = ap.parse_args()
+    parts = args.parts.split(",")
     rows = [("torch threads / cpu count", f"{torch.get_num_threads()} / {os.cpu_count()}")]
-    rates(rows)
-    engine_phases(args.size, rows)
+    if "rates" in parts:
+        rates(rows)
+    if "engine" in parts:
+        engine_phases(args.size, rows)
+    if "peer" in parts:
+        fsdp2_phases(args.size, rows)
     w = max(len(r[0]) for r in rows)
     print("\nOFFLOAD PROFILE")
     for k, v in rows:

@@ -15,6 +15,8 @@ loop with its own data pipeline; zl-train-compile adds `--set train.compile=true
 recipes/hf-llama-1b.yaml through zerolaunch.models.hf (random init, sdpa, no download; stage 3 with the decoder
 layers as units, built on meta), its own loss (labels = input_ids); FLOPs from report/mfu.py hf_flops_per_token.
 Its rows are HF_ENGINES, its size column the model's label ("llama-1b"; --sizes is not used).
+The ds-* rows need DeepSpeed, which the GPU machine cannot download: `bash bench/fetch_wheels.sh` puts it and
+what it imports into .whl/ (carry that folder; the script says how to install it there).
 """
 
 from __future__ import annotations
