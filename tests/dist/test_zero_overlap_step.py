@@ -85,6 +85,27 @@ def test_params_outside_forward_are_stale_until_settle(monkeypatch):
     engine.close()
 
 
+@pytest.mark.parametrize("owner", ["root", "head"])
+def test_state_dict_settles_first(monkeypatch, owner):
+    # torch.save(model.state_dict()) right after step() must write this step's weights, from the root or
+    # from the module that owns them, though the CPU is still stepping when step() returns.
+    monkeypatch.setattr(shard_optimizer, "HOST_CHUNK_NUMEL", 64)
+    engine = Engine(Net(0), _options(2, True))
+    _slow_chunks(engine, [], 0.05)  # the head's bucket is stepped last: ~0.5 s after step() returns
+    x, y = micro_batch(0, 0, 1)
+    engine.backward(F.mse_loss(engine(x), y))
+    old = engine.module.head.weight.detach().clone()
+    assert engine.step().stepped
+    if owner == "root":
+        saved = engine.module.state_dict()["head.weight"].clone()
+    else:
+        saved = engine.module.head.state_dict()["weight"].clone()
+    engine.settle()
+    assert not torch.equal(saved, old)
+    assert torch.equal(saved, engine.module.head.weight)
+    engine.close()
+
+
 def test_an_error_in_the_background_step_surfaces_at_the_next_call():
     engine = Engine(Net(0), _options(1, True))
 

@@ -170,7 +170,9 @@ class FlatSharding(Sharding):
 
     def _register_publish_hooks(self) -> None:
         """overlap_step: before a module's forward, publish the buckets of its own params; after the root's
-        forward, everything ([Note: overlapped step])."""
+        forward, everything ([Note: overlapped step]). A state_dict() of any module holding params (the root's
+        reaches each of them) settles first, so a checkpoint the user writes with torch holds this step's
+        weights, not the previous one's."""
         slot_by_param = {id(self._named[s.name]): s for s in self.layout.params}
         for module in self.module.modules():
             buckets = [
@@ -180,6 +182,7 @@ class FlatSharding(Sharding):
             ]
             if buckets:
                 module.register_forward_pre_hook(partial(self._publish_before_forward, min(buckets)))
+                module.register_state_dict_pre_hook(lambda *_: self.settle())
         self.module.register_forward_hook(lambda *_: self.settle())
 
     def _publish_before_forward(self, bucket: int, *_) -> None:

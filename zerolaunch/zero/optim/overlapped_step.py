@@ -14,9 +14,10 @@ rank whatever the forward does. `settle()` publishes everything and joins the th
 before anything else touches params, grads or optimizer state (backward, step, checkpoints, memory
 accounting), and once the root module's forward ends.
 
-What it cannot see: a parameter read outside the forward of the module that owns it (e.g. `model.state_dict()`
-or `F.linear(x, other_module.weight)` before that module ran) may still hold the previous step's values; such
-code calls `engine.settle()` first, or leaves overlap_step off (the default).
+What it cannot see: a parameter read outside the forward of the module that owns it (e.g. an EMA update over
+`model.parameters()` after step(), or `F.linear(x, other_module.weight)` before that module ran) may still hold
+the previous step's values; such code calls `engine.settle()` first, or leaves overlap_step off (the default).
+`state_dict()` of any module is safe: a pre-hook settles first (flat_sharding.py _register_publish_hooks).
 
 Ordering with the device: the copy stream first waits for the compute stream as it was when the step began
 (the previous backward has finished reading the params); the host master is written again only by the next
