@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 
 def tiny_llama(**overrides) -> dict:
     """A Hugging Face Llama config dict small enough for CPU tests (`hf.build(config=...)`): 32 wide, 4 heads
@@ -73,3 +76,12 @@ def live_cpu_storage_bytes() -> int:
         except Exception:  # noqa: BLE001 - some objects refuse introspection; they are not ours
             continue
     return sum(seen.values())
+
+
+def load_bench_script(name: str):
+    """bench/NAME.py as a module (bench/ is scripts, not a package): what its CPU-side tests call into."""
+    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -16,6 +16,18 @@ from torch import nn
 MICRO_BATCH = 3  # rows per rank per micro-step
 
 
+class Block(nn.Module):
+    """A pre-norm residual block of width 17: the repeated unit of the stage-3 test models."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(17)
+        self.fc = nn.Linear(17, 17)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(self.ln(x)))
+
+
 class Net(nn.Module):
     def __init__(self, seed: int = 0):
         super().__init__()

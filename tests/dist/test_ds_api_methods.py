@@ -84,7 +84,9 @@ def test_per_group_lists_give_deepspeeds_lrs_and_weights(runs):
     ours, ref = runs[0]["zerolaunch"]["lists"], runs[0]["deepspeed"]["lists"]
     assert ours["lr"] == ref["lr"]
     assert ref["lr"][0] == [0, 1e-4] and ref["lr"][-1] == pytest.approx([1e-2, 5e-3])
-    assert len({tuple(lr) for lr in ref["lr"]}) == 3  # the mins, one warmup step, the maxes: the lists move it
+    assert (
+        len({tuple(lr) for lr in ref["lr"]}) == 3
+    )  # the mins, one warmup step, the maxes: the lists move it
     assert sorted(ours["weights"]) == sorted(ref["weights"])
     for name, expected in ref["weights"].items():
         atol = 1e-5 * expected.abs().max().item()

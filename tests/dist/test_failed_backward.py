@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _spawn import run_ranks
+from _zero_models import Block
 from torch import nn
 
 from zerolaunch.zero import Engine
@@ -45,16 +46,6 @@ class _TripWire(torch.autograd.Function):
         if ctx.armed:
             raise Injected("out of memory (injected by the test)")
         return grad, None
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln = nn.LayerNorm(17)
-        self.fc = nn.Linear(17, 17)
-
-    def forward(self, x):
-        return x + torch.tanh(self.fc(self.ln(x)))
 
 
 class Net(nn.Module):
@@ -207,7 +198,11 @@ def _check(results: list[dict], world_size: int, names) -> None:
             ref = reference(got["init"], world_size, CASES[name])
             for pname, w in ref.items():
                 torch.testing.assert_close(
-                    got["final"][pname], w, rtol=1e-6, atol=1e-6, msg=lambda m, p=pname, lb=label: f"{lb} {p}: {m}"
+                    got["final"][pname],
+                    w,
+                    rtol=1e-6,
+                    atol=1e-6,
+                    msg=lambda m, p=pname, lb=label: f"{lb} {p}: {m}",
                 )
 
 
@@ -247,7 +242,10 @@ def test_the_refusal_names_the_error_and_the_fix():
     with pytest.raises(RuntimeError) as refused:
         engine.step()
     text = str(refused.value)
-    assert "a backward of this accumulation window raised (Injected: out of memory (injected by the test))" in text
+    assert (
+        "a backward of this accumulation window raised (Injected: out of memory (injected by the test))"
+        in text
+    )
     assert "engine.discard_window()" in text
     engine.discard_window()
     _forward_backward(engine, model, 0, 0, 0, 1, False)

@@ -227,7 +227,9 @@ def test_units_reduce_during_backward_and_free_after_use(monkeypatch):
     "dtype,gas,persist,ckpt",
     [("fp32", 1, 0, False), ("fp32", 3, 0, False), ("bf16", 3, 40, False), ("bf16", 2, 0, True)],
 )
-def test_world_size_1_direct_grads_are_bit_identical_to_the_reducing_path(dtype, gas, persist, ckpt, monkeypatch):
+def test_world_size_1_direct_grads_are_bit_identical_to_the_reducing_path(
+    dtype, gas, persist, ckpt, monkeypatch
+):
     # [Note: direct grads]: one rank, no offload, grads straight into the grad shard. The reducing path
     # (forced) is the reference: same weights and norms to the bit, with tied weights across units, resident
     # params (persist), a unit skipped in one micro-step of a window (its params get no grad there: their
@@ -255,7 +257,12 @@ def test_world_size_1_direct_grads_are_bit_identical_to_the_reducing_path(dtype,
                 info = engine.step()
             norms.append(info.grad_norm)
         staging = engine.sharding.schedule.staging_bytes
-        return dict(engine.full_state_dict(torch.float32)), norms, staging, engine.sharding.schedule.issued_count
+        return (
+            dict(engine.full_state_dict(torch.float32)),
+            norms,
+            staging,
+            engine.sharding.schedule.issued_count,
+        )
 
     want, want_norms, _, _ = run(direct=False)
     got, got_norms, staging, issued = run(direct=True)

@@ -27,6 +27,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _spawn import run_ranks
+from _zero_models import Block
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -35,16 +36,6 @@ from zerolaunch.zero.optim import shard_optimizer
 from zerolaunch.zero.options import EngineOptions, OffloadOptions, OptimizerOptions, ZeroOptions
 
 MICRO_BATCH = 3
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln = nn.LayerNorm(17)
-        self.fc = nn.Linear(17, 17)
-
-    def forward(self, x):
-        return x + torch.tanh(self.fc(self.ln(x)))
 
 
 class Net3(nn.Module):

@@ -68,7 +68,8 @@ def test_next_forward_starts_before_the_step_ends_and_weights_match(monkeypatch,
     overlapped.close()
 
 
-def test_params_outside_forward_are_stale_until_settle(monkeypatch):
+def _stepping_in_background(monkeypatch):
+    """(engine, the head's weight before the step) with step() just returned and the CPU still stepping."""
     monkeypatch.setattr(shard_optimizer, "HOST_CHUNK_NUMEL", 64)
     engine = Engine(Net(0), _options(2, True))
     _slow_chunks(engine, [], 0.05)  # the head's bucket is stepped last: ~0.5 s after step() returns
@@ -76,6 +77,11 @@ def test_params_outside_forward_are_stale_until_settle(monkeypatch):
     engine.backward(F.mse_loss(engine(x), y))
     old = engine.module.head.weight.detach().clone()
     assert engine.step().stepped
+    return engine, old
+
+
+def test_params_outside_forward_are_stale_until_settle(monkeypatch):
+    engine, old = _stepping_in_background(monkeypatch)
     assert torch.equal(engine.module.head.weight, old)  # step() returned; the CPU is still stepping
     engine.settle()
     new = engine.module.head.weight.detach().clone()
@@ -89,13 +95,7 @@ def test_params_outside_forward_are_stale_until_settle(monkeypatch):
 def test_state_dict_settles_first(monkeypatch, owner):
     # torch.save(model.state_dict()) right after step() must write this step's weights, from the root or
     # from the module that owns them, though the CPU is still stepping when step() returns.
-    monkeypatch.setattr(shard_optimizer, "HOST_CHUNK_NUMEL", 64)
-    engine = Engine(Net(0), _options(2, True))
-    _slow_chunks(engine, [], 0.05)  # the head's bucket is stepped last: ~0.5 s after step() returns
-    x, y = micro_batch(0, 0, 1)
-    engine.backward(F.mse_loss(engine(x), y))
-    old = engine.module.head.weight.detach().clone()
-    assert engine.step().stepped
+    engine, old = _stepping_in_background(monkeypatch)
     if owner == "root":
         saved = engine.module.state_dict()["head.weight"].clone()
     else:
@@ -126,5 +126,7 @@ def test_refused_outside_offloaded_stages_1_and_2(stage, device):
     options = EngineOptions(
         zero=ZeroOptions(stage=stage, offload_optimizer=OffloadOptions(device=device, overlap_step=True))
     )
-    with pytest.raises(ValueError, match="overlap_step runs an offloaded optimizer step .* for ZeRO stages 1 and 2"):
+    with pytest.raises(
+        ValueError, match="overlap_step runs an offloaded optimizer step .* for ZeRO stages 1 and 2"
+    ):
         Engine(Net(0), options)

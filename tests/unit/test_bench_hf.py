@@ -9,7 +9,6 @@ the GPU), the 1B size itself.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import torch.distributed as dist
 
 pytest.importorskip("transformers")
 
-from _helpers import tiny_llama  # noqa: E402
+from _helpers import load_bench_script, tiny_llama  # noqa: E402
 
 from zerolaunch.report.mfu import hf_flops_per_token  # noqa: E402
 
@@ -30,10 +29,7 @@ SEQ = 16
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench_script("run")
 
 
 @pytest.fixture

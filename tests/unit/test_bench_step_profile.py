@@ -5,20 +5,13 @@ milliseconds between "attention", "matmul" and the engine's own kernels. Leaves 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from _helpers import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def step_profile():
-    spec = importlib.util.spec_from_file_location("bench_step_profile", ROOT / "bench" / "step_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench_script("step_profile")
 
 
 SEEN = {
