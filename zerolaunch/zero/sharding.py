@@ -20,6 +20,8 @@ import enum
 
 import torch
 
+from .optim import host
+
 
 class GradWindow(enum.Enum):
     """Where one slice of the fp32 grad shards (a stage-2 bucket's, a stage-3 unit's, a world-size-1 param's)
@@ -79,12 +81,22 @@ class Sharding:
 
     # ---- the boundary --------------------------------------------------------------------------------
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
-        """At an accumulation boundary: bring the window's grads into `grad_shards`, the device synced.
-        `backwards`: how many backwards the window had (gradient_accumulation_steps, or any number when the
+        """At an accumulation boundary: bring the window's grads into `grad_shards` (on the host, with the
+        host synced: `_await_host_grads`). `backwards`: how many backwards the window had (gradient_accumulation_steps, or any number when the
         caller sets the boundary). Returns (sum of squares of the window's grads taken on the device, or None
         for the engine to take it from the shards; the loss flag the norm check should still OR in, or None
         where the strategy already put it into the grads)."""
         raise NotImplementedError
+
+    def _await_host_grads(self) -> None:
+        """[Note: boundary sync]
+        With the grad shards on the host (optimizer offload), the host reads them next (their norm, the CPU
+        step): wait until the device has finished the copies into them. With the shards on the device nothing
+        on the host reads them, and the engine's norm check (check_and_scale reads whether the norm is finite)
+        waits for the stream anyway, right after the norm's kernels are queued; waiting here too would drain
+        the queue first, so the GPU would sit idle while the host launched the norm's kernels."""
+        if self.master_device.type == "cpu":
+            host.sync(self.device)
 
     def reset_accumulation(self) -> None:
         """After the norm check: the next window starts accumulating afresh."""

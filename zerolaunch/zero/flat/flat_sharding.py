@@ -24,7 +24,7 @@ from torch import nn
 from .. import comm, plan
 from ..grad_shards import GradShards
 from ..layout import Fragment, ParamSpec
-from ..optim import host, shard_optimizer
+from ..optim import shard_optimizer
 from ..optim.overlapped_step import OverlappedStep
 from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
 from ..param_groups import collect_aliases, collect_params, optimizer_groups
@@ -272,7 +272,7 @@ class FlatSharding(Sharding):
             )
             for g in self.full_grads:
                 g.zero_()
-        host.sync(self.device)
+        self._await_host_grads()
         self.grad_shards.ensure_zeroed()  # segments no gradient reached in this window (e.g. no backward)
         # stage 0 put a bad loss into its grads above, unless they went straight to the shards
         return device_sq, loss_nonfinite if self.stage > 0 or not self.full_grads else None

@@ -26,7 +26,7 @@ from torch import nn
 from .. import comm, plan
 from ..grad_shards import GradShards
 from ..layout import ParamSpec
-from ..optim import host, nvme_store, shard_optimizer
+from ..optim import nvme_store, shard_optimizer
 from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
 from ..param_groups import collect_aliases, collect_params, optimizer_groups
 from ..plan import GradSegment, gathers_from_master
@@ -301,7 +301,7 @@ class UnitSharding(UnitStateMixin, Sharding):
         self.grad_shards.release()
 
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
-        host.sync(self.device)
+        self._await_host_grads()
         self.grad_shards.ensure_zeroed()  # segments no grad reached in this window (e.g. no backward)
         device_sq = self.schedule.take_grad_sq()
         # summed per unit reduce, i.e. per backward (asked for at accumulation 1 only): the window's norm
