@@ -87,6 +87,13 @@ def gathers_from_master(offload_optimizer: str, offload_param: str) -> bool:
     return offload_optimizer == "none" and offload_param == "none"
 
 
+def host_waits_at_boundary(device_type: str, grad_shards_device_type: str) -> bool:
+    """At an accumulation boundary the host waits for the device only when it reads grads the device wrote:
+    grad shards on the host ("cpu": optimizer offload) while training on an accelerator ([Note: boundary
+    sync] in sharding.py). Device types by name, as torch.device.type."""
+    return grad_shards_device_type == "cpu" and device_type != "cpu"
+
+
 def staging_limit(overlap: bool, max_in_flight: int = STAGING_MAX_IN_FLIGHT) -> int:
     """Staging buffers flat.BackwardReducer keeps before it waits for the oldest reduce-scatter."""
     return max(1, max_in_flight) if overlap else 1

@@ -20,6 +20,7 @@ import enum
 
 import torch
 
+from . import plan
 from .optim import host
 
 
@@ -95,7 +96,7 @@ class Sharding:
         on the host reads them, and the engine's norm check (check_and_scale reads whether the norm is finite)
         waits for the stream anyway, right after the norm's kernels are queued; waiting here too would drain
         the queue first, so the GPU would sit idle while the host launched the norm's kernels."""
-        if self.master_device.type == "cpu":
+        if plan.host_waits_at_boundary(self.device.type, self.master_device.type):
             host.sync(self.device)
 
     def reset_accumulation(self) -> None:

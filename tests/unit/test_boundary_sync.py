@@ -1,0 +1,57 @@
+"""[Note: boundary sync] (zerolaunch/zero/sharding.py): at an accumulation boundary the host waits for the device
+only when it reads grads the device wrote (optimizer offload while training on an accelerator). With the shards
+on the device the norm check's read waits for the stream anyway, and an earlier wait would idle the GPU while
+the host launches the norm's kernels (bench/RESULTS.md 2026-12-05, call D).
+
+Covers: plan.host_waits_at_boundary's table, and that the strategies consult it at each boundary (stages 0-3,
+no offload, cpu and nvme offload) and wait exactly when it says so. Leaves out: the GPU timeline itself
+(bench/step_profile.py on the device).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zerolaunch.zero import Engine, plan
+from zerolaunch.zero.optim import host
+from zerolaunch.zero.options import EngineOptions, OffloadOptions, ZeroOptions
+
+
+@pytest.mark.parametrize(
+    ("device", "grads", "waits"),
+    [("cuda", "cpu", True), ("cuda", "cuda", False), ("cpu", "cpu", False), ("xpu", "cpu", True)],
+)
+def test_the_host_waits_only_for_grads_an_accelerator_wrote_to_the_host(device, grads, waits):
+    assert plan.host_waits_at_boundary(device, grads) is waits
+
+
+@pytest.mark.parametrize("says", [True, False])
+@pytest.mark.parametrize("offload", ["none", "cpu", "nvme"])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_each_boundary_asks_the_rule_with_where_the_grads_live(stage, offload, says, tmp_path, monkeypatch):
+    if stage == 0 and offload != "none":
+        pytest.skip("stage 0 has no optimizer offload")
+    zero = ZeroOptions(
+        stage=stage,
+        offload_optimizer=OffloadOptions(
+            device=offload, nvme_path=str(tmp_path) if offload == "nvme" else None
+        ),
+    )
+    engine = Engine(_model(), EngineOptions(zero=zero))
+    asked, waits = [], []
+    monkeypatch.setattr(plan, "host_waits_at_boundary", lambda *types: asked.append(types) or says)
+    monkeypatch.setattr(host, "sync", lambda device: waits.append(device))
+    for _ in range(2):
+        engine.backward(engine(torch.randn(4, 5)).square().mean())
+        assert engine.step().stepped
+    engine.close()
+    assert (
+        asked == [("cpu", "cpu")] * 2
+    )  # the grad shards' device: the host with offload, here the CPU anyway
+    assert waits == ([engine.device] * 2 if says else [])
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
