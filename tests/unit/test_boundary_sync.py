@@ -3,9 +3,10 @@ only when it reads grads the device wrote (optimizer offload while training on a
 on the device the norm check's read waits for the stream anyway, and an earlier wait would idle the GPU while
 the host launches the norm's kernels (bench/RESULTS.md 2026-12-05, call D).
 
-Covers: plan.host_waits_at_boundary's table, and that the strategies consult it at each boundary (stages 0-3,
-no offload, cpu and nvme offload) and wait exactly when it says so. Leaves out: the GPU timeline itself
-(bench/step_profile.py on the device).
+Covers: plan.host_waits_at_boundary's table; that the strategies consult it at each boundary (stages 0-3,
+no offload, cpu and nvme offload) and wait exactly when it says so; and that a step on the device reads a
+tensor to the host once (the skip decision and the reported norm together, before the step's kernels: a read
+after them would wait for the whole step). Leaves out: the GPU timeline itself (bench/step_profile.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from zerolaunch.zero import Engine, plan
 from zerolaunch.zero.optim import host
-from zerolaunch.zero.options import EngineOptions, OffloadOptions, ZeroOptions
+from zerolaunch.zero.options import EngineOptions, OffloadOptions, PrecisionOptions, ZeroOptions
 
 
 @pytest.mark.parametrize(
@@ -50,6 +51,28 @@ def test_each_boundary_asks_the_rule_with_where_the_grads_live(stage, offload, s
         asked == [("cpu", "cpu")] * 2
     )  # the grad shards' device: the host with offload, here the CPU anyway
     assert waits == ([engine.device] * 2 if says else [])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_device_step_reads_the_device_once(stage, dtype, monkeypatch):
+    options = EngineOptions(
+        zero=ZeroOptions(stage=stage), precision=PrecisionOptions(dtype=dtype), gradient_clipping=1.0
+    )
+    engine = Engine(_model(), options)
+    engine.backward(engine(torch.randn(4, 5).to(engine.dtype)).float().square().mean())
+    reads = []
+    for name in ("tolist", "item", "__bool__", "__float__", "__int__"):
+        read = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda self, *a, _read=read, _name=name: reads.append(_name) or _read(self, *a),
+        )
+    info = engine.step()
+    monkeypatch.undo()
+    assert info.stepped and info.grad_norm > 0
+    assert reads == ["tolist"]
 
 
 def _model() -> torch.nn.Module:

@@ -151,13 +151,13 @@ class Engine(EngineStateMixin):
         self.sharding.reset_accumulation()
         if skipped:
             self.sharding.release_grads()
-            return StepInfo(False, True, float(scaling.grad_norm), loss_scale, self._lr)
+            return StepInfo(False, True, scaling.grad_norm, loss_scale, self._lr)
         lrs = self.lrs_at(self.global_steps)
         self._lr = lrs[0]  # StepInfo's lr: the first group's, what DeepSpeed's monitors write (get_lr()[0])
         self.sharding.step_and_publish(scaling.multiplier, lrs)
         self.sharding.release_grads()
         self.global_steps += 1
-        return StepInfo(True, False, float(scaling.grad_norm), loss_scale, self._lr)
+        return StepInfo(True, False, scaling.grad_norm, loss_scale, self._lr)
 
     def discard_window(self) -> None:
         """Drop every grad of the current accumulation window: the micro-steps since the last optimizer step

@@ -93,9 +93,11 @@ class Sharding:
         """[Note: boundary sync]
         With the grad shards on the host (optimizer offload), the host reads them next (their norm, the CPU
         step): wait until the device has finished the copies into them. With the shards on the device nothing
-        on the host reads them, and the engine's norm check (check_and_scale reads whether the norm is finite)
-        waits for the stream anyway, right after the norm's kernels are queued; waiting here too would drain
-        the queue first, so the GPU would sit idle while the host launched the norm's kernels."""
+        on the host reads them, and the engine's norm check waits for the stream anyway, right after the
+        norm's kernels are queued: check_and_scale reads the sum of squares and the norm in one transfer (the
+        step's only read, before any step kernel is queued; a read after them, such as a float() of the norm
+        for StepInfo, would wait for the whole step). Waiting here too would drain the queue first, so the
+        GPU would sit idle while the host launched the norm's kernels."""
         if plan.host_waits_at_boundary(self.device.type, self.master_device.type):
             host.sync(self.device)
 

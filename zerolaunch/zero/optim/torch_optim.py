@@ -7,6 +7,7 @@ the shards themselves (engine / flat buffers) nor the lr schedule (sched.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -99,8 +100,9 @@ class GradScaling:
 
     overflow: bool
     """fp16 only: an inf/nan on some rank; every rank skips the step."""
-    grad_norm: torch.Tensor
-    """Global L2 norm of the true (unscaled) gradient, before clipping; inf on overflow."""
+    grad_norm: float
+    """Global L2 norm of the true (unscaled) gradient, before clipping; non-finite on overflow. Read from the
+    device together with the overflow decision: one host read per step ([Note: boundary sync])."""
     multiplier: torch.Tensor | None
     """Scalar every gradient element is multiplied by before the optimizer reads it (1/loss scale times the
     clip factor); None when that is exactly 1."""
@@ -145,14 +147,18 @@ def check_and_scale(
     if sharded:
         comm.all_reduce(sq, group, op="sum", stats=stats)
     sq = sq.to(home)
-    if not bool(torch.isfinite(sq)):
-        return GradScaling(True, sq.sqrt(), None)
     norm = sq.sqrt()
-    multiplier = None
     if loss_scale != 1.0:
         norm = norm / loss_scale
+    # the one host read of the step: the skip decision and the reported norm together, before any of the
+    # step's kernels is queued (a read after them would wait for the whole step)
+    sq_value, norm_value = torch.stack([sq, norm]).tolist()
+    if not math.isfinite(sq_value):
+        return GradScaling(True, norm_value, None)
+    multiplier = None
+    if loss_scale != 1.0:
         multiplier = torch.full((), 1.0 / loss_scale, dtype=torch.float32, device=home)
     if clip_norm > 0:
         coef = torch.clamp(clip_norm / (norm + 1e-6), max=1.0)
         multiplier = coef if multiplier is None else multiplier * coef
-    return GradScaling(False, norm, multiplier)
+    return GradScaling(False, norm_value, multiplier)
