@@ -503,6 +503,40 @@ def measure_matmul_tflops() -> float:
     return 2 * n**3 * 20 / (s.elapsed_time(e) / 1e3) / 1e12
 
 
+def one_args(engine: str, size: str, args) -> list[str]:
+    """The command-line arguments of one configuration's own process (`--one ENGINE ...`)."""
+    return [
+        "--one",
+        engine,
+        "--size",
+        size,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--seq-len",
+        str(args.seq_len),
+        "--micro-batch",
+        str(args.micro_batch),
+    ]
+
+
+def one_result(cmd: list[str], timeout: float) -> dict:
+    """Run one configuration's process and return the dict of its `RESULT {json}` line. RuntimeError with the
+    last lines of its output when it fails, prints no RESULT line or outlives `timeout` seconds (then the rows
+    after it still run)."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        out = expired.stderr or expired.stdout or b""
+        tail = (out.decode(errors="replace") if isinstance(out, bytes) else out).strip().splitlines()[-4:]
+        raise RuntimeError(" | ".join([f"timed out after {timeout:.0f} s", *tail])) from None
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode != 0 or not line:
+        raise RuntimeError(" | ".join((p.stderr or p.stdout).strip().splitlines()[-6:]))
+    return json.loads(line[-1][len("RESULT ") :])
+
+
 def drive(args) -> None:
     model_name = getattr(args, "model", "gpt")
     if model_name == "gpt":
@@ -519,38 +553,22 @@ def drive(args) -> None:
                 continue
             if engine == "ds-z2-off" and size != "1.3b" and not args.all_offload:
                 continue
-            cmd = [
-                sys.executable,
-                __file__,
-                "--one",
-                engine,
-                "--size",
-                size,
-                "--steps",
-                str(args.steps),
-                "--warmup",
-                str(args.warmup),
-                "--seq-len",
-                str(args.seq_len),
-                "--micro-batch",
-                str(args.micro_batch),
-            ]
+            cmd = [sys.executable, __file__, *one_args(engine, size, args)]
             if model_name != "gpt":
                 cmd += ["--model", model_name]
             t0 = time.time()
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-            if p.returncode != 0 or not line:
-                tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
-                rows.append({"engine": engine, "size": size, "error": " | ".join(tail)[-400:]})
+            try:
+                r = one_result(cmd, args.timeout)
+            except RuntimeError as error:
+                rows.append({"engine": engine, "size": size, "error": str(error)[-400:]})
                 if model_name != "gpt":
                     rows[-1]["model"] = model_name
+                tail = str(error).split(" | ")
                 print(
                     f"[{engine} {size}] FAILED in {time.time() - t0:.0f}s:\n  " + "\n  ".join(tail),
                     flush=True,
                 )
                 continue
-            r = json.loads(line[-1][len("RESULT ") :])
             rows.append(r)
             print(
                 f"[{engine} {size}] {r['step_ms']:.1f} ms  peak {r['peak_gib']:.1f} GiB  "

@@ -17,10 +17,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from run import _batches, build_step, one_args, one_result  # noqa: E402  (bench/ is scripts, not a package)
 
 CATEGORIES = (
     # (category, substrings of a kernel's name, lowercased); the first match wins, so order matters
@@ -46,7 +47,6 @@ def category(kernel_name: str) -> str:
 
 def profile_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro_batch: int) -> dict:
     import torch
-    from run import _batches, build_step
     from torch.profiler import ProfilerActivity, profile
 
     step, _, _ = build_step(engine, size, seq_len)
@@ -132,22 +132,11 @@ def main() -> None:
     rows = []
     print(HEADER, flush=True)
     for engine in args.engines.split(","):
-        cmd = [sys.executable, __file__, "--one", engine, "--size", args.size, "--steps", str(args.steps)]
-        cmd += [
-            "--warmup",
-            str(args.warmup),
-            "--seq-len",
-            str(args.seq_len),
-            "--micro-batch",
-            str(args.micro_batch),
-        ]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if proc.returncode or not line:
-                raise RuntimeError(" | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:]))
-            rows.append(json.loads(line[-1][len("RESULT ") :]))
-        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            rows.append(
+                one_result([sys.executable, __file__, *one_args(engine, args.size, args)], args.timeout)
+            )
+        except RuntimeError as error:
             rows.append({"engine": engine, "error": str(error)[-400:]})
         print(row_line(rows[-1]), flush=True)  # each row as it comes: a call cut short keeps what ran
         if args.json_out:
