@@ -194,8 +194,7 @@ class StagingPool:
         self.free = self.allocated
         self.held.clear()
         self.in_flight.clear()
-        self.ready_counts = [0] * len(self.slot_counts)
-        self.next_issue = 0
+        self.end_backward()
 
     @property
     def busy(self) -> bool:

@@ -83,8 +83,8 @@ class Sharding:
     # ---- the boundary --------------------------------------------------------------------------------
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
         """At an accumulation boundary: bring the window's grads into `grad_shards` (on the host, with the
-        host synced: `_await_host_grads`). `backwards`: how many backwards the window had (gradient_accumulation_steps, or any number when the
-        caller sets the boundary). Returns (sum of squares of the window's grads taken on the device, or None
+        host synced: `_await_host_grads`). `backwards`: how many backwards the window had
+        (gradient_accumulation_steps, or any number when the caller sets the boundary). Returns (sum of squares of the window's grads taken on the device, or None
         for the engine to take it from the shards; the loss flag the norm check should still OR in, or None
         where the strategy already put it into the grads)."""
         raise NotImplementedError
