@@ -12,6 +12,7 @@ profiler sees), the torch and cuDNN versions. A measurement, not a test.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 
 import torch
@@ -101,6 +102,11 @@ def measure(shape, backend: SDPBackend, reps: int = 20) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/attention_backends.py times CUDA kernels: run it on a machine with a GPU")
     print(
         f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}"
     )
