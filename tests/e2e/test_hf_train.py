@@ -31,7 +31,13 @@ pytestmark = pytest.mark.e2e
 
 
 def _cli(*args, cwd):
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    # the repo on PYTHONPATH as conftest's TrainCLI.env puts it: the CLI runs from a checkout not installed
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     env.pop("ZEROLAUNCH_RECIPE", None)
     cmd = [sys.executable, "-c", "from zerolaunch.cli.app import main; main()", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
