@@ -8,7 +8,16 @@ is summed into a category by its name (matmul, attention, multi-tensor kernels: 
 as the grad norm, inductor's generated kernels, copies and casts, collectives, layer norms, the rest), per step. "busy" is the sum of all kernel time per step, "wall" the
 step's time measured with CUDA events outside the profiler (so profiling overhead does not count); where busy is
 below wall the GPU idled (launch gaps, host syncs) or kernels ran on two streams at once. The largest kernels are
-listed too. A measurement, not a test: what it prints is for deciding where a step can still lose time.
+listed too.
+
+"idle" is measured in the profiled steps themselves, so it does not depend on how much the profiler slows the
+kernels: the time per step in which no kernel, copy or fill runs on the GPU (the union of their intervals
+against the profiled span). The longest gaps are listed with the kernels on either side; with `--host` the steps
+are profiled with host activity and Python stacks too, and each gap names the host code that launched the kernel
+ending it and how long after the GPU went idle that launch came (late: the host was the bottleneck; early: the
+kernel waited on something else, e.g. another stream). Host profiling slows the host, so `--host` gaps are an
+upper bound; compare configurations under the same flag.
+A measurement, not a test: what it prints is for deciding where a step can still lose time.
 """
 
 from __future__ import annotations
@@ -45,7 +54,69 @@ def category(kernel_name: str) -> str:
     return "other"
 
 
-def profile_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, micro_batch: int) -> dict:
+def idle_gaps(intervals: list[tuple], min_gap_us: float = 10.0):
+    """(idle us in the span, gaps) for device activity `intervals` [(start us, end us, tag)], any order,
+    possibly overlapping (several streams); a tag is anything (a kernel's name, its event). The span runs from
+    the first start to the last end; a gap is a stretch of it no interval covers, listed when at least
+    `min_gap_us` long as (start us, length us, tag of the interval whose end opened it, tag of the one whose
+    start closed it), longest first. Every gap counts in the idle total, listed or not."""
+    ordered = sorted(intervals, key=lambda iv: (iv[0], iv[1]))  # tags need not compare
+    if not ordered:
+        return 0.0, []
+    idle, gaps = 0.0, []
+    covered_to, last_tag = ordered[0][1], ordered[0][2]
+    for start, end, tag in ordered[1:]:
+        if start > covered_to:
+            idle += start - covered_to
+            if start - covered_to >= min_gap_us:
+                gaps.append((covered_to, start - covered_to, last_tag, tag))
+        if end >= covered_to:
+            covered_to, last_tag = end, tag
+    gaps.sort(key=lambda g: -g[1])
+    return idle, gaps
+
+
+def launch_site(ancestry: list[str]) -> str:
+    """Where to blame a launch, from the names of its host op and the events enclosing it, innermost first
+    (with_stack records each Python call as an event named "file(line): function", and may fill an op's own
+    stack too): the innermost frame in zerolaunch/ or bench/, else the outermost name ("?" when empty)."""
+    for name in ancestry:
+        if "zerolaunch/" in name or "bench/" in name:
+            return name
+    return ancestry[-1] if ancestry else "?"
+
+
+def _ancestry(op) -> list[str]:
+    names = []
+    while op is not None:
+        names += [op.name, *(op.stack or ())]
+        op = op.cpu_parent
+    return names
+
+
+def gap_report(events: list, steps: int, top: int = 8, host: bool = False) -> dict:
+    """idle ms per step and the `top` longest gaps of a profile's events (see idle_gaps); with host activity
+    recorded (`host`), each gap also names the host frame that launched the kernel closing it and when,
+    relative to the start of the gap (a device event's linked_correlation_id is its host op's id)."""
+    from torch.autograd import DeviceType
+
+    device = [e for e in events if e.device_type == DeviceType.CUDA]
+    idle_us, gaps = idle_gaps([(e.time_range.start, e.time_range.end, e) for e in device])
+    host_ops = {e.id: e for e in events if e.device_type == DeviceType.CPU} if host else {}
+    rows = []
+    for start, length, before, after in gaps[:top]:
+        row = {"ms": length / 1e3, "after": before.name[:70], "before": after.name[:70]}
+        op = host_ops.get(getattr(after, "linked_correlation_id", None))
+        if op is not None:
+            row["launched_by"] = f"{op.name} in {launch_site(_ancestry(op))}"
+            row["launch_after_idle_ms"] = (op.time_range.start - start) / 1e3
+        rows.append(row)
+    return {"idle_ms": idle_us / 1e3 / steps, "gaps": rows}
+
+
+def profile_one(
+    engine: str, size: str, steps: int, warmup: int, seq_len: int, micro_batch: int, host: bool = False
+) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -62,21 +133,22 @@ def profile_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, m
         end.record()
         torch.cuda.synchronize()
         wall.append(start.elapsed_time(end))
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if host else [ProfilerActivity.CUDA]
+    with profile(activities=activities, with_stack=host) as prof:
         for b in batches[warmup + steps :]:
             step(b)
         torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
+    events = prof.events()
     by_category: dict[str, float] = {}
     by_kernel: dict[str, float] = {}
-    for evt in prof.key_averages():
-        us = getattr(evt, "self_device_time_total", None)
-        if us is None:  # older torch
-            us = evt.self_cuda_time_total
-        if not us:
-            continue  # a host-side event (with only CUDA activity asked for: runtime calls)
-        ms = us / 1e3 / steps
-        by_category[category(evt.key)] = by_category.get(category(evt.key), 0.0) + ms
-        by_kernel[evt.key] = by_kernel.get(evt.key, 0.0) + ms
+    for evt in events:
+        if evt.device_type != DeviceType.CUDA:
+            continue  # host ops and runtime calls (their device time is their kernels', counted here)
+        ms = evt.time_range.elapsed_us() / 1e3 / steps
+        by_category[category(evt.name)] = by_category.get(category(evt.name), 0.0) + ms
+        by_kernel[evt.name] = by_kernel.get(evt.name, 0.0) + ms
     top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]
     return {
         "engine": engine,
@@ -86,18 +158,20 @@ def profile_one(engine: str, size: str, steps: int, warmup: int, seq_len: int, m
         "by_category_ms": by_category,
         "top_kernels_ms": [[name[:90], ms] for name, ms in top],
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "steps": steps,
+        **gap_report(events, steps, host=host),
     }
 
 
 LABELS = [c for c, _ in CATEGORIES] + ["other"]
-HEADER = f"{'engine':<22}{'wall':>8}{'busy':>8}" + "".join(f"{c[:10]:>11}" for c in LABELS)
+HEADER = f"{'engine':<22}{'wall':>8}{'busy':>8}{'idle':>8}" + "".join(f"{c[:10]:>11}" for c in LABELS)
 
 
 def row_line(r: dict) -> str:
     if "error" in r:
         return f"{r['engine']:<22} FAILED: {r['error'][:150]}"
     cats = r["by_category_ms"]
-    return f"{r['engine']:<22}{r['wall_ms']:>8.1f}{r['busy_ms']:>8.1f}" + "".join(
+    return f"{r['engine']:<22}{r['wall_ms']:>8.1f}{r['busy_ms']:>8.1f}{r['idle_ms']:>8.1f}" + "".join(
         f"{cats.get(c, 0.0):>11.1f}" for c in LABELS
     )
 
@@ -111,6 +185,15 @@ def print_table(rows: list[dict]) -> None:
             print(f"\n{r['engine']}: largest kernels, ms per step")
             for name, ms in r["top_kernels_ms"][:8]:
                 print(f"  {ms:8.2f}  {name}")
+            print(
+                f"{r['engine']}: longest GPU idle gaps of {r['steps']} profiled steps (ms, between kernels)"
+            )
+            for gap in r["gaps"]:
+                print(f"  {gap['ms']:8.2f}  after {gap['after']}\n            before {gap['before']}")
+                if "launched_by" in gap:
+                    print(
+                        f"            launched {gap['launch_after_idle_ms']:+.2f} ms into the gap by {gap['launched_by']}"
+                    )
 
 
 def main() -> None:
@@ -124,9 +207,14 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--json-out")
+    p.add_argument(
+        "--host", action="store_true", help="also profile host activity with Python stacks (see above)"
+    )
     args = p.parse_args()
     if args.one:
-        r = profile_one(args.one, args.size, args.steps, args.warmup, args.seq_len, args.micro_batch)
+        r = profile_one(
+            args.one, args.size, args.steps, args.warmup, args.seq_len, args.micro_batch, args.host
+        )
         print("RESULT " + json.dumps(r), flush=True)
         return
     rows = []
@@ -134,7 +222,15 @@ def main() -> None:
     for engine in args.engines.split(","):
         try:
             rows.append(
-                one_result([sys.executable, __file__, *one_args(engine, args.size, args)], args.timeout)
+                one_result(
+                    [
+                        sys.executable,
+                        __file__,
+                        *one_args(engine, args.size, args),
+                        *(["--host"] if args.host else []),
+                    ],
+                    args.timeout,
+                )
             )
         except RuntimeError as error:
             rows.append({"engine": engine, "error": str(error)[-400:]})

@@ -1,6 +1,8 @@
 """bench/step_profile.py's kernel categories, on kernel names an H200 profile of a 1.3B step showed (torch 2.11,
 2026-12-05): bench/RESULTS.md reads its table by these columns, so a name landing in the wrong one would move
-milliseconds between "attention", "matmul" and the engine's own kernels. Leaves out: the profiling itself (CUDA).
+milliseconds between "attention", "matmul" and the engine's own kernels. And its idle analysis (gaps in the GPU
+timeline, the host frame that launched the kernel after each) on hand-made events carrying the FunctionEvent
+attributes it reads. Leaves out: the profiling itself (CUDA).
 """
 
 from __future__ import annotations
@@ -41,3 +43,94 @@ def test_each_seen_kernel_lands_in_its_category(step_profile, kernel):
 
 def test_the_table_has_a_column_for_every_category(step_profile):
     assert set(SEEN.values()) <= set(step_profile.LABELS)
+
+
+# ---- the idle analysis: gaps in the GPU timeline ------------------------------------------------------------
+
+
+def test_idle_is_the_span_no_interval_covers_with_overlaps_and_any_order(step_profile):
+    intervals = [
+        (100.0, 130.0, "c"),  # 20 us after b ends: a gap
+        (0.0, 50.0, "a"),
+        (40.0, 80.0, "b"),  # overlaps a (another stream): no gap
+        (131.0, 135.0, "d"),  # 1 us: counted in idle, not listed
+        (200.0, 210.0, "e"),  # 65 us after d: the longest gap
+    ]
+    idle, gaps = step_profile.idle_gaps(intervals, min_gap_us=10)
+    assert idle == pytest.approx(20 + 1 + 65)
+    assert gaps == [(135.0, 65.0, "d", "e"), (80.0, 20.0, "b", "c")]
+
+
+def test_an_interval_inside_another_does_not_close_its_cover(step_profile):
+    # "short" ends before "long" does: the gap after them opens at long's end and is blamed on it
+    idle, gaps = step_profile.idle_gaps(
+        [(0, 100, "long"), (10, 20, "short"), (150, 160, "next")], min_gap_us=10
+    )
+    assert idle == 50
+    assert gaps == [(100, 50, "long", "next")]
+
+
+def test_no_device_activity_is_no_idle(step_profile):
+    assert step_profile.idle_gaps([]) == (0.0, [])
+
+
+def test_launch_site_prefers_the_innermost_project_frame(step_profile):
+    ancestry = [
+        "aten::copy_",
+        "torch/optim/adamw.py(200): step",
+        "zerolaunch/zero/optim/shard_optimizer.py(239): _step_chunk",
+        "bench/run.py(400): step",
+    ]
+    assert step_profile.launch_site(ancestry) == "zerolaunch/zero/optim/shard_optimizer.py(239): _step_chunk"
+    assert step_profile.launch_site(["aten::mm", "<built-in method matmul>"]) == "<built-in method matmul>"
+    assert step_profile.launch_site([]) == "?"
+
+
+class _Range:
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def elapsed_us(self):
+        return self.end - self.start
+
+
+class _Event:
+    """The FunctionEvent attributes gap_report reads (torch.autograd.profiler_util.FunctionEvent)."""
+
+    def __init__(self, name, device_type, start, end, id=0, linked=None, parent=None, stack=()):
+        self.name, self.device_type, self.time_range = name, device_type, _Range(start, end)
+        self.id, self.linked_correlation_id, self.cpu_parent, self.stack = id, linked, parent, list(stack)
+
+
+def test_gap_report_names_the_host_frame_that_launched_the_kernel_closing_each_gap(step_profile):
+    from torch.autograd import DeviceType
+
+    frame = _Event("zerolaunch/zero/engine.py(140): step", DeviceType.CPU, 0, 5000, id=1)
+    launch = _Event("aten::_fused_adamw_", DeviceType.CPU, 2300, 2310, id=7, parent=frame)
+    events = [
+        frame,
+        launch,
+        _Event("gemm", DeviceType.CUDA, 0, 1000),
+        _Event("FusedAdamMathFunctor", DeviceType.CUDA, 2500, 2600, linked=7),  # 1.5 ms idle before it
+        _Event("gemm", DeviceType.CUDA, 2600, 3600),
+        _Event("gemm", DeviceType.CUDA, 3700, 4700),  # 0.1 ms idle, no host op recorded
+    ]
+    report = step_profile.gap_report(events, steps=2, top=8, host=True)
+    assert report["idle_ms"] == pytest.approx((1500 + 100) / 1e3 / 2)
+    first, second = report["gaps"]
+    assert (first["ms"], first["after"], first["before"]) == (1.5, "gemm", "FusedAdamMathFunctor")
+    assert first["launched_by"] == "aten::_fused_adamw_ in zerolaunch/zero/engine.py(140): step"
+    assert first["launch_after_idle_ms"] == pytest.approx(1.3)  # launched 1.3 ms after the GPU went idle
+    assert second["ms"] == pytest.approx(0.1) and "launched_by" not in second
+    # without host activity the same gaps, with no launch sites
+    plain = step_profile.gap_report(events, steps=2, top=8, host=False)
+    assert plain["idle_ms"] == report["idle_ms"] and all("launched_by" not in g for g in plain["gaps"])
+
+
+def test_events_that_start_and_end_together_need_not_compare(step_profile):
+    from torch.autograd import DeviceType
+
+    twins = [_Event("memset", DeviceType.CUDA, 0, 10), _Event("memset", DeviceType.CUDA, 0, 10)]
+    report = step_profile.gap_report([*twins, _Event("gemm", DeviceType.CUDA, 60, 70)], steps=1)
+    assert report["idle_ms"] == pytest.approx(0.05)
+    assert [(g["after"], g["before"]) for g in report["gaps"]] == [("memset", "gemm")]
