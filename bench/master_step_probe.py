@@ -10,7 +10,8 @@ tensors (what zero/flat/reducer.py DirectAccumulator, the norm check and ShardOp
   3. torch's fused AdamW over the fp32 master, grads and moments (grad_scale folds the clip in),
   4. the fp32 master copied back into the bf16 params.
 against alternatives that keep the numerics (fp32 master, fp32 moments; a bf16 -> fp32 upcast is exact):
-  fused-from-fp32: 2 + one torch.compile'd kernel doing 3 and 4 (the grads still go through the fp32 shard),
+  compiled AdamW: 1, 2, one torch.compile'd kernel doing 3, then 4 as today (is inductor's AdamW alone faster?),
+  fused-from-fp32: 1, 2 + one torch.compile'd kernel doing 3 and 4 (the grads still go through the fp32 shard),
   fused-from-bf16: the norm over the bf16 grads + one compiled kernel reading them and writing master,
     moments and bf16 params (possible only with one micro-step per window: accumulation needs fp32).
 Prints the median ms of each over CUDA events (after warm-up, compile time excluded), the bytes each moves,
@@ -61,20 +62,34 @@ def separate_passes(master, grad16, grad32, m, v, param16, step):
     param16.copy_(master)
 
 
-def _adamw_into(master, grad, m, v, param16, coef, bc1, bc2):
-    """AdamW as torch's fused kernel computes it, on fp32 (grad upcast), plus the bf16 copy of the master."""
+def _adamw(master, grad, m, v, coef, bc1, bc2):
+    """AdamW as torch's fused kernel computes it, on fp32 (the grad upcast and multiplied by `coef`)."""
     g = grad.float() * coef
     m.lerp_(g, 1 - BETA1)
     v.mul_(BETA2).addcmul_(g, g, value=1 - BETA2)
     master.mul_(1 - LR * WD)
     master.addcdiv_(m, (v / bc2).sqrt() + EPS, value=-LR / bc1)
+
+
+def _adamw_into(master, grad, m, v, param16, coef, bc1, bc2):
+    """_adamw plus the bf16 copy of the master, in one kernel once compiled."""
+    _adamw(master, grad, m, v, coef, bc1, bc2)
     param16.copy_(master)
 
 
 def fused(master, grad, m, v, param16, step_kernel, bc1, bc2):
+    """The clip coefficient from the grads' norm, then `step_kernel` (_adamw_into, compiled or not)."""
     norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
     coef = torch.clamp(CLIP / (norm + 1e-6), max=1.0)
     step_kernel(master, grad, m, v, param16, coef, bc1, bc2)
+
+
+# (name, grads the kernel reads, whether the kernel writes the bf16 params, bytes per element moved)
+VARIANTS = (
+    ("compiled AdamW, bf16 copy as today", "fp32", False, 6 + 4 + 28 + 6),
+    ("fused-from-fp32", "fp32", True, 6 + 4 + 28 + 2),  # the grad copy and norm as today
+    ("fused-from-bf16", "bf16", True, 2 + 28),  # norm over bf16; the kernel reads 2-byte grads
+)
 
 
 def _median_ms(fn, reps: int) -> float:
@@ -97,10 +112,15 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("master_step_probe.py measures CUDA kernels; no GPU is visible here")
     numel = int(args.numel)
-    step_kernel = torch.compile(_adamw_into, dynamic=False)
+    step_into = torch.compile(_adamw_into, dynamic=False)
+    step_only = torch.compile(_adamw, dynamic=False)
     # bias corrections as device scalars (step 1), so the compiled kernel is not specialized to the step
     bc1 = torch.tensor(1 - BETA1, device="cuda")
     bc2 = torch.tensor(1 - BETA2, device="cuda")
+
+    def step_then_copy(master, grad, m, v, param16, coef, bc1, bc2):
+        step_only(master, grad, m, v, coef, bc1, bc2)
+        param16.copy_(master)  # a pass of its own, as the engine's publish today
 
     rows = []
     master, grad16, m, v = _tensors(numel)
@@ -118,26 +138,16 @@ def main() -> None:
     # bytes per element: grad copy 2+4, norm 4, AdamW reads master, grad, m, v and writes three, copy back 4+2
     rows.append(("separate passes (today)", _median_ms(run_separate, args.reps), 6 + 4 + 28 + 6))
 
-    for name, grad, nbytes in (
-        (
-            "fused-from-fp32",
-            grad32,
-            6 + 4 + 28 + 2,
-        ),  # the copy and norm as today; the kernel also writes bf16
-        ("fused-from-bf16", grad16, 2 + 28),  # norm over bf16; the kernel reads 2-byte grads, writes bf16
-    ):
+    for name, source, writes_bf16, nbytes in VARIANTS:
         for t, r in zip((master, m, v), ref, strict=True):
             t.copy_(r)
-        if name == "fused-from-fp32":
-            grad32.copy_(grad16)
 
-            def run(grad=grad):
-                grad.copy_(grad16)
-                fused(master, grad, m, v, param16, step_kernel, bc1, bc2)
-        else:
-
-            def run(grad=grad):
-                fused(master, grad, m, v, param16, step_kernel, bc1, bc2)
+        def run(source=source, writes_bf16=writes_bf16):
+            grad = grad16
+            if source == "fp32":
+                grad32.copy_(grad16)  # the grad hook's copy into the fp32 shard
+                grad = grad32
+            fused(master, grad, m, v, param16, step_into if writes_bf16 else step_then_copy, bc1, bc2)
 
         run()  # compiles; also the one step compared with the separate passes
         err = max(
@@ -148,9 +158,9 @@ def main() -> None:
 
     base = rows[0][1]
     print(f"numel {numel:.3g}, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print(f"{'variant':<46} {'ms':>8} {'B/param':>8} {'GB/s':>8} {'vs today':>9}")
+    print(f"{'variant':<56} {'ms':>8} {'B/param':>8} {'GB/s':>8} {'vs today':>9}")
     for name, ms, nbytes in rows:
-        print(f"{name:<46} {ms:8.2f} {nbytes:8d} {numel * nbytes / ms / 1e6:8.0f} {ms / base:8.2f}x")
+        print(f"{name:<56} {ms:8.2f} {nbytes:8d} {numel * nbytes / ms / 1e6:8.0f} {ms / base:8.2f}x")
 
 
 if __name__ == "__main__":
