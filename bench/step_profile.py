@@ -10,6 +10,9 @@ step's time measured with CUDA events outside the profiler (so profiling overhea
 below wall the GPU idled (launch gaps, host syncs) or kernels ran on two streams at once. The largest kernels are
 listed too.
 
+Each row also says how often per timed step the caching allocator called the driver (cudaMalloc / cudaFree of a
+segment, or a retry after emptying its cache): waits no kernel shows.
+
 "idle" is measured in the profiled steps themselves, so it does not depend on how much the profiler slows the
 kernels: the time per step in which no kernel, copy or fill runs on the GPU (the union of their intervals
 against the profiled span). The longest gaps are listed with the kernels on either side; with `--host` the steps
@@ -114,6 +117,24 @@ def gap_report(events: list, steps: int, top: int = 8, host: bool = False) -> di
     return {"idle_ms": idle_us / 1e3 / steps, "gaps": rows}
 
 
+ALLOCATOR_COUNTERS = {
+    # memory_stats() key (cumulative since the process started) -> what the row reports per timed step
+    "segment.all.allocated": "device_mallocs",
+    "segment.all.freed": "device_frees",
+    "num_alloc_retries": "alloc_retries",
+}
+
+
+def allocator_churn(before: dict, after: dict, steps: int) -> dict:
+    """Per step, how often the caching allocator went to the driver in the timed steps (torch.cuda.memory_stats
+    before and after them): cudaMalloc / cudaFree of whole segments and the retries after freeing its cache
+    (a cudaFree waits for the device). In steady state all three should be 0; anything else is a place where
+    the GPU may sit idle that no kernel shows."""
+    return {
+        name: (after.get(key, 0) - before.get(key, 0)) / steps for key, name in ALLOCATOR_COUNTERS.items()
+    }
+
+
 def profile_one(
     engine: str, size: str, steps: int, warmup: int, seq_len: int, micro_batch: int, host: bool = False
 ) -> dict:
@@ -127,12 +148,14 @@ def profile_one(
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     wall = []
+    before = torch.cuda.memory_stats()
     for b in batches[warmup : warmup + steps]:  # timed without the profiler
         start.record()
         step(b)
         end.record()
         torch.cuda.synchronize()
         wall.append(start.elapsed_time(end))
+    allocator = allocator_churn(before, torch.cuda.memory_stats(), steps)
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if host else [ProfilerActivity.CUDA]
     with profile(activities=activities, with_stack=host) as prof:
         for b in batches[warmup + steps :]:
@@ -159,6 +182,7 @@ def profile_one(
         "top_kernels_ms": [[name[:90], ms] for name, ms in top],
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
         "steps": steps,
+        "allocator": allocator,
         **gap_report(events, steps, host=host),
     }
 
@@ -185,6 +209,8 @@ def print_table(rows: list[dict]) -> None:
             print(f"\n{r['engine']}: largest kernels, ms per step")
             for name, ms in r["top_kernels_ms"][:8]:
                 print(f"  {ms:8.2f}  {name}")
+            churn = ", ".join(f"{k} {v:g}" for k, v in r["allocator"].items())
+            print(f"{r['engine']}: caching allocator per timed step: {churn}")
             print(
                 f"{r['engine']}: longest GPU idle gaps of {r['steps']} profiled steps (ms, between kernels)"
             )

@@ -134,3 +134,45 @@ def test_events_that_start_and_end_together_need_not_compare(step_profile):
     report = step_profile.gap_report([*twins, _Event("gemm", DeviceType.CUDA, 60, 70)], steps=1)
     assert report["idle_ms"] == pytest.approx(0.05)
     assert [(g["after"], g["before"]) for g in report["gaps"]] == [("memset", "gemm")]
+
+
+def test_allocator_churn_is_per_step_and_reads_missing_counters_as_zero(step_profile):
+    before = {"segment.all.allocated": 10, "segment.all.freed": 4, "num_alloc_retries": 0}
+    after = {"segment.all.allocated": 16, "segment.all.freed": 4}  # an older torch without retries
+    assert step_profile.allocator_churn(before, after, steps=3) == {
+        "device_mallocs": 2.0,
+        "device_frees": 0.0,
+        "alloc_retries": 0.0,
+    }
+
+
+def test_the_table_prints_a_row_its_profile_returns(step_profile, capsys):
+    # the keys profile_one returns, so a device call cannot end on a typo in the printing
+    row = {
+        "engine": "zl-z2",
+        "size": "1.3b",
+        "wall_ms": 295.1,
+        "busy_ms": 289.7,
+        "idle_ms": 7.5,
+        "by_category_ms": {"matmul": 165.6, "attention": 34.2},
+        "top_kernels_ms": [["nvjet_sm90_tst_256x128", 53.9]],
+        "peak_gib": 45.0,
+        "steps": 2,
+        "allocator": {"device_mallocs": 0.0, "device_frees": 0.0, "alloc_retries": 0.0},
+        "gaps": [
+            {
+                "ms": 3.1,
+                "after": "gemm",
+                "before": "FusedAdam",
+                "launched_by": "aten::x in a.py",
+                "launch_after_idle_ms": 2.9,
+            },
+            {"ms": 0.4, "after": "gemm", "before": "copy"},
+        ],
+    }
+    step_profile.print_table([row, {"engine": "torch", "error": "timed out"}])
+    out = capsys.readouterr().out
+    assert "zl-z2" in out and "295.1" in out and "7.5" in out
+    assert "launched +2.90 ms into the gap by aten::x in a.py" in out
+    assert "device_mallocs 0" in out
+    assert "torch" in out and "FAILED: timed out" in out
