@@ -1,4 +1,5 @@
-"""Stages 0/1/2 on CUDA with nccl: side-stream overlap, pinned CPU offload, fused optimizers, bf16.
+"""Stages 0/1/2 on CUDA with nccl: side-stream overlap, pinned CPU offload, fused optimizers (torch's, and the
+compiled fused step of optim/fused_step.py), bf16.
 
 Skipped without a GPU (CI is CPU-only; this runs on the GPU machine): 2 ranks when 2 GPUs exist, else one
 rank (collectives short-cut, but streams, fused CUDA kernels and pinned copies are real). Parity is against the same
@@ -33,6 +34,11 @@ NAMES = [
     "stage1_offload_overlap_step",
     "stage2_offload_overlap_step",
     "stage2_sgd_noclip",
+    # [Note: fused step]: the torch.compile'd chunk step (inductor on CUDA; eager on CPU elsewhere)
+    "stage0_fused_step",
+    "stage1_fused_step",
+    "stage2_fused_step",
+    "stage2_adam_fused_step",
 ]
 
 
@@ -77,6 +83,19 @@ def _cuda_cases(rank, world_size):
         engine.step()
         losses.append(float(loss.detach()))
     out["bf16_losses"] = losses
+    # the compiled fused step writes the bf16 params (or all-gather input) from the new master in one pass
+    fused = replace(bf16, optimizer=replace(bf16.optimizer, fused_step=True))
+    engine = Engine(Net(0), fused, device=device)
+    for _ in range(5):
+        loss = F.mse_loss(
+            engine(rank_rows(x, rank).to(device).bfloat16()).float(), rank_rows(y, rank).to(device)
+        )
+        engine.backward(loss)
+        engine.step()
+    master = dict(engine.full_state_dict(torch.float32))
+    out["fused_bf16_cast_exact"] = all(
+        torch.equal(p.cpu(), master[n].cpu().to(torch.bfloat16)) for n, p in engine.module.named_parameters()
+    )
     return out
 
 
@@ -92,3 +111,4 @@ def test_cuda_parity():
                 )
     for res in results:
         assert res["bf16_losses"][-1] < 0.5 * res["bf16_losses"][0]
+        assert res["fused_bf16_cast_exact"]

@@ -128,6 +128,7 @@ def options(
     overlap=None,
     prefetch=10**6,
     max_live=10**9,
+    fused_step=False,
 ):
     cpu = OffloadOptions(device="cpu" if offload else "none")
     return EngineOptions(
@@ -141,7 +142,9 @@ def options(
             offload_param=cpu,
             offload_optimizer=cpu,
         ),
-        optimizer=OptimizerOptions(name=optimizer, lr=1e-2, weight_decay=0.1, momentum=0.9),
+        optimizer=OptimizerOptions(
+            name=optimizer, lr=1e-2, weight_decay=0.1, momentum=0.9, fused_step=fused_step
+        ),
         gradient_clipping=clip,
         gradient_accumulation_steps=2,
     )
@@ -167,6 +170,8 @@ CASES = {
     # 0 = DeepSpeed's "no prefetch beyond the current unit" (axolotl's zero3 config).
     "max_live_tiny": (options(max_live=0), {}),
     # SGD without clipping is not invariant to the gradient's scale: catches a wrong average.
+    # [Note: fused step]: the chunks stepped by one pass (publishing the 16-bit shard stays a copy)
+    "fused_step": (options(persist=20, fused_step=True), {"ckpt": True}),
     "sgd_noclip": (options(optimizer="sgd", clip=0.0), {"twice": True}),
     "sgd_skip_checkpointing_persistent": (
         options(optimizer="sgd", clip=0.0, persist=20),

@@ -95,6 +95,7 @@ class FlatSharding(Sharding):
             ),
             device=self.master_device,
             rank=self.rank,
+            fused_step=options.optimizer.fused_step,
         )
         """fp32 master + optimizer state of this rank's shards (on the device, the host or nvme)."""
         buffers = self.flat_params.buffers
@@ -294,22 +295,43 @@ class FlatSharding(Sharding):
         (no all-gather, no staging copy)."""
         return self.stage == 0 or self.world_size == 1
 
-    def _send_chunk(self, c: int, master: torch.Tensor, outgoing: dict[int, torch.Tensor]) -> bool:
-        """Copy stepped chunk c to the device: into the params (direct) or into its bucket's compute-dtype
-        slice in `outgoing` (allocated on first use). Returns True when it was the bucket's last chunk.
+    def _chunk_destination(self, c: int, outgoing: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Where stepped chunk c goes on the device: its slice of the params (direct) or of its bucket's
+        compute-dtype all-gather input in `outgoing` (allocated on first use)."""
+        if self._params_written_directly():
+            return self._chunk_of_params(self.flat_params.buffers, c)
+        chunk = self.shards.chunks[c]
+        bucket = self.layout.buckets[chunk.owner]
+        if bucket.index not in outgoing:
+            outgoing[bucket.index] = torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
+        return outgoing[bucket.index][chunk.owner_offset : chunk.owner_offset + chunk.numel]
+
+    def _send_chunk(
+        self, c: int, master: torch.Tensor, outgoing: dict[int, torch.Tensor], *, written: bool = False
+    ) -> bool:
+        """Copy stepped chunk c to the device (`_chunk_destination`; `written`: the fused step wrote it
+        already). Returns True when it was its bucket's last chunk.
 
         copy_ across device and dtype at once: from pinned memory one async host->device copy and a cast on
         the device (6x faster than .to(device, dtype=...), which casts on the host)."""
+        if not written:
+            dst = self._chunk_destination(c, outgoing)
+            dst.copy_(master, non_blocking=self.shards.copy_may_overlap(master))
         chunk = self.shards.chunks[c]
-        bucket = self.layout.buckets[chunk.owner]
-        if self._params_written_directly():
-            dst = self._chunk_of_params(self.flat_params.buffers, c)
-        else:
-            if bucket.index not in outgoing:
-                outgoing[bucket.index] = torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
-            dst = outgoing[bucket.index][chunk.owner_offset : chunk.owner_offset + chunk.numel]
-        dst.copy_(master, non_blocking=self.shards.copy_may_overlap(master))
-        return chunk.owner_offset + chunk.numel == bucket.shard_numel
+        return chunk.owner_offset + chunk.numel == self.layout.buckets[chunk.owner].shard_numel
+
+    def _gathers_master_itself(self, c: int) -> bool:
+        """fp32 training without offload, params not written directly: a chunk that is its bucket's whole
+        shard is all-gathered from the resident master itself, no copy. (An nvme buffer is refilled while
+        the all-gather may still read it: that one is always copied.)"""
+        chunk = self.shards.chunks[c]
+        resident = self.shards.store is None and self.master_device == self.device
+        return (
+            not self._params_written_directly()
+            and resident
+            and self.dtype == torch.float32
+            and chunk.numel == self.layout.buckets[chunk.owner].shard_numel
+        )
 
     def _all_gather_bucket(self, index: int, src: torch.Tensor):
         """Start the all-gather of bucket `index` from this rank's updated slice; the work keeps `src` alive
@@ -323,22 +345,28 @@ class FlatSharding(Sharding):
         bucket as soon as its last chunk was sent ([Note: offload pipeline] in
         ../optim/shard_optimizer.py)."""
         direct = self._params_written_directly()
+        fused = self.shards.fused_step  # the step writes each chunk's destination itself
         outgoing: dict[int, torch.Tensor] = {}
         issued = []
 
-        def on_stepped(c: int, master: torch.Tensor) -> None:
-            chunk = self.shards.chunks[c]
-            bucket = self.layout.buckets[chunk.owner]
-            # fp32 training without offload: the resident master is what the others receive. (An nvme
-            # buffer is refilled while the all-gather may still read it: that one is always copied.)
-            resident = self.shards.store is None and master.device == self.device
-            if not direct and resident and master.dtype == self.dtype and chunk.numel == bucket.shard_numel:
-                issued.append(self._all_gather_bucket(bucket.index, master))
-                return
-            if self._send_chunk(c, master, outgoing) and not direct:
-                issued.append(self._all_gather_bucket(bucket.index, outgoing.pop(bucket.index)))
+        def publish_into(c: int) -> torch.Tensor | None:
+            return None if self._gathers_master_itself(c) else self._chunk_destination(c, outgoing)
 
-        self.shards.step(self.grad_shards, lr, on_stepped, grad_multiplier=grad_multiplier)
+        def on_stepped(c: int, master: torch.Tensor) -> None:
+            bucket = self.layout.buckets[self.shards.chunks[c].owner].index
+            if self._gathers_master_itself(c):
+                issued.append(self._all_gather_bucket(bucket, master))
+                return
+            if self._send_chunk(c, master, outgoing, written=fused) and not direct:
+                issued.append(self._all_gather_bucket(bucket, outgoing.pop(bucket)))
+
+        self.shards.step(
+            self.grad_shards,
+            lr,
+            on_stepped,
+            grad_multiplier=grad_multiplier,
+            publish_into=publish_into if fused else None,
+        )
         for pending in issued:
             pending.wait()
 

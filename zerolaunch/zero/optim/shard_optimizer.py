@@ -32,6 +32,7 @@ import torch
 
 from ..options import OffloadOptions, OptimizerOptions
 from . import host
+from .fused_step import adam_chunk_for, step_scalars
 from .nvme_store import SwapStore
 from .torch_optim import build_optimizer, state_kinds
 
@@ -93,9 +94,19 @@ class ShardOptimizer:
         *,
         device: torch.device,
         rank: int = 0,
+        fused_step: bool = False,
     ):
         """`device`: where a resident master lives (the accelerator, or the CPU when offloaded).
-        `chunks` must tile every group's [0, numel) exactly once; they are stepped in list order."""
+        `chunks` must tile every group's [0, numel) exactly once; they are stepped in list order.
+        `fused_step`: Adam / AdamW chunks are stepped by fused_step.adam_chunk, which also writes each
+        chunk's params when `step` is given `publish_into` ([Note: fused step]); needs a resident master."""
+        if fused_step and (options.name not in ("adam", "adamw") or offload_options.device != "none"):
+            raise ValueError(
+                f"the fused step is Adam / AdamW over a master on the device (optimizer {options.name!r}, "
+                f"offload_optimizer {offload_options.device!r})"
+            )
+        self.fused_step = fused_step
+        self._decoupled_decay = options.name == "adamw"
         self.kinds = state_kinds(options)
         self.counts_steps = options.name in ("adam", "adamw")
         """Adam keeps a step count (checkpointed as "step"); SGD keeps none, as torch's."""
@@ -192,13 +203,20 @@ class ShardOptimizer:
         *,
         grad_multiplier: torch.Tensor | None = None,
         order: Iterable[int] | None = None,
+        publish_into: Callable[[int], torch.Tensor | None] | None = None,
     ) -> None:
-        """Step every chunk with its slice of `grads` (the fp32 grad shards, on this device) at
-        its group's lr (`lr[group]`; one float: every group's), each grad first multiplied by `grad_multiplier` (a scalar tensor; None = 1). The grads may be
-        left scaled. on_stepped(chunk index, master view) runs after each chunk, while its view is valid.
-        `order`: the chunk indices in the order to step them (default: list order; each exactly once)."""
+        """Step every chunk with its slice of `grads` (the fp32 grad shards, on this device) at its group's lr
+        (`lr[group]`; one float: every group's), each grad first multiplied by `grad_multiplier` (a scalar
+        tensor; None = 1). The grads may be left scaled. on_stepped(chunk index, master view) runs after
+        each chunk, while its view is valid. `order`: the chunk indices in the order to step them (default:
+        list order; each exactly once). `publish_into(chunk index)`: with the fused step, a tensor of the
+        chunk's shape the step also writes the new master into (any dtype; None: none), before on_stepped."""
         if not isinstance(lr, list | tuple):
             lr = [float(lr)] * len(self._optimizers)
+        if self.fused_step:
+            self._step_fused(grads, lr, on_stepped, grad_multiplier, order, publish_into)
+            self.step_count += 1
+            return
         divisor = None
         if grad_multiplier is not None:
             multiplier = grad_multiplier.to(self.device, torch.float32).reshape(1)
@@ -212,6 +230,38 @@ class ShardOptimizer:
             self._step_chunk(chunk.group, views, grad, lr, divisor)
             on_stepped(c, views["master"])
         self.step_count += 1
+
+    def _step_fused(self, grads, lr, on_stepped, grad_multiplier, order, publish_into) -> None:
+        """The step of `step` through fused_step.adam_chunk ([Note: fused step]); each group's betas, eps and
+        weight decay are those of its torch optimizer's param group, so both paths read one source."""
+        kernel = adam_chunk_for(self.device)
+        multiplier = None
+        if grad_multiplier is not None:
+            multiplier = grad_multiplier.to(self.device, torch.float32).reshape(())
+        scalars: dict[int, tuple] = {}  # per group: lr and bias corrections of this step, made once
+        for c, views in self._views(order):
+            chunk = self.chunks[c]
+            group = self._optimizers[chunk.group].param_groups[0]
+            beta1, beta2 = group["betas"]
+            if chunk.group not in scalars:
+                scalars[chunk.group] = step_scalars(
+                    lr[chunk.group], beta1, beta2, self.step_count + 1, self.device
+                )
+            kernel(
+                views["master"],
+                grads.view(chunk.group, chunk.offset, chunk.numel),
+                views["exp_avg"],
+                views["exp_avg_sq"],
+                None if publish_into is None else publish_into(c),
+                multiplier,
+                *scalars[chunk.group],
+                beta1,
+                beta2,
+                group["eps"],
+                group["weight_decay"],
+                self._decoupled_decay,
+            )
+            on_stepped(c, views["master"])
 
     def _step_chunk(
         self, group: int, views: dict, grad: torch.Tensor, lr: Sequence[float], divisor: torch.Tensor | None
