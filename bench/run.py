@@ -54,10 +54,10 @@ ENGINES = {
     "zl-z2-compile": "zerolaunch ZeRO-2, each block's forward compiled as train.compile does, before the engine",
     "zl-z3-compile": "zerolaunch ZeRO-3, each block's forward compiled as train.compile does, before the engine",
     "zl-z2-compile-model": "zerolaunch ZeRO-2, the whole model's forward compiled (loss included), before the engine",
-    # [Note: fused step] (zero/optim/fused_step.py): not yet a recipe key, measured here first
-    "zl-z2-fused": "zl-z2 with optimizer.fused_step: each chunk's AdamW and its bf16 param copy as one compiled kernel",
-    "zl-z3-fused": "zl-z3 with optimizer.fused_step (the chunks' steps fused; stage 3 publishes with a copy)",
-    "zl-z2-compile-model-fused": "zl-z2-compile-model with optimizer.fused_step",
+    # [Note: fused step] (zero/optim/fused_step.py): an Engine argument, not yet an option; measured here first
+    "zl-z2-fused": "zl-z2 with Engine(fused_step=True): each chunk's AdamW and its bf16 param copy as one kernel",
+    "zl-z3-fused": "zl-z3 with Engine(fused_step=True) (the chunks' steps fused; stage 3 publishes with a copy)",
+    "zl-z2-compile-model-fused": "zl-z2-compile-model with Engine(fused_step=True)",
     "zl-train": "`zerolaunch train recipes/gpt-SIZE.yaml --gpus 1` (ZeRO-2): the built-in loop, its own data",
     "zl-train-compile": "the zl-train row with --set train.compile=true",
     "zl-train-compile-model": "the zl-train row with train.compile=true, train.compile_scope=model",
@@ -392,8 +392,6 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
             eng.step()
             return loss
     elif engine.startswith("zl-"):
-        from dataclasses import replace
-
         from zerolaunch.zero import Engine
         from zerolaunch.zero.options import (
             EngineOptions,
@@ -423,8 +421,6 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
             optimizer=OptimizerOptions(name="adamw", lr=lr, betas=(0.9, 0.95), weight_decay=0.1),
             gradient_clipping=1.0,
         )
-        if fused:
-            opts = replace(opts, optimizer=replace(opts.optimizer, fused_step=True))
         init_fn = None
         if stage == 3 and model_name != "gpt":
             from zerolaunch.models.hf import hf_stage3_units, meta_init_fn
@@ -446,7 +442,7 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
         elif engine.endswith("-compile-model"):
             # the forward as one graph (embedding, blocks, loss); the engine's grad hooks stay eager
             model.forward = torch.compile(model.forward, dynamic=False)
-        eng = Engine(model, opts, device=device, init_fn=init_fn)
+        eng = Engine(model, opts, device=device, init_fn=init_fn, fused_step=fused)
         parts = {"module": eng.module, "stepper": eng, "engine": eng}
 
         def step(b):

@@ -67,7 +67,7 @@ def test_the_shard_optimizer_refuses_what_the_fused_step_cannot_do(optimizer, of
 
     with pytest.raises(ValueError, match="the fused step is Adam / AdamW over a master on the device"):
         ShardOptimizer(
-            OptimizerOptions(name=optimizer, fused_step=True),
+            OptimizerOptions(name=optimizer),
             OffloadOptions(device=offload),
             [8],
             [0.0],

@@ -126,11 +126,6 @@ class OptimizerOptions:
     False = nanoGPT's split, no decay on 1-D params (biases, norm gains)."""
     momentum: float = 0.0
     """SGD only."""
-    fused_step: bool = False
-    """Adam / AdamW with the master on the device (no offload_optimizer; ShardOptimizer refuses others):
-    each chunk's step and the copy of its new master into the params run as one torch.compile'd kernel on
-    CUDA (optim/fused_step.py, [Note: fused step]). Not yet measured inside the engine, so no recipe or
-    DeepSpeed key sets it and option_rules.py has no rule for it (each rule there has a recipe key)."""
 
 
 SchedulerName = Literal["none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine"]

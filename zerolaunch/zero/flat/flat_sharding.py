@@ -95,7 +95,7 @@ class FlatSharding(Sharding):
             ),
             device=self.master_device,
             rank=self.rank,
-            fused_step=options.optimizer.fused_step,
+            fused_step=self.fused_step,
         )
         """fp32 master + optimizer state of this rank's shards (on the device, the host or nvme)."""
         buffers = self.flat_params.buffers

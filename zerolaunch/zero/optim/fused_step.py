@@ -13,7 +13,10 @@ fp32, so parity with torch.optim holds to fp32 rounding.
 Scalars that change from step to step (lr, the bias corrections, the gradient multiplier) are 0-dim tensors
 on the chunk's device, so one compiled kernel serves every step and every chunk size (dynamic shapes); betas,
 eps and weight decay are a group's constants. Off the accelerator the same function runs eagerly (tests).
-This module owns the arithmetic only; ShardOptimizer decides when it runs and what it writes.
+`Engine(fused_step=True)` turns it on (stages 0-2 write the params or all-gather input in the kernel; stage 3
+steps with it and publishes with its own copy). It is an argument, not an option, until measured inside the
+engine (bench/run.py's -fused rows): no recipe shows or sets it. This module owns the arithmetic only;
+ShardOptimizer decides when it runs and what it writes.
 """
 
 from __future__ import annotations

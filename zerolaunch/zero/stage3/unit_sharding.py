@@ -176,7 +176,7 @@ class UnitSharding(UnitStateMixin, Sharding):
             ),
             device=self.master_device,
             rank=self.rank,
-            fused_step=self.options.optimizer.fused_step,  # steps only: publishing stays a copy of its own
+            fused_step=self.fused_step,  # steps only: publishing stays a copy of its own
         )
         """fp32 master + optimizer state of this rank's shards (on the device, the host or nvme); under nvme
         construction writes each unit's master straight to the swap file, never holding all of it."""
