@@ -51,8 +51,13 @@ def init_deepspeed():
 
 
 def finish(rank: int, results, out_path) -> None:
-    """Rank 0 saves `results` to `out_path`; every rank waits for that, then leaves the group."""
+    """Rank 0 saves `results` to `out_path`; every rank waits for that, then leaves the group the way the
+    product's workers do (zero/comm.py destroy_default_group: the engines' reference cycles collected first,
+    a barrier, then destroy). Without the collection a DeepSpeed rank of _ds_parity_run.py aborted once at
+    exit ("terminate called without an active exception", 2026-12-05): engines still holding gloo work were
+    destroyed at interpreter finalization, after the group."""
+    from zerolaunch.zero.comm import destroy_default_group
+
     if rank == 0:
         torch.save(results, out_path)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    destroy_default_group(every_rank_finished=True)
