@@ -176,3 +176,18 @@ def test_the_table_prints_a_row_its_profile_returns(step_profile, capsys):
     assert "launched +2.90 ms into the gap by aten::x in a.py" in out
     assert "device_mallocs 0" in out
     assert "torch" in out and "FAILED: timed out" in out
+
+
+def test_gap_report_reads_a_real_profile(step_profile):
+    # a CPU-only profile (host ops with stacks, no device activity): the attributes gap_report reads exist on
+    # torch's own FunctionEvents, and with no kernel there is no span and so no idle time
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        x = torch.randn(64, 64)
+        (x @ x).sum()
+    events = prof.events()
+    assert events
+    assert step_profile.gap_report(events, steps=1, host=True) == {"idle_ms": 0.0, "gaps": []}
+    assert step_profile.launch_site(step_profile._ancestry(events[-1]))  # walks cpu_parent / stack
