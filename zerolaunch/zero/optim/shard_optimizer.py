@@ -215,8 +215,12 @@ class ShardOptimizer:
             lr = [float(lr)] * len(self._optimizers)
         if self.fused_step:
             self._step_fused(grads, lr, on_stepped, grad_multiplier, order, publish_into)
-            self.step_count += 1
-            return
+        else:
+            self._step_torch(grads, lr, on_stepped, grad_multiplier, order)
+        self.step_count += 1
+
+    def _step_torch(self, grads, lr, on_stepped, grad_multiplier, order) -> None:
+        """The step of `step` through the torch optimizer of each chunk's group (fused where it has one)."""
         divisor = None
         if grad_multiplier is not None:
             multiplier = grad_multiplier.to(self.device, torch.float32).reshape(1)
@@ -229,7 +233,6 @@ class ShardOptimizer:
                 grad.mul_(multiplier)
             self._step_chunk(chunk.group, views, grad, lr, divisor)
             on_stepped(c, views["master"])
-        self.step_count += 1
 
     def _step_fused(self, grads, lr, on_stepped, grad_multiplier, order, publish_into) -> None:
         """The step of `step` through fused_step.adam_chunk ([Note: fused step]); each group's betas, eps and
