@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -97,22 +98,53 @@ def _ancestry(op) -> list[str]:
     return names
 
 
-def gap_report(events: list, steps: int, top: int = 8, host: bool = False) -> dict:
-    """idle ms per step and the `top` longest gaps of a profile's events (see idle_gaps); with host activity
-    recorded (`host`), each gap also names the host frame that launched the kernel closing it and when,
-    relative to the start of the gap (a device event's linked_correlation_id is its host op's id)."""
+LAUNCH_CALL = re.compile(r"cu(da)?[A-Z]")
+"""A CUDA runtime or driver call on the host (cudaLaunchKernel, cuLaunchKernel for inductor's kernels,
+cudaMemcpyAsync, ...): the profiler gives it the CUPTI correlation id of the device work it queued, so a
+kernel's `id` finds its launch. (Not the kernel's linked_correlation_id, the op's id: torch 2.11, the device
+machine's, has no such attribute on its events.)"""
+
+
+def device_work(events: list) -> list:
+    """The events that are device work (kernels, copies, fills). torch also mirrors each record_function range
+    (e.g. "Optimizer.step#AdamW.step") onto the GPU timeline as a user annotation when host activity is
+    profiled; it spans kernels and the idle time between them, so it is neither a kernel nor busy time."""
     from torch.autograd import DeviceType
 
-    device = [e for e in events if e.device_type == DeviceType.CUDA]
-    idle_us, gaps = idle_gaps([(e.time_range.start, e.time_range.end, e) for e in device])
-    host_ops = {e.id: e for e in events if e.device_type == DeviceType.CPU} if host else {}
+    return [
+        e
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and getattr(e, "activity_type", "") != "gpu_user_annotation"
+    ]
+
+
+def _launched_by(launch) -> str:
+    """'<op> in <site>': the op that made the runtime call `launch` (its nearest aten:: ancestor, else the call
+    itself) and the project frame it came from (launch_site)."""
+    ancestry = _ancestry(launch)
+    op = next((name for name in ancestry if name.startswith("aten::")), launch.name)
+    return f"{op} in {launch_site(ancestry)}"
+
+
+def gap_report(events: list, steps: int, top: int = 8, host: bool = False) -> dict:
+    """idle ms per step and the `top` longest gaps of a profile's events (see idle_gaps); with host activity
+    recorded (`host`), each gap also names the host code that launched the device work closing it and when,
+    relative to the start of the gap (its runtime call: LAUNCH_CALL)."""
+    from torch.autograd import DeviceType
+
+    idle_us, gaps = idle_gaps([(e.time_range.start, e.time_range.end, e) for e in device_work(events)])
+    launches = {}
+    if host:
+        launches = {e.id: e for e in events if e.device_type == DeviceType.CPU and LAUNCH_CALL.match(e.name)}
     rows = []
     for start, length, before, after in gaps[:top]:
         row = {"ms": length / 1e3, "after": before.name[:70], "before": after.name[:70]}
-        op = host_ops.get(getattr(after, "linked_correlation_id", None))
-        if op is not None:
-            row["launched_by"] = f"{op.name} in {launch_site(_ancestry(op))}"
-            row["launch_after_idle_ms"] = (op.time_range.start - start) / 1e3
+        launch = launches.get(after.id)
+        if launch is not None:
+            row["launched_by"] = _launched_by(launch)
+            row["launch_after_idle_ms"] = (launch.time_range.start - start) / 1e3
         rows.append(row)
     return {"idle_ms": idle_us / 1e3 / steps, "gaps": rows}
 
@@ -161,14 +193,10 @@ def profile_one(
         for b in batches[warmup + steps :]:
             step(b)
         torch.cuda.synchronize()
-    from torch.autograd import DeviceType
-
     events = prof.events()
     by_category: dict[str, float] = {}
     by_kernel: dict[str, float] = {}
-    for evt in events:
-        if evt.device_type != DeviceType.CUDA:
-            continue  # host ops and runtime calls (their device time is their kernels', counted here)
+    for evt in device_work(events):  # host ops and runtime calls: their device time is their kernels'
         ms = evt.time_range.elapsed_us() / 1e3 / steps
         by_category[category(evt.name)] = by_category.get(category(evt.name), 0.0) + ms
         by_kernel[evt.name] = by_kernel.get(evt.name, 0.0) + ms

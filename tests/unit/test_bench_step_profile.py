@@ -97,23 +97,29 @@ class _Range:
 class _Event:
     """The FunctionEvent attributes gap_report reads (torch.autograd.profiler_util.FunctionEvent)."""
 
-    def __init__(self, name, device_type, start, end, id=0, linked=None, parent=None, stack=()):
+    def __init__(self, name, device_type, start, end, id=0, parent=None, stack=(), annotation=False):
         self.name, self.device_type, self.time_range = name, device_type, _Range(start, end)
-        self.id, self.linked_correlation_id, self.cpu_parent, self.stack = id, linked, parent, list(stack)
+        self.id, self.cpu_parent, self.stack = id, parent, list(stack)
+        self.is_user_annotation = annotation
 
 
 def test_gap_report_names_the_host_frame_that_launched_the_kernel_closing_each_gap(step_profile):
     from torch.autograd import DeviceType
 
     frame = _Event("zerolaunch/zero/engine.py(140): step", DeviceType.CPU, 0, 5000, id=1)
-    launch = _Event("aten::_fused_adamw_", DeviceType.CPU, 2300, 2310, id=7, parent=frame)
+    op = _Event("aten::_fused_adamw_", DeviceType.CPU, 2290, 2320, id=7, parent=frame)
+    # the runtime call shares the kernel's (CUPTI) correlation id; the op's id is another number space
+    launch = _Event("cudaLaunchKernel", DeviceType.CPU, 2300, 2310, id=42, parent=op)
     events = [
         frame,
+        op,
         launch,
-        _Event("gemm", DeviceType.CUDA, 0, 1000),
-        _Event("FusedAdamMathFunctor", DeviceType.CUDA, 2500, 2600, linked=7),  # 1.5 ms idle before it
-        _Event("gemm", DeviceType.CUDA, 2600, 3600),
-        _Event("gemm", DeviceType.CUDA, 3700, 4700),  # 0.1 ms idle, no host op recorded
+        _Event("gemm", DeviceType.CUDA, 0, 1000, id=40),
+        # a record_function range mirrored onto the GPU timeline: covers the gap, is not device work
+        _Event("Optimizer.step#AdamW.step", DeviceType.CUDA, 900, 2700, id=7, annotation=True),
+        _Event("FusedAdamMathFunctor", DeviceType.CUDA, 2500, 2600, id=42),  # 1.5 ms idle before it
+        _Event("gemm", DeviceType.CUDA, 2600, 3600, id=43),
+        _Event("gemm", DeviceType.CUDA, 3700, 4700, id=44),  # 0.1 ms idle, no launch recorded
     ]
     report = step_profile.gap_report(events, steps=2, top=8, host=True)
     assert report["idle_ms"] == pytest.approx((1500 + 100) / 1e3 / 2)
@@ -125,6 +131,32 @@ def test_gap_report_names_the_host_frame_that_launched_the_kernel_closing_each_g
     # without host activity the same gaps, with no launch sites
     plain = step_profile.gap_report(events, steps=2, top=8, host=False)
     assert plain["idle_ms"] == report["idle_ms"] and all("launched_by" not in g for g in plain["gaps"])
+
+
+def test_a_launch_outside_aten_is_named_by_its_runtime_call(step_profile):
+    from torch.autograd import DeviceType
+
+    # inductor's kernels are launched from Python through the driver, with no aten op around the call
+    frame = _Event("zerolaunch/zero/optim/fused_step.py(60): adam_chunk", DeviceType.CPU, 0, 900, id=3)
+    launch = _Event("cuLaunchKernel", DeviceType.CPU, 400, 410, id=9, parent=frame)
+    events = [
+        frame,
+        launch,
+        _Event("gemm", DeviceType.CUDA, 0, 100, id=8),
+        _Event("triton_poi_fused_0", DeviceType.CUDA, 500, 600, id=9),
+    ]
+    (gap,) = step_profile.gap_report(events, steps=1, host=True)["gaps"]
+    assert gap["launched_by"] == "cuLaunchKernel in zerolaunch/zero/optim/fused_step.py(60): adam_chunk"
+    assert gap["launch_after_idle_ms"] == pytest.approx(0.3)
+
+
+def test_user_annotations_on_the_gpu_timeline_are_not_device_work(step_profile):
+    from torch.autograd import DeviceType
+
+    kernel = _Event("gemm", DeviceType.CUDA, 0, 10)
+    annotation = _Event("Optimizer.step#AdamW.step", DeviceType.CUDA, 0, 50, annotation=True)
+    host = _Event("aten::mm", DeviceType.CPU, 0, 10)
+    assert step_profile.device_work([host, kernel, annotation]) == [kernel]
 
 
 def test_events_that_start_and_end_together_need_not_compare(step_profile):
