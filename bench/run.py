@@ -54,15 +54,16 @@ ENGINES = {
     "zl-z2-compile": "zerolaunch ZeRO-2, each block's forward compiled as train.compile does, before the engine",
     "zl-z3-compile": "zerolaunch ZeRO-3, each block's forward compiled as train.compile does, before the engine",
     "zl-z2-compile-model": "zerolaunch ZeRO-2, the whole model's forward compiled (loss included), before the engine",
-    # [Note: fused step] (zero/optim/fused_step.py): an Engine argument, not yet an option; measured here first
-    "zl-z2-fused": "zl-z2 with Engine(fused_step=True): each chunk's AdamW and its bf16 param copy as one kernel",
-    "zl-z3-fused": "zl-z3 with Engine(fused_step=True) (the chunks' steps fused; stage 3 publishes with a copy)",
-    "zl-z2-compile-model-fused": "zl-z2-compile-model with Engine(fused_step=True)",
+    # [Note: fused step] (zero/optim/fused_step.py): optimizer.fused_step, train.compile_optimizer in a recipe
+    "zl-z2-fused": "zl-z2 with optimizer.fused_step: each chunk's AdamW and its bf16 param copy as one kernel",
+    "zl-z3-fused": "zl-z3 with optimizer.fused_step (the chunks' steps fused; stage 3 publishes with a copy)",
+    "zl-z2-compile-model-fused": "zl-z2-compile-model with optimizer.fused_step (what train.compile gives)",
     "zl-train": "`zerolaunch train recipes/gpt-SIZE.yaml --gpus 1` (ZeRO-2): the built-in loop, its own data",
     "zl-train-compile": "the zl-train row with --set train.compile=true",
     "zl-train-compile-model": "the zl-train row with train.compile=true, train.compile_scope=model",
+    "zl-train-compile-model-unfused": "zl-train-compile-model with train.compile_optimizer=false (its default: true)",
 }
-TRAIN_PATH = ("zl-train", "zl-train-compile", "zl-train-compile-model")
+TRAIN_PATH = ("zl-train", "zl-train-compile", "zl-train-compile-model", "zl-train-compile-model-unfused")
 # --model: "gpt" is the built-in GPT at --sizes; the others are Hugging Face configs (recipes/hf-*.yaml's
 # model.args), one size each: (the size column's label, the config). bench.HF_MODELS is what a CPU check extends.
 HF_MODELS = {
@@ -223,10 +224,12 @@ def run_train_path(
         f"checkpoint.dir={ckpt_dir}",
         "checkpoint.keep=1",
     ]
-    if engine in ("zl-train-compile", "zl-train-compile-model"):
+    if engine.startswith("zl-train-compile"):
         sets.append("train.compile=true")
-    if engine == "zl-train-compile-model":
+    if engine.startswith("zl-train-compile-model"):
         sets.append("train.compile_scope=model")
+    if engine.endswith("-unfused"):
+        sets.append("train.compile_optimizer=false")
     sets += list(extra_sets)
     cmd = [sys.executable, "-m", "zerolaunch", "train", os.path.join(repo, "recipes", f"gpt-{size}.yaml")]
     cmd += [*workers, "--run-dir", run_dir] + [a for kv in sets for a in ("--set", kv)]
@@ -259,6 +262,7 @@ def run_train_path(
         "data_wait_ms": statistics.median(r.get("data_wait_ms") or 0.0 for r in timed),
         "compile_line": compile_line[-1] if compile_line else None,
         "train_rc": p.returncode,
+        "run_dir": run_dir,
         "tokens_per_step": micro_batch * seq_len,
         "flops_per_token": float(ref.flops_per_token(seq_len)),
         "n_params": ref.num_params(),
@@ -418,7 +422,9 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
                 offload_optimizer=off,
             ),
             precision=PrecisionOptions(dtype="bf16"),
-            optimizer=OptimizerOptions(name="adamw", lr=lr, betas=(0.9, 0.95), weight_decay=0.1),
+            optimizer=OptimizerOptions(
+                name="adamw", lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused_step=fused
+            ),
             gradient_clipping=1.0,
         )
         init_fn = None
@@ -442,7 +448,7 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
         elif engine.endswith("-compile-model"):
             # the forward as one graph (embedding, blocks, loss); the engine's grad hooks stay eager
             model.forward = torch.compile(model.forward, dynamic=False)
-        eng = Engine(model, opts, device=device, init_fn=init_fn, fused_step=fused)
+        eng = Engine(model, opts, device=device, init_fn=init_fn)
         parts = {"module": eng.module, "stepper": eng, "engine": eng}
 
         def step(b):

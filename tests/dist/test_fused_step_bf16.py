@@ -17,17 +17,17 @@ from zerolaunch.zero.options import EngineOptions, OptimizerOptions, PrecisionOp
 STEPS = 6
 
 
-def _opts(stage: int) -> EngineOptions:
+def _opts(stage: int, fused: bool) -> EngineOptions:
     return EngineOptions(
         zero=ZeroOptions(stage=stage, reduce_bucket_size=100, overlap_comm=True),
         precision=PrecisionOptions(dtype="bf16"),
-        optimizer=OptimizerOptions(lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95)),
+        optimizer=OptimizerOptions(lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), fused_step=fused),
         gradient_clipping=0.05,
     )
 
 
 def _train(rank: int, world_size: int, stage: int, fused: bool) -> dict:
-    engine = Engine(Net(0), _opts(stage), fused_step=fused)
+    engine = Engine(Net(0), _opts(stage, fused))
     cast_matches = []
     for step in range(STEPS):
         x, y = micro_batch(step, 0, world_size)

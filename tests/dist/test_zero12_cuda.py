@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from _spawn import run_ranks
 from _zero_models import Net, micro_batch, rank_rows, reference_weights
-from test_zero12_parity import CASES, STEPS, _options, fused
+from test_zero12_parity import CASES, STEPS, _options
 
 from zerolaunch.zero import Engine
 from zerolaunch.zero.optim import shard_optimizer
@@ -56,7 +56,7 @@ def _cuda_cases(rank, world_size):
     shard_optimizer.HOST_CHUNK_NUMEL = 7
     out = {}
     for name in NAMES:
-        engine = Engine(Net(seed=rank), _pinned(name), device=device, fused_step=fused(name))
+        engine = Engine(Net(seed=rank), _pinned(name), device=device)
         infos = []
         gas = engine.options.gradient_accumulation_steps
         for step in range(STEPS):
@@ -84,7 +84,7 @@ def _cuda_cases(rank, world_size):
         losses.append(float(loss.detach()))
     out["bf16_losses"] = losses
     # the compiled fused step writes the bf16 params (or all-gather input) from the new master in one pass
-    engine = Engine(Net(0), bf16, device=device, fused_step=True)
+    engine = Engine(Net(0), replace(bf16, optimizer=replace(bf16.optimizer, fused_step=True)), device=device)
     for _ in range(5):
         loss = F.mse_loss(
             engine(rank_rows(x, rank).to(device).bfloat16()).float(), rank_rows(y, rank).to(device)

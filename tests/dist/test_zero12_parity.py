@@ -41,6 +41,7 @@ def _options(
     bucket=100,
     clip=0.05,
     overlap_step=False,
+    fused_step=False,
 ):
     sched = SchedulerOptions(
         name=scheduler,
@@ -56,7 +57,9 @@ def _options(
             overlap_comm=overlap,
             offload_optimizer=OffloadOptions(device="cpu" if offload else "none", overlap_step=overlap_step),
         ),
-        optimizer=OptimizerOptions(name=optimizer, lr=1e-2, weight_decay=0.1, momentum=0.9),
+        optimizer=OptimizerOptions(
+            name=optimizer, lr=1e-2, weight_decay=0.1, momentum=0.9, fused_step=fused_step
+        ),
         scheduler=sched,
         gradient_clipping=clip,
         gradient_accumulation_steps=2,
@@ -91,20 +94,14 @@ CASES = {
     "stage1_WarmupDecayLR": _options(1, scheduler="WarmupDecayLR"),
     "stage2_WarmupCosineLR": _options(2, scheduler="WarmupCosineLR"),
     "stage0_cosine": _options(0, scheduler="cosine"),
-    # [Note: fused step] (Engine(fused_step=True): a case whose name says fused_step): one pass steps each
-    # chunk and writes its params (stage 0) or all-gather input; at two ranks in fp32 a chunk that is its
-    # bucket's whole shard is gathered from the master instead
-    "stage0_fused_step": _options(0),
-    "stage1_fused_step": _options(1),
-    "stage2_fused_step": _options(2, overlap=True),
-    "stage2_adam_fused_step": _options(2, optimizer="adam"),
-    "stage1_fused_step_WarmupDecayLR": _options(1, scheduler="WarmupDecayLR"),
+    # [Note: fused step]: one pass steps each chunk and writes its params (stage 0) or all-gather input; at
+    # two ranks in fp32 a chunk that is its bucket's whole shard is gathered from the master instead
+    "stage0_fused_step": _options(0, fused_step=True),
+    "stage1_fused_step": _options(1, fused_step=True),
+    "stage2_fused_step": _options(2, overlap=True, fused_step=True),
+    "stage2_adam_fused_step": _options(2, optimizer="adam", fused_step=True),
+    "stage1_fused_step_WarmupDecayLR": _options(1, scheduler="WarmupDecayLR", fused_step=True),
 }
-
-
-def fused(name: str) -> bool:
-    """Whether case `name` runs the engine with fused_step (the engine argument, not an option)."""
-    return "fused_step" in name
 
 
 def _train_cases(rank, world_size, names):
@@ -113,7 +110,7 @@ def _train_cases(rank, world_size, names):
     out = {}
     for name in names:
         model = Net(seed=rank)  # rank 0's weights must win
-        engine = Engine(model, CASES[name], fused_step=fused(name))
+        engine = Engine(model, CASES[name])
         infos = train_engine(engine, rank, world_size, STEPS)
         engine.settle()  # params are read below outside any forward
         out[name] = {
@@ -168,7 +165,7 @@ def test_parity_one_process_without_process_group():
     # no torch.distributed at all: the engine must still work (world size 1); the fused step then writes the
     # params themselves
     for name in ("stage1", "stage2_overlap", "stage1_fused_step", "stage2_adam_fused_step"):
-        engine = Engine(Net(0), replace(CASES[name]), fused_step=fused(name))
+        engine = Engine(Net(0), CASES[name])
         infos = train_engine(engine, 0, 1, STEPS)
         assert sum(i.stepped for i in infos) == STEPS
         _assert_like_one_process(engine, CASES[name], name)

@@ -10,6 +10,7 @@ Hugging Face. This module owns those rules; the engine options are assembled in 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any
@@ -290,6 +291,37 @@ def check_compile_scope(r: Resolver, train: TrainSection, engine: EngineOptions)
             "module's params from hooks inside the forward",
             "Use train.compile_scope: blocks, or turn overlap_step off",
         )
+
+
+def resolve_compile_optimizer(
+    r: Resolver, train: TrainSection, engine: EngineOptions
+) -> tuple[TrainSection, EngineOptions]:
+    """train.compile_optimizer -> engine.optimizer.fused_step ([Note: fused step], zero/optim/fused_step.py),
+    read once the engine options are built: its default depends on them. On by default with train.compile
+    and the inductor backend (the run compiles anyway, so a few seconds more buy ~1.5% of the step) when the
+    optimizer can run fused (Adam / AdamW, not offloaded); off otherwise, so an eager run never starts
+    compiling unasked. Set true where it cannot run: the engine's rule (zero/option_rules.py) names why."""
+    from zerolaunch.config.engine_options import check_engine_options
+
+    o = engine.optimizer
+    fusable = o.name in ("adam", "adamw") and engine.zero.offload_optimizer.device == "none"
+    compiling = train.compile and train.compile_backend == "inductor"
+    if compiling and fusable:
+        note = "on with train.compile: each chunk's AdamW and param write as one kernel"
+    elif compiling:
+        note = "off: " + (
+            "the fused step is Adam / AdamW's" if o.name not in ("adam", "adamw") else "offload_optimizer"
+        )
+    else:
+        note = "on by default only with train.compile (inductor)"
+    path = T + ("compile_optimizer",)
+    on = r.value("train.compile_optimizer", path, "bool", compiling and fusable, default_note=note)
+    r.record("engine.optimizer.fused_step", r.origins["train.compile_optimizer"], "= train.compile_optimizer")
+    if r.given(path):
+        r.paths["engine.optimizer.fused_step"] = path
+    engine = dataclasses.replace(engine, optimizer=dataclasses.replace(o, fused_step=on))
+    check_engine_options(r, engine)
+    return dataclasses.replace(train, compile_optimizer=on), engine
 
 
 def resolve_train(

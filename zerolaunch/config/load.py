@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from . import deepspeed as ds_vocab
-from .auto import check_compile_scope, resolve_train
+from .auto import check_compile_scope, resolve_compile_optimizer, resolve_train
 from .builders import check_builder_spec, import_builder
 from .engine_options import build_engine
 from .errors import RecipeError, did_you_mean
@@ -409,6 +409,7 @@ def load_recipe(
     train = resolve_train(r, stem, has_scheduler, optimizer)
     engine = build_engine(r, train)
     check_compile_scope(r, train, engine)
+    train, engine = resolve_compile_optimizer(r, train, engine)
     model, data, checkpoint, entrypoint = _sections(r, train, base_dir)
     if bare:
         r.notes["model.builder"] = (

@@ -103,6 +103,9 @@ class TrainSection:
     """torch.compile backend for train.compile: inductor, aot_eager or eager."""
     compile_scope: str = "blocks"
     """What train.compile compiles: blocks (each repeated block's forward) or model (the whole forward)."""
+    compile_optimizer: bool = False
+    """Adam / AdamW's step and the param write as one compiled kernel per chunk (engine.optimizer.fused_step);
+    when absent, on with train.compile (inductor) unless the optimizer is SGD or offloaded."""
     max_nonfinite_steps: int = 3
     """Stop the run (exit code 3) after this many optimizer steps in a row with a non-finite loss or grad
     norm; each such step is skipped, not applied. 0 = never stop (the steps are still skipped)."""

@@ -46,17 +46,12 @@ class Engine(EngineStateMixin):
         device: torch.device = torch.device("cpu"),
         init_fn=None,
         param_groups: list[dict] | None = None,
-        fused_step: bool = False,
     ):
         """param_groups: the client's optimizer groups (param_groups.client_groups); None = the default
         groups of options.optimizer (decay_1d). init_fn(module): stage 3 initializes a unit built on the
-        meta device with it (one unit is materialized at a time). fused_step: Adam / AdamW chunks stepped by
-        one compiled kernel that also writes the params ([Note: fused step] in optim/fused_step.py); an
-        argument, not an option, until it is measured inside the engine (bench/run.py's -fused rows), so no
-        recipe shows or sets it."""
+        meta device with it (one unit is materialized at a time)."""
         validate_options(options)
         self.options = options
-        self.fused_step = fused_step
         self.stage = options.zero.stage
         self.group = group
         self.device = torch.device(device)

@@ -84,6 +84,23 @@ def _optimizer(o: EngineOptions) -> tuple[str, str] | None:
     return None
 
 
+def _fused_step(o: EngineOptions) -> tuple[str, str] | None:
+    if not o.optimizer.fused_step:
+        return None
+    if o.optimizer.name not in ("adam", "adamw"):
+        return (
+            f"is on, but the fused step is Adam / AdamW's and the optimizer is {o.optimizer.name}",
+            "Turn it off, or use Adam or AdamW",
+        )
+    if o.zero.offload_optimizer.device != "none":
+        return (
+            "is on, but offload_optimizer steps on the CPU, where there is no kernel to fuse "
+            f"(device is {o.zero.offload_optimizer.device})",
+            "Turn it off, or remove offload_optimizer",
+        )
+    return None
+
+
 def _offload_optimizer(o: EngineOptions) -> tuple[str, str] | None:
     if o.zero.stage == 0 and o.zero.offload_optimizer.device != "none":
         return (
@@ -262,6 +279,7 @@ RULES: tuple[Rule, ...] = (
     *PRECISION_RULES,
     *SCHEDULER_RULES,
     Rule("zero.offload_optimizer", _offload_optimizer),
+    Rule("optimizer.fused_step", _fused_step),
     Rule("zero.offload_optimizer.overlap_step", _overlap_step),
     Rule("zero.offload_optimizer.device", _nvme_path("offload_optimizer")),
     Rule("zero.offload_param", _offload_param),

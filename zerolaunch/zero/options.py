@@ -126,6 +126,10 @@ class OptimizerOptions:
     False = nanoGPT's split, no decay on 1-D params (biases, norm gains)."""
     momentum: float = 0.0
     """SGD only."""
+    fused_step: bool = False
+    """Adam / AdamW only, optimizer on the device: each chunk's step and the write of its new values into the
+    params (or the all-gather input) as one compiled kernel ([Note: fused step], optim/fused_step.py); the
+    numerics of torch's fused AdamW. Recipes: train.compile_optimizer (on with train.compile)."""
 
 
 SchedulerName = Literal["none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine"]

@@ -51,7 +51,7 @@ class Sharding:
         self.dtype = engine.dtype
         self.comm_dtype = engine.comm_dtype
         self.master_device = engine.master_device
-        self.fused_step = engine.fused_step
+        self.fused_step = engine.options.optimizer.fused_step
 
     # ---- hooks around forward and backward (no-ops unless a strategy needs them) ---------------------
     def begin_forward(self) -> None:
