@@ -135,6 +135,15 @@ CASES: tuple[Case, ...] = (
         7,  # the line of device: cpu
         "stage 1, 2 or 3",
     ),
+    # [Note: fused step]: Adam / AdamW over a master on the device (offload: tests/e2e/test_compile_optimizer.py)
+    Case(
+        "optimizer.fused_step",
+        EngineOptions(optimizer=OptimizerOptions(name="sgd", fused_step=True)),
+        "train:\n  steps: 2\n  compile_optimizer: true\ndeepspeed:\n  optimizer:\n    type: SGD\n",
+        "train.compile_optimizer",
+        3,
+        "use Adam or AdamW",
+    ),
     Case(
         "zero.offload_optimizer.overlap_step",
         EngineOptions(
