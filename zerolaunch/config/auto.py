@@ -298,28 +298,28 @@ def resolve_compile_optimizer(
 ) -> tuple[TrainSection, EngineOptions]:
     """train.compile_optimizer -> engine.optimizer.fused_step ([Note: fused step], zero/optim/fused_step.py),
     read once the engine options are built: its default depends on them. On by default with train.compile
-    and the inductor backend (the run compiles anyway, so a few seconds more buy ~1.5% of the step) when the
-    optimizer can run fused (Adam / AdamW, not offloaded); off otherwise, so an eager run never starts
-    compiling unasked. Set true where it cannot run: the engine's rule (zero/option_rules.py) names why."""
+    and the inductor backend (the run compiles anyway: a few seconds more bought 1.3% of the compiled 1.3B step,
+    bench/RESULTS.md 2026-12-05 s33) where the optimizer can run fused (zero/option_rules.py why_not_fused);
+    off otherwise, so an eager run never starts compiling unasked. Set true where it cannot run: the engine's
+    rule names why, at the key's line."""
     from zerolaunch.config.engine_options import check_engine_options
+    from zerolaunch.zero.option_rules import why_not_fused
 
-    o = engine.optimizer
-    fusable = o.name in ("adam", "adamw") and engine.zero.offload_optimizer.device == "none"
+    blocker = why_not_fused(engine)
     compiling = train.compile and train.compile_backend == "inductor"
-    if compiling and fusable:
+    if compiling and blocker is None:
         note = "on with train.compile: each chunk's AdamW and param write as one kernel"
     elif compiling:
-        note = "off: " + (
-            "the fused step is Adam / AdamW's" if o.name not in ("adam", "adamw") else "offload_optimizer"
-        )
+        note = f"off: {blocker[0]}"
     else:
         note = "on by default only with train.compile (inductor)"
     path = T + ("compile_optimizer",)
-    on = r.value("train.compile_optimizer", path, "bool", compiling and fusable, default_note=note)
+    default = compiling and blocker is None
+    on = r.value("train.compile_optimizer", path, "bool", default, default_note=note)
     r.record("engine.optimizer.fused_step", r.origins["train.compile_optimizer"], "= train.compile_optimizer")
     if r.given(path):
         r.paths["engine.optimizer.fused_step"] = path
-    engine = dataclasses.replace(engine, optimizer=dataclasses.replace(o, fused_step=on))
+    engine = dataclasses.replace(engine, optimizer=dataclasses.replace(engine.optimizer, fused_step=on))
     check_engine_options(r, engine)
     return dataclasses.replace(train, compile_optimizer=on), engine
 

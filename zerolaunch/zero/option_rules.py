@@ -84,21 +84,29 @@ def _optimizer(o: EngineOptions) -> tuple[str, str] | None:
     return None
 
 
-def _fused_step(o: EngineOptions) -> tuple[str, str] | None:
-    if not o.optimizer.fused_step:
-        return None
+def why_not_fused(o: EngineOptions) -> tuple[str, str] | None:
+    """(why optimizer.fused_step cannot run with `o`, the fix) or None where it can: the config's default for
+    train.compile_optimizer asks this too, so the two never disagree."""
     if o.optimizer.name not in ("adam", "adamw"):
         return (
-            f"is on, but the fused step is Adam / AdamW's and the optimizer is {o.optimizer.name}",
-            "Turn it off, or use Adam or AdamW",
+            f"the fused step is Adam / AdamW's and the optimizer is {o.optimizer.name}",
+            "use Adam or AdamW",
         )
     if o.zero.offload_optimizer.device != "none":
         return (
-            "is on, but offload_optimizer steps on the CPU, where there is no kernel to fuse "
+            "offload_optimizer steps on the CPU, where there is no kernel to fuse "
             f"(device is {o.zero.offload_optimizer.device})",
-            "Turn it off, or remove offload_optimizer",
+            "remove offload_optimizer",
         )
     return None
+
+
+def _fused_step(o: EngineOptions) -> tuple[str, str] | None:
+    blocker = why_not_fused(o) if o.optimizer.fused_step else None
+    if blocker is None:
+        return None
+    why, fix = blocker
+    return f"is on, but {why}", f"Turn it off, or {fix}"
 
 
 def _offload_optimizer(o: EngineOptions) -> tuple[str, str] | None:
