@@ -4,7 +4,7 @@ through it with the losses of the unfused step.
 
 Covers: the default (on with train.compile and inductor; off without compile, with another backend, with SGD,
 with optimizer offload; each with its note), explicit true / false, exit-2 errors at the key's line, the
-resolved-JSON round trip, and 3 optimizer steps of the built-in loop at stages 0, 2 and 3 (fp32, world size 1,
+resolved-JSON round trip, a resume that switches it either way (continues the run exactly), and 3 optimizer steps of the built-in loop at stages 0, 2 and 3 (fp32, world size 1,
 in process; on the CPU the kernel runs eagerly). Leaves out: the compiled kernel (CUDA: test_zero12_cuda.py)
 and its speed (bench/run.py's -fused rows).
 """
@@ -23,13 +23,14 @@ pytestmark = pytest.mark.e2e
 TINY = {"builder": "zerolaunch.models.gpt:build", "args": {"size": "tiny", "vocab_size": 64, "seq_len": 16}}
 
 
-def _load(train=None, ds=None, run_dir="runs/x"):
+def _load(train=None, ds=None, run_dir="runs/x", steps=3, every=0):
     return load_recipe(
         {
             "model": TINY,
             "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
+            "checkpoint": {"every": every},
             "train": {
-                "steps": 3,
+                "steps": steps,
                 "micro_batch_size": 2,
                 "gradient_accumulation_steps": 2,
                 "lr": 1e-2,
@@ -110,8 +111,8 @@ def test_the_cli_exits_2_at_the_line_of_the_key(tmp_path):
     assert "line 3: `train.compile_optimizer` is on" in done.stderr and "Traceback" not in done.stderr
 
 
-def _ctx():
-    return RunContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), resume=None)
+def _ctx(resume=None):
+    return RunContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), resume=resume)
 
 
 @pytest.mark.parametrize(
@@ -141,3 +142,16 @@ def test_the_loop_steps_through_the_fused_kernel_with_the_unfused_losses(
     assert len(calls) >= 3  # at least one chunk in each of the 3 optimizer steps
     assert len(fused) == len(unfused) == 3
     torch.testing.assert_close(torch.tensor(fused), torch.tensor(unfused), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("first,then", [(True, False), (False, True)])
+def test_a_resume_may_switch_it_and_continues_the_same_run(group, tmp_path, first, then):
+    # moments, master and the step count (bias corrections) are the same state either way, so a run resumed
+    # with train.compile toggled (and with it this default) continues as if it had never switched
+    ds = {"zero_optimization": {"stage": 2}}
+    whole = run_training(_load({"compile_optimizer": then}, ds, tmp_path / "whole", steps=4), _ctx())
+    run_training(_load({"compile_optimizer": first}, ds, tmp_path / "first", steps=4, every=2), _ctx())
+    mid = tmp_path / "first" / "checkpoints" / "step_000002"
+    resumed = run_training(_load({"compile_optimizer": then}, ds, tmp_path / "then", steps=4), _ctx(str(mid)))
+    assert len(resumed) == 2
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(whole[2:]), rtol=1e-6, atol=0)
