@@ -4,8 +4,9 @@ through it with the losses of the unfused step.
 
 Covers: the default (on with train.compile and inductor; off without compile, with another backend, with SGD,
 with optimizer offload; each with its note), explicit true / false, exit-2 errors at the key's line, the
-resolved-JSON round trip, a resume that switches it either way (continues the run exactly), and 3 optimizer steps of the built-in loop at stages 0, 2 and 3 (fp32, world size 1,
-in process; on the CPU the kernel runs eagerly). Leaves out: the compiled kernel (CUDA: test_zero12_cuda.py)
+resolved-JSON round trip, a resume that switches it either way (continues the run exactly), and 3 optimizer
+steps of the built-in loop at stages 0, 2 and 3 (fp32, world size 1, in process; on the CPU the kernel runs
+eagerly). Leaves out: the compiled kernel (CUDA: test_zero12_cuda.py)
 and its speed (bench/run.py's -fused rows).
 """
 
