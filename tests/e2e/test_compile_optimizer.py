@@ -156,3 +156,16 @@ def test_a_resume_may_switch_it_and_continues_the_same_run(group, tmp_path, firs
     resumed = run_training(_load({"compile_optimizer": then}, ds, tmp_path / "then", steps=4), _ctx(str(mid)))
     assert len(resumed) == 2
     torch.testing.assert_close(torch.tensor(resumed), torch.tensor(whole[2:]), rtol=1e-6, atol=0)
+
+
+def test_the_first_step_line_says_the_optimizer_step_was_fused(group, tmp_path, capsys):
+    train = {"compile": True, "compile_backend": "aot_eager", "compile_optimizer": True}
+    run_training(_load(train, None, tmp_path / "run"), _ctx())
+    out = capsys.readouterr().out
+    assert (
+        "train.compile: 2 blocks compiled (aot_eager), optimizer step fused (uncompiled on the CPU); first step"
+        in out
+    )
+    # without train.compile on the CPU nothing is compiled, so there is no such line
+    run_training(_load({"compile_optimizer": True}, None, tmp_path / "eager"), _ctx())
+    assert "first step" not in capsys.readouterr().out

@@ -149,6 +149,24 @@ class Trainer:
             )
         return model
 
+    def _print_compiled(self, first_step_seconds: float) -> None:
+        """The first step's line when it included compiling: train.compile's blocks or forward, and the fused
+        optimizer step (train.compile_optimizer: compiled on CUDA, run as is on the CPU)."""
+        parts = []
+        if self.compiled:
+            parts.append(f"{self.compiled} compiled ({self.recipe.train.compile_backend})")
+        if self.recipe.engine.optimizer.fused_step:
+            on_cuda = self.ctx.device.type == "cuda"
+            parts.append("optimizer step fused" + (" (inductor)" if on_cuda else " (uncompiled on the CPU)"))
+            if not (on_cuda or self.compiled):
+                return  # nothing was compiled
+        if parts:
+            key = "train.compile" if self.compiled else "train.compile_optimizer"
+            print(
+                f"{key}: {', '.join(parts)}; first step {1000 * first_step_seconds:.0f} ms, compile included",
+                flush=True,
+            )
+
     def _build_reporter(self, first) -> StepReporter:
         recipe, ctx = self.recipe, self.ctx
         seq_tokens = tokens_in(first)
@@ -236,12 +254,8 @@ class Trainer:
         ctx = self.ctx
         loss_sums, mem_peaks, step_seconds = pending.read(ctx.world_size)
         step, fields = pending.step, pending.fields
-        if self.compiled and step == self.start_step + 1 and ctx.is_rank0:
-            print(
-                f"train.compile: {self.compiled} compiled ({self.recipe.train.compile_backend}); "
-                f"first step {1000 * step_seconds:.0f} ms, compile included",
-                flush=True,
-            )
+        if step == self.start_step + 1 and ctx.is_rank0:
+            self._print_compiled(step_seconds)
         rank_losses = [v / self.gas for v in loss_sums]
         mean_loss = sum(rank_losses) / ctx.world_size
         self.losses.append(mean_loss)
