@@ -152,20 +152,22 @@ class Trainer:
     def _print_compiled(self, first_step_seconds: float) -> None:
         """The first step's line when it included compiling: train.compile's blocks or forward, and the fused
         optimizer step (train.compile_optimizer: compiled on CUDA, run as is on the CPU)."""
+        fused = self.recipe.engine.optimizer.fused_step
+        fused_compiled = fused and self.ctx.device.type == "cuda"
+        if not (self.compiled or fused_compiled):
+            return  # nothing was compiled
         parts = []
         if self.compiled:
             parts.append(f"{self.compiled} compiled ({self.recipe.train.compile_backend})")
-        if self.recipe.engine.optimizer.fused_step:
-            on_cuda = self.ctx.device.type == "cuda"
-            parts.append("optimizer step fused" + (" (inductor)" if on_cuda else " (uncompiled on the CPU)"))
-            if not (on_cuda or self.compiled):
-                return  # nothing was compiled
-        if parts:
-            key = "train.compile" if self.compiled else "train.compile_optimizer"
-            print(
-                f"{key}: {', '.join(parts)}; first step {1000 * first_step_seconds:.0f} ms, compile included",
-                flush=True,
+        if fused:
+            parts.append(
+                f"optimizer step fused ({'inductor' if fused_compiled else 'uncompiled on the CPU'})"
             )
+        key = "train.compile" if self.compiled else "train.compile_optimizer"
+        print(
+            f"{key}: {', '.join(parts)}; first step {1000 * first_step_seconds:.0f} ms, compile included",
+            flush=True,
+        )
 
     def _build_reporter(self, first) -> StepReporter:
         recipe, ctx = self.recipe, self.ctx
