@@ -101,8 +101,8 @@ def _ancestry(op) -> list[str]:
 LAUNCH_CALL = re.compile(r"cu(da)?[A-Z]")
 """A CUDA runtime or driver call on the host (cudaLaunchKernel, cuLaunchKernel for inductor's kernels,
 cudaMemcpyAsync, ...): the profiler gives it the CUPTI correlation id of the device work it queued, so a
-kernel's `id` finds its launch. (Not the kernel's linked_correlation_id, the op's id: torch 2.11, the device
-machine's, has no such attribute on its events.)"""
+kernel's `id` finds its launch. (Not through the kernel's linked_correlation_id to its op: on the device
+machine's torch 2.11 that lookup found a launch for no gap at all, 2026-12-05.)"""
 
 
 def device_work(events: list) -> list:
