@@ -84,21 +84,23 @@ def _optimizer(o: EngineOptions) -> tuple[str, str] | None:
     return None
 
 
-def why_not_fused(o: EngineOptions) -> tuple[str, str] | None:
-    """(why optimizer.fused_step cannot run with `o`, the fix) or None where it can: the config's default for
-    train.compile_optimizer asks this too, so the two never disagree."""
-    if o.optimizer.name not in ("adam", "adamw"):
+def fused_step_blocker(optimizer: str, offload_device: str) -> tuple[str, str] | None:
+    """(why optimizer.fused_step cannot run with this optimizer and offload_optimizer.device, the fix) or None
+    where it can. The one statement of the condition: the engine's rule, the config's default for
+    train.compile_optimizer and ShardOptimizer's own guard all ask it, so they never disagree."""
+    if optimizer not in ("adam", "adamw"):
+        return f"the fused step is Adam / AdamW's and the optimizer is {optimizer}", "use Adam or AdamW"
+    if offload_device != "none":
         return (
-            f"the fused step is Adam / AdamW's and the optimizer is {o.optimizer.name}",
-            "use Adam or AdamW",
-        )
-    if o.zero.offload_optimizer.device != "none":
-        return (
-            "offload_optimizer steps on the CPU, where there is no kernel to fuse "
-            f"(device is {o.zero.offload_optimizer.device})",
+            f"offload_optimizer steps on the CPU, where there is no kernel to fuse (device is {offload_device})",
             "remove offload_optimizer",
         )
     return None
+
+
+def why_not_fused(o: EngineOptions) -> tuple[str, str] | None:
+    """fused_step_blocker of the options `o`."""
+    return fused_step_blocker(o.optimizer.name, o.zero.offload_optimizer.device)
 
 
 def _fused_step(o: EngineOptions) -> tuple[str, str] | None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..option_rules import fused_step_blocker
 from ..options import OffloadOptions, OptimizerOptions
 from . import host
 from .fused_step import adam_chunk_for, step_scalars
@@ -100,11 +101,9 @@ class ShardOptimizer:
         `chunks` must tile every group's [0, numel) exactly once; they are stepped in list order.
         `fused_step`: Adam / AdamW chunks are stepped by fused_step.adam_chunk, which also writes each
         chunk's params when `step` is given `publish_into` ([Note: fused step]); needs a resident master."""
-        if fused_step and (options.name not in ("adam", "adamw") or offload_options.device != "none"):
-            raise ValueError(
-                f"the fused step is Adam / AdamW over a master on the device (optimizer {options.name!r}, "
-                f"offload_optimizer {offload_options.device!r})"
-            )
+        blocker = fused_step_blocker(options.name, offload_options.device) if fused_step else None
+        if blocker is not None:
+            raise ValueError(f"the fused step is Adam / AdamW over a master on the device: {blocker[0]}")
         self.fused_step = fused_step
         self._decoupled_decay = options.name == "adamw"
         self.kinds = state_kinds(options)
