@@ -17,7 +17,7 @@ from _spawn import run_ranks
 from _zero_models import Net, micro_batch, rank_rows, reference_weights
 from test_zero12_parity import CASES, STEPS, _options
 
-from zerolaunch.zero import Engine
+from zerolaunch.zero import Engine, plan
 from zerolaunch.zero.optim import shard_optimizer
 from zerolaunch.zero.options import PrecisionOptions
 
@@ -95,6 +95,23 @@ def _cuda_cases(rank, world_size):
     out["fused_bf16_cast_exact"] = all(
         torch.equal(p.cpu(), master[n].cpu().to(torch.bfloat16)) for n, p in engine.module.named_parameters()
     )
+    # [Note: compute-dtype grads]: at world size 1 that engine kept its grads in bf16 and the compiled kernel
+    # upcast them; the same run with fp32 grad shards forced must give the same master
+    out["compute_dtype_grads"] = engine.sharding.grad_shards.narrow_dtype is not None
+    if world_size == 1:
+        plan.grads_in_compute_dtype, kept = (lambda *a: False), plan.grads_in_compute_dtype
+        try:
+            wide = Engine(Net(0), replace(bf16, optimizer=replace(bf16.optimizer, fused_step=True)), device=device)
+        finally:
+            plan.grads_in_compute_dtype = kept
+        for _ in range(5):
+            loss = F.mse_loss(
+                wide(rank_rows(x, rank).to(device).bfloat16()).float(), rank_rows(y, rank).to(device)
+            )
+            wide.backward(loss)
+            wide.step()
+        out["fp32_grads_master"] = {n: t.cpu() for n, t in wide.full_state_dict(torch.float32)}
+        out["bf16_grads_master"] = {n: t.cpu() for n, t in master.items()}
     return out
 
 
@@ -111,3 +128,8 @@ def test_cuda_parity():
     for res in results:
         assert res["bf16_losses"][-1] < 0.5 * res["bf16_losses"][0]
         assert res["fused_bf16_cast_exact"]
+        assert res["compute_dtype_grads"] is (world_size == 1)
+        if world_size == 1:
+            for n, w in res["fp32_grads_master"].items():
+                # the same values; the grad norm's reduction over bf16 or fp32 inputs may round differently
+                torch.testing.assert_close(res["bf16_grads_master"][n], w, rtol=1e-6, atol=1e-7, msg=n)

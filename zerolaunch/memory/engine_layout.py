@@ -3,7 +3,7 @@
 This module owns only the adaptation of a model shape's specs to the engine's planning functions: the
 default param groups (`plan.default_group`), the stage 0-2 layout (`plan.flat_layout`: reverse registration
 order, one rank for stage 0), a stage-3 unit's layout (`plan.unit_layout`), the world-size-1 direct path
-(`plan.accumulates_directly`) and the stage-2 staging buffer count (`plan.stage2_staging_buffers`, which
+(`plan.accumulates_directly`, `plan.grads_in_compute_dtype`) and the stage-2 staging buffer count (`plan.stage2_staging_buffers`, which
 drives `plan.StagingPool`, the policy object flat.BackwardReducer itself asks). The engine calls the
 same functions, so nothing here restates an engine choice; tests/unit/test_memory_engine.py still holds the
 bytes equal to a real Engine.
@@ -35,6 +35,11 @@ def accumulates_directly(
 ) -> bool:
     """The engine's world-size-1 direct path, for one micro-step per window (what the estimate assumes)."""
     return plan.accumulates_directly(stage, world_size, offload != "none", dtype, comm_dtype or "fp32", 1)
+
+
+def grads_in_compute_dtype(direct: bool, dtype: str, fused_step: bool) -> bool:
+    """The direct path's grad shard in the compute dtype, for one micro-step per window (plan.py)."""
+    return plan.grads_in_compute_dtype(direct, dtype, 1, fused_step)
 
 
 def shard_numel(lay) -> int:

@@ -59,6 +59,9 @@ class Setup:
     stage3_max_reuse_distance: int = 0
     """The engine's default (0: every unit freed after its forward); DeepSpeed's is 1e9."""
     nvme_buffer_count: int = 4
+    fused_step: bool = False
+    """The engine's `optimizer.fused_step` (train.compile_optimizer): with one rank, no offload and a 16-bit
+    model, the grad shard is held in the compute dtype ([Note: compute-dtype grads] in zero/grad_shards.py)."""
     gpu_memory_bytes: int | None = None
     cpu_memory_bytes: int | None = None
     """Host RAM per node; when known, a row also has to fit there."""
@@ -224,15 +227,17 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     # flat_params.buffers (padded, compute dtype) + frozen params, cast to the compute dtype by model.to().
     gpu["params"] = b * lay.padded_numel + b * shape.frozen_numel
     # master, fp32 grad shard and optimizer state all live on the master device (the host when offloaded).
-    states = gpu if offload == "none" else host
-    states["master"] = 4 * shard
-    states["grads"] = 4 * shard
-    # the step count shared by every element is a Python int (zero/optim/shard_optimizer.py), not a tensor.
-    states["optimizer"] = 4 * shard * setup.optimizer_state_tensors
     # zero/flat/reducer.py [Note: world size 1]: one rank, no offload and a comm dtype that rounds nothing:
     # grads go straight into the fp32 shard (no full grads, staging or reduce copies; stages 0/1 as the engine
-    # does for one micro-step per window, which is what this estimate assumes).
+    # does for one micro-step per window, which is what this estimate assumes), in the compute dtype with the
+    # fused step ([Note: compute-dtype grads] in zero/grad_shards.py).
     direct = el.accumulates_directly(stage, world, offload, setup.dtype, setup.communication_dtype)
+    grad_bytes = b if el.grads_in_compute_dtype(direct, setup.dtype, setup.fused_step) else 4
+    states = gpu if offload == "none" else host
+    states["master"] = 4 * shard
+    states["grads"] = grad_bytes * shard
+    # the step count shared by every element is a Python int (zero/optim/shard_optimizer.py), not a tensor.
+    states["optimizer"] = 4 * shard * setup.optimizer_state_tensors
     if direct:
         reduce_transient = 0
     elif stage in (0, 1):
@@ -256,7 +261,7 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     # the flat step (zero/flat/flat_sharding.py) keeps every bucket's compute-dtype copy of its master slice
     # until all gathers land; stage 0 and world size 1 write the params in place.
     publish_transient = 0 if stage == 0 or world == 1 else b * shard
-    released = 4 * shard if offload == "none" else 0
+    released = grad_bytes * shard if offload == "none" else 0
     # written from the backward hooks (direct, stage 2) or only by the step's reduction (stages 0/1). Under the
     # peak just after the loss only the first segments backward writes are held: a layer's weight and bias
     # open one in each param group, so the largest segment of each group stands for them (the others are
@@ -265,7 +270,7 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     first = sum(
         max((g.numel for g in segments if g.group == k), default=0) for k in {g.group for g in segments}
     )
-    in_backward = 4 * first if released and (direct or stage == 2) else 0
+    in_backward = grad_bytes * first if released and (direct or stage == 2) else 0
     return gpu, host, max(reduce_transient, publish_transient), released, in_backward
 
 
@@ -526,4 +531,5 @@ def setup_fields_from_engine(options) -> dict:
         "stage3_max_live_parameters": z.stage3_max_live_parameters,
         "stage3_max_reuse_distance": z.stage3_max_reuse_distance,
         "nvme_buffer_count": z.offload_optimizer.buffer_count,
+        "fused_step": o.fused_step,
     }

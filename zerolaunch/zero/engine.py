@@ -138,7 +138,9 @@ class Engine(EngineStateMixin):
         device_sq, loss_nonfinite = self.sharding.finish_window(loss_nonfinite, backwards)
         loss_scale = self.scaler.scale
         scaling = check_and_scale(
-            device_sq if device_sq is not None else sum_of_squares(self.sharding.grad_shards.tensors),
+            device_sq
+            if device_sq is not None
+            else sum_of_squares(self.sharding.grad_shards.window_tensors()),
             self.group,
             sharded=self.stage > 0,
             loss_scale=loss_scale,

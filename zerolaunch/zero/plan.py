@@ -78,6 +78,16 @@ def accumulates_directly(
     return stage >= 2 or dtype == "fp32" or gradient_accumulation_steps == 1
 
 
+def grads_in_compute_dtype(
+    direct: bool, dtype: str, gradient_accumulation_steps: int, fused_step: bool
+) -> bool:
+    """[Note: compute-dtype grads] in zero/grad_shards.py: the direct path keeps a 16-bit window's grads in the
+    compute dtype, when the window is one micro-step (nothing to accumulate: the fp32 copy would be the exact
+    upcast of what the step reads) and the step is the fused one (which upcasts in its kernel; torch's fused
+    AdamW wants grads in the master's dtype). Dtypes by name (protocol.DTYPES)."""
+    return direct and dtype != "fp32" and gradient_accumulation_steps == 1 and fused_step
+
+
 def gathers_from_master(offload_optimizer: str, offload_param: str) -> bool:
     """Stage 3 keeps no compute-dtype shard when the fp32 master and the units' shards both stay on the
     compute device (offload devices by name: "none", "cpu", "nvme"): a unit's gather casts its fp32 master

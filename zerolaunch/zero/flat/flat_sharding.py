@@ -73,7 +73,17 @@ class FlatSharding(Sharding):
         # on the compute device each segment is freed after the step and re-allocated at its first write in
         # backward ([Note: released grad shards] in ../grad_shards.py)
         self.grad_shards = GradShards(
-            shard_numels, segments, self.master_device, pin=pin, releasable=offload_device == "none"
+            shard_numels,
+            segments,
+            self.master_device,
+            pin=pin,
+            releasable=offload_device == "none",
+            # [Note: compute-dtype grads]: one micro-step's 16-bit grads, read by the fused step as they are
+            narrow_dtype=self.dtype
+            if plan.grads_in_compute_dtype(
+                direct, options.precision.dtype, options.gradient_accumulation_steps, self.fused_step
+            )
+            else None,
         )
         # the sum of squares for the norm is taken from the reduced grads on the device while they are
         # still there, when those are the window's final values: saves a pass over the host shards.

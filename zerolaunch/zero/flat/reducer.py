@@ -311,8 +311,9 @@ class DirectAccumulator:
     micro-step is zeroed at its end, as the zeroed staging bucket would have written. (For a 16-bit model
     with gradient accumulation, stages 0/1 thereby accumulate in fp32 as stage 2 does, not in the compute
     dtype; the engine takes this path for stages 0/1 only where that is exact: fp32 or one micro-step.)
-    It needs the shards on the compute device (no offload): per-param host copies would be slow.
-    The interface is BackwardReducer's.
+    It needs the shards on the compute device (no offload): per-param host copies would be slow. With one
+    micro-step per window a 16-bit model's grads stay in the compute dtype (GradShards.write, [Note:
+    compute-dtype grads] in ../grad_shards.py). The interface is BackwardReducer's.
     """
 
     def __init__(self, layout: Layout, shards: GradShards):
@@ -322,8 +323,7 @@ class DirectAccumulator:
         grad shards]): backward then allocates them one segment at a time, in the order it frees
         activations."""
         starts = [layout.bucket_shard_offset(layout.buckets[s.bucket]) + s.offset for s in layout.params]
-        self._views = [shards.view(s.group, a, s.numel) for s, a in zip(layout.params, starts, strict=True)]
-        self._segment = [shards.index_of(s.group, a) for s, a in zip(layout.params, starts, strict=True)]
+        self._slices = [shards.slice(s.group, a, s.numel) for s, a in zip(layout.params, starts, strict=True)]
         self._index = {slot.name: i for i, slot in enumerate(layout.params)}
         self._window = [GradWindow.FRESH] * len(layout.params)
         self._seen_this_backward = False
@@ -334,20 +334,15 @@ class DirectAccumulator:
 
     def hook_for(self, slot: ParamSlot):
         index = self._index[slot.name]
-        dst = self._views[index]
-        segment = self._segment[index]
+        dst = self._slices[index]
 
         def on_grad_ready(param: torch.Tensor) -> None:
             if param.grad is None:
                 return
             self._seen_this_backward = True
-            self.shards.ensure(segment)
-            with torch.no_grad():
-                if self._window[index] is GradWindow.FRESH:
-                    dst.copy_(param.grad.reshape(-1))
-                    self._window[index] = GradWindow.ACCUMULATING
-                else:
-                    dst.add_(param.grad.reshape(-1))
+            accumulate = self._window[index] is GradWindow.ACCUMULATING
+            self.shards.write(dst, param.grad.reshape(-1), accumulate=accumulate)
+            self._window[index] = GradWindow.ACCUMULATING
             param.grad = None  # released: the shard holds it now
 
         return on_grad_ready
@@ -355,12 +350,10 @@ class DirectAccumulator:
     def finish_backward(self) -> None:
         """A param without a gradient in the window so far counts as zero (its slice may hold the last
         window's values: the shards are not zeroed after a step)."""
-        with torch.no_grad():
-            for index, window in enumerate(self._window):
-                if window is GradWindow.FRESH:
-                    self.shards.ensure(self._segment[index])
-                    self._views[index].zero_()
-                    self._window[index] = GradWindow.ACCUMULATING
+        for index, window in enumerate(self._window):
+            if window is GradWindow.FRESH:
+                self.shards.zero(self._slices[index])
+                self._window[index] = GradWindow.ACCUMULATING
         self._seen_this_backward = False
 
     def take_grad_sq(self) -> None:

@@ -46,10 +46,12 @@ def adam_chunk(
     decoupled: bool,
 ) -> None:
     """One Adam (decoupled=False: L2 decay added to the grad) or AdamW step of `master` in place, its moments
-    updated in place, and `out` (any dtype, master's shape; None: nothing) set to the new master. `grad` is
-    read only (its values times `multiplier`, None = 1: unscaling and clipping)."""
-    # the order of torch's fused kernel (aten/src/ATen/native/cuda/fused_adam_utils.cuh), term by term
-    g = grad if multiplier is None else grad * multiplier
+    updated in place, and `out` (any dtype, master's shape; None: nothing) set to the new master. `grad` (fp32
+    or 16-bit) is read only (its values times `multiplier`, None = 1: unscaling and clipping)."""
+    # the order of torch's fused kernel (aten/src/ATen/native/cuda/fused_adam_utils.cuh), term by term, in
+    # fp32: a 16-bit grad ([Note: compute-dtype grads] in ../grad_shards.py) is upcast first, exactly
+    g = grad.to(torch.float32)
+    g = g if multiplier is None else g * multiplier
     if weight_decay != 0.0:
         if decoupled:
             master.sub_(lr * weight_decay * master)

@@ -204,9 +204,10 @@ class ShardOptimizer:
         order: Iterable[int] | None = None,
         publish_into: Callable[[int], torch.Tensor | None] | None = None,
     ) -> None:
-        """Step every chunk with its slice of `grads` (the fp32 grad shards, on this device) at its group's lr
-        (`lr[group]`; one float: every group's), each grad first multiplied by `grad_multiplier` (a scalar
-        tensor; None = 1). The grads may be left scaled. on_stepped(chunk index, master view) runs after
+        """Step every chunk with its slice of `grads` (the grad shards on this device: fp32, or 16-bit for the
+        fused step, [Note: compute-dtype grads]) at its group's lr (`lr[group]`; one float: every group's),
+        each grad first multiplied by `grad_multiplier` (a scalar tensor; None = 1). The grads may be left
+        scaled. on_stepped(chunk index, master view) runs after
         each chunk, while its view is valid. `order`: the chunk indices in the order to step them (default:
         list order; each exactly once). `publish_into(chunk index)`: with the fused step, a tensor of the
         chunk's shape the step also writes the new master into (any dtype; None: none), before on_stepped."""
@@ -227,7 +228,9 @@ class ShardOptimizer:
             divisor = (1.0 / multiplier) if self._fused else None
         for c, views in self._views(order):
             chunk = self.chunks[c]
-            grad = grads.view(chunk.group, chunk.offset, chunk.numel)
+            grad = grads.window_view(chunk.group, chunk.offset, chunk.numel)
+            if grad.dtype != torch.float32:  # plan.grads_in_compute_dtype asks for the fused step
+                raise AssertionError("torch's optimizers step fp32 grad shards only")
             if grad_multiplier is not None and divisor is None:
                 grad.mul_(multiplier)
             self._step_chunk(chunk.group, views, grad, lr, divisor)
@@ -251,7 +254,7 @@ class ShardOptimizer:
                 )
             kernel(
                 views["master"],
-                grads.view(chunk.group, chunk.offset, chunk.numel),
+                grads.window_view(chunk.group, chunk.offset, chunk.numel),
                 views["exp_avg"],
                 views["exp_avg_sq"],
                 None if publish_into is None else publish_into(c),

@@ -76,10 +76,11 @@ def _sum_of_squares(g: torch.Tensor) -> torch.Tensor:
     for 353M fp32 elements on 16 cores), which dominates an offloaded step; dot per 1M-element chunk keeps
     fp32 rounding local to a chunk and sums the chunks in fp64.
     """
-    if g.device.type != "cpu" or g.dtype != torch.float32:
+    if g.device.type != "cpu":
         return torch.linalg.vector_norm(g, dtype=torch.float32) ** 2
     total = torch.zeros((), dtype=torch.float64)
     for chunk in g.split(_CPU_CHUNK_NUMEL):
+        chunk = chunk.float()  # a 16-bit shard ([Note: compute-dtype grads]): the fp32 shard's very sum
         total += torch.dot(chunk, chunk)
     return total.float()
 
