@@ -3,7 +3,7 @@
 Tests ([Note: compute-dtype grads] in zero/grad_shards.py): (1) the engine takes the mode exactly there
 (plan.grads_in_compute_dtype: not for fp32, accumulation, the torch step or more than one rank); (2) values:
 the weights and grad norms equal, bit for bit (atol=0), the same engine with fp32 grad shards (the mode forced
-off), for stages 0-2, bf16 and fp16 (loss scaling, an overflowing step skipped), clipping active and a param
+off), for stages 0-3, bf16 and fp16 (loss scaling, an overflowing step skipped), clipping active and a param
 without a gradient in a step; (3) a caller-set boundary with several backwards per window sums them in fp32
 (the segments promoted), again bit for bit, and the next window starts in the compute dtype; (4) memory: the
 engine reports and holds 2 bytes of grads per element where it held 4; (5) GradShards' contract in the mode;
@@ -60,6 +60,8 @@ def _window_dtypes(engine) -> set[torch.dtype]:
         (2, "bf16", 1, True, True),
         (0, "fp16", 1, True, True),
         (1, "bf16", 1, True, True),
+        (3, "bf16", 1, True, True),
+        (3, "fp16", 2, True, False),
         (2, "fp32", 1, True, False),  # fp32 grads are what the step reads anyway
         (2, "bf16", 2, True, False),  # micro-steps are summed in fp32
         (2, "bf16", 1, False, False),  # torch's fused AdamW wants grads in the master's dtype
@@ -107,7 +109,7 @@ def _train(options, *, narrow: bool, monkeypatch, steps=4, boundaries=None, skip
     return weights, master, infos, engine
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_weights_are_the_fp32_grad_paths_bit_for_bit(stage, dtype, monkeypatch):
     options = _options(stage, dtype)
@@ -139,7 +141,7 @@ def test_an_fp16_overflow_is_skipped_as_with_fp32_grads(monkeypatch):
         torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
 
 
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_several_backwards_per_window_sum_in_fp32(stage, monkeypatch):
     options = _options(stage, "bf16")
     want, want_master, want_infos, _ = _train(options, narrow=False, monkeypatch=monkeypatch, boundaries=3)
@@ -159,11 +161,13 @@ def test_several_backwards_per_window_sum_in_fp32(stage, monkeypatch):
     eng.step()
 
 
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_two_bytes_of_grads_per_element(stage):
     engine = Engine(Net(0), _options(stage))
-    padded = sum(b.numel() for b in engine.sharding.flat_params.buffers)
     shards = engine.sharding.grad_shards
+    padded = sum(s.numel for s in shards.segments)
+    if stage < 3:
+        assert padded == sum(b.numel() for b in engine.sharding.flat_params.buffers)
     assert engine.memory_bytes()["grads"] == 2 * padded
     assert shards.held_bytes == 0
     x, y = micro_batch(0, 0, 1)
@@ -198,7 +202,7 @@ def test_grad_shards_contract_in_the_compute_dtype():
         GradShards([10], segs, torch.device("cpu"), pin=False, releasable=False, narrow_dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_estimate_memory_counts_the_engines_grad_bytes(stage):
     from zerolaunch.memory import STATE_KEYS, Setup, estimate
     from zerolaunch.memory.estimate import setup_fields_from_engine
@@ -214,4 +218,4 @@ def test_estimate_memory_counts_the_engines_grad_bytes(stage):
         stage, "none"
     )
     assert {k: row.gpu[k] for k in STATE_KEYS} == {k: got[k] for k in STATE_KEYS}
-    assert row.gpu["grads"] == 2 * sum(b.numel() for b in engine.sharding.flat_params.buffers)
+    assert row.gpu["grads"] == 2 * sum(s.numel for s in engine.sharding.grad_shards.segments)

@@ -37,9 +37,13 @@ def accumulates_directly(
     return plan.accumulates_directly(stage, world_size, offload != "none", dtype, comm_dtype or "fp32", 1)
 
 
-def grads_in_compute_dtype(direct: bool, dtype: str, fused_step: bool) -> bool:
-    """The direct path's grad shard in the compute dtype, for one micro-step per window (plan.py)."""
-    return plan.grads_in_compute_dtype(direct, dtype, 1, fused_step)
+def grad_shard_bytes(
+    stage: int, world_size: int, offload: str, dtype: str, comm_dtype: str | None, fused_step: bool
+) -> int:
+    """Bytes per element of the engine's grad shard, for one micro-step per window: 4 (fp32), or the compute
+    dtype's where plan.grads_in_compute_dtype keeps it there ([Note: compute-dtype grads])."""
+    direct = accumulates_directly(stage, world_size, offload, dtype, comm_dtype)
+    return 2 if plan.grads_in_compute_dtype(direct, dtype, 1, fused_step) else 4
 
 
 def shard_numel(lay) -> int:

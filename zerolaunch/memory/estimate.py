@@ -208,6 +208,13 @@ def _zero_states() -> dict[str, int]:
     return dict.fromkeys(STATE_KEYS, 0)
 
 
+def _grad_bytes(setup: Setup, stage: int, offload: str) -> int:
+    """Bytes per element of the grad shard: 4, or the compute dtype's at world size 1 with the fused step."""
+    return el.grad_shard_bytes(
+        stage, setup.world_size, offload, setup.dtype, setup.communication_dtype, setup.fused_step
+    )
+
+
 def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     """(gpu, host, step transient, released grads, released grads written in backward) bytes of the stage 0-2
     engine (zero/engine.py, zero/flat/reducer.py). The stage-2 staging buffers are allocated once and kept, so
@@ -232,7 +239,7 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     # does for one micro-step per window, which is what this estimate assumes), in the compute dtype with the
     # fused step ([Note: compute-dtype grads] in zero/grad_shards.py).
     direct = el.accumulates_directly(stage, world, offload, setup.dtype, setup.communication_dtype)
-    grad_bytes = b if el.grads_in_compute_dtype(direct, setup.dtype, setup.fused_step) else 4
+    grad_bytes = _grad_bytes(setup, stage, offload)
     states = gpu if offload == "none" else host
     states["master"] = 4 * shard
     states["grads"] = grad_bytes * shard
@@ -345,7 +352,7 @@ def _states(shape: ModelShape, setup: Setup, stage: int, offload: str):
         released = gpu["grads"]
         threshold, world = setup.stage3_param_persistence_threshold, setup.world_size
         unit = largest_unit_shard(shape, world, threshold, setup.decay_1d) if released else 0
-        return gpu, host, transient, gathered, staging, nvme, released, 4 * unit
+        return gpu, host, transient, gathered, staging, nvme, released, _grad_bytes(setup, 3, offload) * unit
     gpu, host, transient, released, in_backward = stage012_states(shape, setup, stage, offload)
     nvme = 0
     if offload == "optimizer-nvme":

@@ -191,7 +191,11 @@ def stage3_states(shape, setup, offload: str):
         nvme += 4 * shard + opt
         return gpu, host, 0, *live, nvme
     states = gpu if offload == "none" else host
-    states["grads"] = 4 * shard
+    # in the compute dtype with the fused step at world size 1 ([Note: compute-dtype grads] in zero/grad_shards.py)
+    states["grads"] = (
+        el.grad_shard_bytes(3, world, offload, setup.dtype, setup.communication_dtype, setup.fused_step)
+        * shard
+    )
     states["master"] = 4 * shard
     states["optimizer"] = opt
     return gpu, host, 0, *live, nvme

@@ -34,7 +34,8 @@ At world size 1 without offload (plan.accumulates_directly, as stages 0-2's flat
 a reduce-scatter is a copy: the staging buffer, the reduce output and their two copies of every gradient
 hold nothing the shard would not. So each param's hook writes its grad straight into its slice of the
 unit's fp32 grad shard: overwritten (the exact upcast) in the window's first micro-step, added to (fp32)
-after it, the values of the reducing path bit for bit. A unit whose every param reported is done for the
+after it, the values of the reducing path bit for bit (GradShards.write; with one micro-step, the fused step
+and a 16-bit model the copy stays in the compute dtype, [Note: compute-dtype grads] in ../grad_shards.py). A unit whose every param reported is done for the
 micro-step; at the end of backward, the slices of params without a grad in the window's first micro-step
 are zeroed, which is what the zeroed staging buffer gave. Nothing is issued.
 """
@@ -282,8 +283,13 @@ class Stage3Schedule:
             return
         flat = self.flats[k]
         if self.direct:
-            self._ensure_grad_segments(flat)
-            flat.write_grad(name, param.grad, accumulate=self._window[k] is GradWindow.ACCUMULATING)
+            # the exact copy (upcast) or the fp32 add the reducing path does, without its staging and reduce
+            # copies (a compute-dtype window keeps the copy 16-bit: [Note: compute-dtype grads])
+            self.grad_shards.write(
+                flat.grad_slices[name],
+                param.grad.reshape(-1),
+                accumulate=self._window[k] is GradWindow.ACCUMULATING,
+            )
             self._written[k].add(name)
         else:
             flat.add_grad(name, param.grad, self.comm_dtype)
@@ -341,8 +347,9 @@ class Stage3Schedule:
         if self.direct:
             for k in self.reduce_order:
                 if self._window[k] is GradWindow.FRESH:
-                    self._ensure_grad_segments(self.flats[k])
-                    self.flats[k].zero_grads_except(self._written[k])
+                    for name, where in self.flats[k].grad_slices.items():
+                        if name not in self._written[k]:
+                            self.grad_shards.zero(where)
                     self._window[k] = GradWindow.ACCUMULATING
         else:
             while self.next_issue < len(self.reduce_order):

@@ -44,6 +44,7 @@ import enum
 import torch
 
 from .. import comm
+from ..grad_shards import GradSlice
 from ..layout import Fragment, ParamSpec
 from ..optim import host
 from ..optim.nvme_store import SwapStore
@@ -125,6 +126,8 @@ class UnitFlat:
         self.grad_views: list[torch.Tensor] = []
         self.grad_segments: list[int] = []
         """The GradShards segment of each bucket's grad view (allocated before a reduced grad is written)."""
+        self.grad_slices: dict[str, GradSlice] = {}
+        """World size 1: each param's slice of the grad shard, written by the direct path through GradShards."""
         self.master_offsets: list[int] = []
         """Where each bucket's shard starts inside the engine's fp32 master of the bucket's group."""
 
@@ -292,29 +295,6 @@ class UnitFlat:
             self.staging = torch.zeros(self.padded_numel, dtype=comm_dtype, device=self.device)
         with torch.no_grad():
             self.param_view(self.staging, name).copy_(grad)
-
-    def grad_view(self, name: str) -> torch.Tensor:
-        """World size 1 (a bucket's shard is the whole bucket): the param's slice of its fp32 grad shard."""
-        slot = self.slots[name]
-        return self.grad_views[slot.bucket][slot.offset : slot.offset + slot.numel]
-
-    @torch.no_grad()
-    def write_grad(self, name: str, grad: torch.Tensor, *, accumulate: bool) -> None:
-        """World size 1, the direct path: the param's grad shard slice <- (accumulate=False) or += its grad
-        (the exact upcast and the fp32 add the reducing path does, without its staging and reduce copies)."""
-        view = self.grad_view(name)
-        if accumulate:
-            view.add_(grad.reshape(-1))
-        else:
-            view.copy_(grad.reshape(-1))
-
-    @torch.no_grad()
-    def zero_grads_except(self, written: set[str]) -> None:
-        """World size 1, the direct path: params without a grad in the window's first micro-step count as
-        zero (the reducing path's zeroed staging buffer)."""
-        for name in self.slots:
-            if name not in written:
-                self.grad_view(name).zero_()
 
     def issue_reduce(self, group, *, comm_dtype: torch.dtype, stream, stats: comm.CommStats) -> list:
         """Reduce-scatter (average) the staged grads; returns in-flight work for `complete_reduce`."""

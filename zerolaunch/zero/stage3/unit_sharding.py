@@ -159,12 +159,21 @@ class UnitSharding(UnitStateMixin, Sharding):
                 cursor[b.group] += b.shard_numel
         # on the compute device each unit bucket's grad shard is allocated by its first reduce of a window
         # and freed after the step ([Note: released grad shards] in ../grad_shards.py)
+        direct = self._accumulates_directly(self.options)
+        # [Note: compute-dtype grads] in ../grad_shards.py: one micro-step's 16-bit grads at world size 1
+        narrow = plan.grads_in_compute_dtype(
+            direct,
+            self.options.precision.dtype,
+            self.options.gradient_accumulation_steps,
+            self.fused_step,
+        )
         self.grad_shards = GradShards(
             cursor,
             [GradSegment(p.group, p.offset, p.numel, p.owner) for p in pieces],
             self.master_device,
             pin=z.offload_optimizer.pin_memory,
             releasable=z.offload_optimizer.device == "none",
+            narrow_dtype=self.dtype if narrow else None,
         )
         self.shards = ShardOptimizer(
             self.options.optimizer,
@@ -186,6 +195,15 @@ class UnitSharding(UnitStateMixin, Sharding):
             for i, b in enumerate(flat.buckets):
                 flat.grad_views.append(self.grad_shards.view(b.group, flat.master_offsets[i], b.shard_numel))
                 flat.grad_segments.append(self.grad_shards.index_of(b.group, flat.master_offsets[i]))
+            if direct:  # world size 1 (a bucket's shard is the whole bucket): each param's slice
+                flat.grad_slices = {
+                    name: self.grad_shards.slice(
+                        flat.buckets[slot.bucket].group,
+                        flat.master_offsets[slot.bucket] + slot.offset,
+                        slot.numel,
+                    )
+                    for name, slot in flat.slots.items()
+                }
             if self.gathers_from_master:  # views into the device-resident master (offload_optimizer none)
                 flat.attach_master(
                     [
