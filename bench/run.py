@@ -35,6 +35,8 @@ ENGINES = {
     "fsdp2": "FSDP2 fully_shard per block, bf16 params / fp32 reduce",
     "torch-compile": "plain torch, fused AdamW, torch.compile(model)",
     "torch-compile-blocks": "plain torch, fused AdamW, each block's forward compiled as train.compile does",
+    "torch-compile-fwdbwd": "torch-compile's forward and backward alone, no clip and no optimizer step: the "
+    "floor any engine running this compiled model without overlapping its step reaches (a diagnostic, not a peer)",
     "torch-amp": "plain torch, fp32 params + bf16 autocast, fused AdamW: the same numerics as ZeRO's fp32 master",
     "torch-amp-compile": "torch-amp with torch.compile(model)",
     "fsdp2-compile": "FSDP2 as above, each block torch.compile'd before fully_shard (torchtitan's order)",
@@ -58,6 +60,9 @@ ENGINES = {
     "zl-z2-fused": "zl-z2 with optimizer.fused_step: each chunk's AdamW and its bf16 param copy as one kernel",
     "zl-z3-fused": "zl-z3 with optimizer.fused_step (the chunks' steps fused; stage 3 publishes with a copy)",
     "zl-z2-compile-model-fused": "zl-z2-compile-model with optimizer.fused_step (what train.compile gives)",
+    # [Note: compute-dtype grads] (zero/grad_shards.py): the -fused rows at world size 1 hold bf16 grads
+    "zl-z2-fused-fp32grads": "zl-z2-fused with fp32 grad shards forced (how the fused step ran before 16-bit grads)",
+    "zl-z2-compile-model-fused-fp32grads": "zl-z2-compile-model-fused with fp32 grad shards forced",
     "zl-train": "`zerolaunch train recipes/gpt-SIZE.yaml --gpus 1` (ZeRO-2): the built-in loop, its own data",
     "zl-train-compile": "the zl-train row with --set train.compile=true",
     "zl-train-compile-model": "the zl-train row with train.compile=true, train.compile_scope=model",
@@ -326,6 +331,8 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
     else:
         raise SystemExit(f"unknown model {model_name!r}; choose from gpt, {', '.join(HF_MODELS)}")
 
+    floor = engine == "torch-compile-fwdbwd"
+    engine = "torch-compile" if floor else engine
     if engine in ("torch", "torch-compile", "torch-compile-blocks", "torch-amp", "torch-amp-compile"):
         # torch*: pure bf16 (bf16 params, grads and AdamW moments). torch-amp*: fp32 weights, grads and moments,
         # matmuls in bf16 under autocast: what every ZeRO stage and FSDP2 here compute, without sharding.
@@ -345,8 +352,9 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                 loss = model(**b).loss
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            if not floor:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
             opt.zero_grad(set_to_none=True)
             return loss
     elif engine.startswith("fsdp2"):
@@ -405,6 +413,8 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
             ZeroOptions,
         )
 
+        fp32_grads = engine.endswith("-fp32grads")
+        engine = engine.removesuffix("-fp32grads")
         fused = engine.endswith("-fused")
         engine = engine.removesuffix("-fused")
         stage = int(engine[4])
@@ -448,7 +458,16 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
         elif engine.endswith("-compile-model"):
             # the forward as one graph (embedding, blocks, loss); the engine's grad hooks stay eager
             model.forward = torch.compile(model.forward, dynamic=False)
-        eng = Engine(model, opts, device=device, init_fn=init_fn)
+        if fp32_grads:
+            from zerolaunch.zero import plan
+
+            kept, plan.grads_in_compute_dtype = plan.grads_in_compute_dtype, lambda *a: False
+            try:
+                eng = Engine(model, opts, device=device, init_fn=init_fn)
+            finally:
+                plan.grads_in_compute_dtype = kept
+        else:
+            eng = Engine(model, opts, device=device, init_fn=init_fn)
         parts = {"module": eng.module, "stepper": eng, "engine": eng}
 
         def step(b):

@@ -1,0 +1,65 @@
+"""bench/run.py's diagnostic GPT rows on the CPU at the tiny size, world size 1, so a device call cannot end on
+a row that does not build.
+
+Covers: `torch-compile-fwdbwd` runs forward and backward and never changes a weight (the floor row: no clip, no
+optimizer step); `zl-...-fused` holds its grads in bf16 ([Note: compute-dtype grads]) and `-fp32grads` the
+same engine with fp32 grad shards, both stepping. torch.compile is replaced by the identity (an inductor build
+on the CPU takes minutes; what is compiled is not what these rows check). Leaves out: CUDA timing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from _helpers import load_bench_script
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_bench_script("run")
+
+
+@pytest.fixture
+def group(tmp_path, monkeypatch):
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29998", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _batches(bench, n=2):
+    return bench._batches(50304, 16, 2, n, torch.device("cpu"))
+
+
+def test_the_floor_row_steps_no_weight(bench, group, monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
+    step, _, parts = bench.build_step("torch-compile-fwdbwd", "tiny", 16, device="cpu")
+    before = {n: p.detach().clone() for n, p in parts["module"].named_parameters()}
+    seen = []
+    for p in parts["module"].parameters():
+        p.register_post_accumulate_grad_hook(lambda q: seen.append(q.grad is not None))
+    for b in _batches(bench):
+        assert torch.isfinite(step(b)).item()
+    assert seen and all(seen)  # backward ran
+    for n, p in parts["module"].named_parameters():
+        assert torch.equal(p.detach(), before[n]), n
+        assert p.grad is None
+
+
+@pytest.mark.parametrize(
+    "engine, grad_dtype",
+    [("zl-z2-fused", torch.bfloat16), ("zl-z2-fused-fp32grads", torch.float32), ("zl-z2", torch.float32)],
+)
+def test_fused_rows_hold_the_grads_they_name(bench, group, monkeypatch, engine, grad_dtype):
+    step, _, parts = bench.build_step(engine, "tiny", 16, device="cpu")
+    eng = parts["engine"]
+    assert eng.shards.fused_step is ("fused" in engine)
+    assert {t.dtype for t in eng.sharding.grad_shards.window_tensors()} == {grad_dtype}
+    before = {n: t.clone() for n, t in eng.full_state_dict(torch.float32)}
+    for b in _batches(bench):
+        assert torch.isfinite(step(b)).item()
+    after = dict(eng.full_state_dict(torch.float32))
+    assert any(not torch.equal(after[n], before[n]) for n in before)
