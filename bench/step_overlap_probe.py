@@ -163,8 +163,10 @@ def main(argv=None) -> dict:
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is visible")
     args = p.parse_args(argv)
     r = run(args)
-    print(f"device: {r['device']}; {args.layers} layers x 4 matmuls at {args.tokens} x {args.d_model}; "
-          f"AdamW over {args.numel:.3g} fp32 elements in {args.chunks} chunks")
+    print(
+        f"device: {r['device']}; {args.layers} layers x 4 matmuls at {args.tokens} x {args.d_model}; "
+        f"AdamW over {args.numel:.3g} fp32 elements in {args.chunks} chunks"
+    )
     print(f"{'matmuls ms':>10} {'step ms':>8} {'both ms':>8} {'sum ms':>8} {'step hidden':>11}")
     print(
         f"{r['matmuls']:10.2f} {r['step']:8.2f} {r['both']:8.2f} {r['matmuls'] + r['step']:8.2f} "
