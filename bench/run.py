@@ -63,6 +63,11 @@ ENGINES = {
     # [Note: compute-dtype grads] (zero/grad_shards.py): the -fused rows at world size 1 hold bf16 grads
     "zl-z2-fused-fp32grads": "zl-z2-fused with fp32 grad shards forced (how the fused step ran before 16-bit grads)",
     "zl-z2-compile-model-fused-fp32grads": "zl-z2-compile-model-fused with fp32 grad shards forced",
+    # [Note: bf16 master] (zero/optim/shard_optimizer.py): the numerics of the pure-bf16 torch rows
+    "zl-z2-purebf16": "zl-z2 in pure bf16: bf16 master and AdamW moments (DeepSpeed's bf16_master_weights_and_grads"
+    " + bf16_optimizer_states), torch's fused AdamW",
+    "zl-z3-purebf16": "zl-z3 in pure bf16",
+    "zl-z2-compile-model-fused-purebf16": "zl-z2-compile-model-fused in pure bf16: the same numerics as torch-compile",
     "zl-train": "`zerolaunch train recipes/gpt-SIZE.yaml --gpus 1` (ZeRO-2): the built-in loop, its own data",
     "zl-train-compile": "the zl-train row with --set train.compile=true",
     "zl-train-compile-model": "the zl-train row with train.compile=true, train.compile_scope=model",
@@ -98,6 +103,7 @@ HF_ENGINES = (
     "zl-z3-compile",
     "zl-z2-fused",
     "zl-z3-fused",
+    "zl-z3-purebf16",
 )
 PEERS = (
     "torch",
@@ -413,6 +419,8 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
             ZeroOptions,
         )
 
+        pure_bf16 = engine.endswith("-purebf16")
+        engine = engine.removesuffix("-purebf16")
         fp32_grads = engine.endswith("-fp32grads")
         engine = engine.removesuffix("-fp32grads")
         fused = engine.endswith("-fused")
@@ -431,7 +439,7 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
                 overlap_comm=True,
                 offload_optimizer=off,
             ),
-            precision=PrecisionOptions(dtype="bf16"),
+            precision=PrecisionOptions(dtype="bf16", master_dtype="bf16" if pure_bf16 else "fp32"),
             optimizer=OptimizerOptions(
                 name="adamw", lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused_step=fused
             ),

@@ -135,6 +135,21 @@ CASES: tuple[Case, ...] = (
         7,  # the line of device: cpu
         "stage 1, 2 or 3",
     ),
+    # [Note: bf16 master]: pure bf16 stays on the device (a bf16 master with an fp32 model: refused by the recipe
+    # loader before the engine's rule, tests/unit/test_bf16_master.py)
+    Case(
+        "precision.master_dtype",
+        EngineOptions(
+            zero=ZeroOptions(stage=2, offload_optimizer=OffloadOptions(device="cpu")),
+            precision=PrecisionOptions(dtype="bf16", master_dtype="bf16"),
+        ),
+        "train:\n  steps: 2\ndeepspeed:\n  bf16:\n    enabled: true\n    bf16_master_weights_and_grads: true\n"
+        "    bf16_optimizer_states: true\n  zero_optimization:\n    stage: 2\n    offload_optimizer:\n"
+        "      device: cpu\n",
+        "deepspeed.bf16.bf16_master_weights_and_grads",
+        6,
+        "remove offload_optimizer",
+    ),
     # [Note: fused step]: Adam / AdamW over a master on the device (offload: tests/e2e/test_compile_optimizer.py)
     Case(
         "optimizer.fused_step",

@@ -3,7 +3,7 @@ a row that does not build.
 
 Covers: `torch-compile-fwdbwd` runs forward and backward and never changes a weight (the floor row: no clip, no
 optimizer step); `zl-...-fused` holds its grads in bf16 ([Note: compute-dtype grads]) and `-fp32grads` the
-same engine with fp32 grad shards, both stepping. torch.compile is replaced by the identity (an inductor build
+same engine with fp32 grad shards; `-purebf16` keeps a bf16 master ([Note: bf16 master]); all step. torch.compile is replaced by the identity (an inductor build
 on the CPU takes minutes; what is compiled is not what these rows check). Leaves out: CUDA timing.
 """
 
@@ -51,12 +51,19 @@ def test_the_floor_row_steps_no_weight(bench, group, monkeypatch):
 
 @pytest.mark.parametrize(
     "engine, grad_dtype",
-    [("zl-z2-fused", torch.bfloat16), ("zl-z2-fused-fp32grads", torch.float32), ("zl-z2", torch.float32)],
+    [
+        ("zl-z2-fused", torch.bfloat16),
+        ("zl-z2-fused-fp32grads", torch.float32),
+        ("zl-z2", torch.float32),
+        ("zl-z2-purebf16", torch.bfloat16),
+        ("zl-z3-purebf16", torch.bfloat16),
+    ],
 )
 def test_fused_rows_hold_the_grads_they_name(bench, group, monkeypatch, engine, grad_dtype):
     step, _, parts = bench.build_step(engine, "tiny", 16, device="cpu")
     eng = parts["engine"]
     assert eng.shards.fused_step is ("fused" in engine)
+    assert eng.master_dtype == (torch.bfloat16 if engine.endswith("-purebf16") else torch.float32)
     assert {t.dtype for t in eng.sharding.grad_shards.window_tensors()} == {grad_dtype}
     before = {n: t.clone() for n, t in eng.full_state_dict(torch.float32)}
     for b in _batches(bench):

@@ -150,10 +150,9 @@ BF16: dict[str, Any] = {
     "enabled": USE,
     "immediate_grad_update": Note("grads are reduced into fp32 buckets"),
     "check_grad_overflow": Note("bf16 needs no loss scaling; overflow is never checked"),
-    "bf16_master_weights_and_grads": Unsupported(
-        "bf16 master weights (bf16_master_weights_and_grads)", _is(False)
-    ),
-    "bf16_optimizer_states": Unsupported("bf16 optimizer states (bf16_optimizer_states)", _is(False)),
+    # both true: pure bf16 (engine precision.master_dtype bf16); config/engine_options.py checks the pair
+    "bf16_master_weights_and_grads": USE,
+    "bf16_optimizer_states": USE,
 }
 OPTIMIZER: dict[str, Any] = {"type": USE, "params": USE, "legacy_fusion": Note("not used by zerolaunch")}
 SCHEDULER: dict[str, Any] = {"type": USE, "params": USE}
@@ -257,6 +256,8 @@ _ADAM_PARAMS: dict[str, Any] = {
     "weight_decay": USE,
     "adam_w_mode": USE,
     "torch_adam": Note("zerolaunch always runs torch's Adam/AdamW (fused where available)"),
+    # passed on to torch.optim.AdamW by DeepSpeed with torch_adam: zerolaunch's step is the fused arithmetic
+    "fused": Unsupported("torch's unfused Adam/AdamW (fused: false)", _is(True)),
     "amsgrad": Unsupported("AMSGrad", _is(False)),
     "bias_correction": Unsupported("Adam without bias correction", _is(True)),
 }

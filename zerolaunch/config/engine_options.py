@@ -41,6 +41,7 @@ def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
     k = "engine.precision."
     precision = PrecisionOptions(
         dtype=train.precision,
+        master_dtype=_master_dtype(r, train),
         communication_dtype=r.value(
             k + "communication_dtype", DS + ("communication_data_type",), "choice", None, choices=COMM_DTYPES
         ),
@@ -94,6 +95,42 @@ def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
     )
     check_engine_options(r, options)
     return options
+
+
+def _master_dtype(r: Resolver, train: TrainSection) -> str:
+    """DeepSpeed's bf16.bf16_master_weights_and_grads + bf16.bf16_optimizer_states, both true: a bf16 master and
+    bf16 optimizer state (pure bf16; [Note: bf16 master] in zero/optim/shard_optimizer.py). DeepSpeed refuses
+    the optimizer states without the master; the master alone it keeps with fp32 states on the CPU
+    (ZeRO-Offload and DeepSpeedCPUAdam), which zerolaunch does not: refused, naming both ways out."""
+    bf16: Path = DS + ("bf16",)
+    master_path, states_path = bf16 + ("bf16_master_weights_and_grads",), bf16 + ("bf16_optimizer_states",)
+    key = "engine.precision.master_dtype"
+    master = r.value(key, master_path, "bool", False)
+    states = r.value("engine.precision.bf16_optimizer_states", states_path, "bool", False)
+    r.origins.pop("engine.precision.bf16_optimizer_states", None)
+    if states and not master:
+        raise r.fail(
+            states_path,
+            "is true, but bf16_master_weights_and_grads is not (DeepSpeed refuses this too)",
+            "Set bf16_master_weights_and_grads: true as well (pure bf16), or remove bf16_optimizer_states",
+        )
+    if master and not states:
+        raise r.fail(
+            master_path,
+            "is true without bf16_optimizer_states: DeepSpeed then keeps fp32 optimizer states on the CPU "
+            "(ZeRO-Offload, DeepSpeedCPUAdam), which zerolaunch does not",
+            "Set bf16_optimizer_states: true as well (pure bf16 on the GPU), or remove both for an fp32 master",
+        )
+    if not master:
+        return "fp32"
+    if train.precision != "bf16":
+        raise r.fail(
+            master_path,
+            f"is true, but the model trains in {train.precision} (bf16.enabled is not true)",
+            "Set bf16.enabled: true, or remove bf16_master_weights_and_grads and bf16_optimizer_states",
+        )
+    r.record(key, r.tree.origin(master_path), "bf16 master weights, grads and optimizer state (pure bf16)")
+    return "bf16"
 
 
 def check_engine_options(r: Resolver, options: EngineOptions) -> None:

@@ -38,12 +38,18 @@ def accumulates_directly(
 
 
 def grad_shard_bytes(
-    stage: int, world_size: int, offload: str, dtype: str, comm_dtype: str | None, fused_step: bool
+    stage: int,
+    world_size: int,
+    offload: str,
+    dtype: str,
+    comm_dtype: str | None,
+    fused_step: bool,
+    master_dtype: str = "fp32",
 ) -> int:
     """Bytes per element of the engine's grad shard, for one micro-step per window: 4 (fp32), or the compute
     dtype's where plan.grads_in_compute_dtype keeps it there ([Note: compute-dtype grads])."""
     direct = accumulates_directly(stage, world_size, offload, dtype, comm_dtype)
-    return 2 if plan.grads_in_compute_dtype(direct, dtype, 1, fused_step) else 4
+    return 2 if plan.grads_in_compute_dtype(direct, dtype, 1, fused_step, master_dtype) else 4
 
 
 def shard_numel(lay) -> int:

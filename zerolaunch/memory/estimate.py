@@ -59,6 +59,10 @@ class Setup:
     stage3_max_reuse_distance: int = 0
     """The engine's default (0: every unit freed after its forward); DeepSpeed's is 1e9."""
     nvme_buffer_count: int = 4
+    master_dtype: str = "fp32"
+    """The engine's `precision.master_dtype`: bf16 (DeepSpeed's bf16_master_weights_and_grads +
+    bf16_optimizer_states) keeps master and optimizer state in 2 bytes and is never offloaded, so only the
+    rows without offload are estimated."""
     fused_step: bool = False
     """The engine's `optimizer.fused_step` (train.compile_optimizer): with one rank, no offload and a 16-bit
     model, the grad shard is held in the compute dtype ([Note: compute-dtype grads] in zero/grad_shards.py)."""
@@ -88,6 +92,11 @@ class Setup:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         if self.communication_dtype is not None:
             object.__setattr__(self, "communication_dtype", normalize_dtype(self.communication_dtype))
+        if self.master_dtype not in ("fp32", "bf16") or self.master_dtype not in ("fp32", self.dtype):
+            raise EstimateError(
+                f"a {self.master_dtype} master (bf16.bf16_master_weights_and_grads) needs a bf16 model; the "
+                f"dtype is {self.dtype}: use --dtype bf16, or an fp32 master"
+            )
         if self.optimizer not in _STATE_TENSORS:
             raise EstimateError(f"optimizer {self.optimizer!r} is unknown; use one of adamw, adam, sgd")
 
@@ -98,6 +107,24 @@ class Setup:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    def grad_bytes(self, stage: int, offload: str) -> int:
+        """Bytes per element of the engine's grad shard at `stage` / `offload`: 4, or the compute dtype's at
+        world size 1 ([Note: compute-dtype grads] in zero/grad_shards.py)."""
+        return el.grad_shard_bytes(
+            stage,
+            self.world_size,
+            offload,
+            self.dtype,
+            self.communication_dtype,
+            self.fused_step,
+            self.master_dtype,
+        )
+
+    @property
+    def master_bytes(self) -> int:
+        """Bytes per element of the master and of each optimizer state tensor."""
+        return DTYPE_BYTES[self.master_dtype]
 
     @property
     def comm_bytes(self) -> int:
@@ -208,13 +235,6 @@ def _zero_states() -> dict[str, int]:
     return dict.fromkeys(STATE_KEYS, 0)
 
 
-def _grad_bytes(setup: Setup, stage: int, offload: str) -> int:
-    """Bytes per element of the grad shard: 4, or the compute dtype's at world size 1 with the fused step."""
-    return el.grad_shard_bytes(
-        stage, setup.world_size, offload, setup.dtype, setup.communication_dtype, setup.fused_step
-    )
-
-
 def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     """(gpu, host, step transient, released grads, released grads written in backward) bytes of the stage 0-2
     engine (zero/engine.py, zero/flat/reducer.py). The stage-2 staging buffers are allocated once and kept, so
@@ -239,12 +259,12 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     # does for one micro-step per window, which is what this estimate assumes), in the compute dtype with the
     # fused step ([Note: compute-dtype grads] in zero/grad_shards.py).
     direct = el.accumulates_directly(stage, world, offload, setup.dtype, setup.communication_dtype)
-    grad_bytes = _grad_bytes(setup, stage, offload)
+    grad_bytes = setup.grad_bytes(stage, offload)
     states = gpu if offload == "none" else host
-    states["master"] = 4 * shard
+    states["master"] = setup.master_bytes * shard
     states["grads"] = grad_bytes * shard
     # the step count shared by every element is a Python int (zero/optim/shard_optimizer.py), not a tensor.
-    states["optimizer"] = 4 * shard * setup.optimizer_state_tensors
+    states["optimizer"] = setup.master_bytes * shard * setup.optimizer_state_tensors
     if direct:
         reduce_transient = 0
     elif stage in (0, 1):
@@ -289,11 +309,11 @@ def _supported(stage: int, offload: str) -> tuple[bool, str]:
     return True, ""
 
 
-def _rows_wanted():
+def _rows_wanted(setup: Setup):
     for stage in (0, 1, 2, 3):
         for offload in OFFLOADS:
             ok, _ = _supported(stage, offload)
-            if ok:
+            if ok and (offload == "none" or setup.master_dtype == "fp32"):
                 yield stage, offload
 
 
@@ -352,7 +372,7 @@ def _states(shape: ModelShape, setup: Setup, stage: int, offload: str):
         released = gpu["grads"]
         threshold, world = setup.stage3_param_persistence_threshold, setup.world_size
         unit = largest_unit_shard(shape, world, threshold, setup.decay_1d) if released else 0
-        return gpu, host, transient, gathered, staging, nvme, released, _grad_bytes(setup, 3, offload) * unit
+        return gpu, host, transient, gathered, staging, nvme, released, setup.grad_bytes(3, offload) * unit
     gpu, host, transient, released, in_backward = stage012_states(shape, setup, stage, offload)
     nvme = 0
     if offload == "optimizer-nvme":
@@ -366,7 +386,7 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
     profiles = {ckpt: activation_profile(shape.arch, setup, checkpointing=ckpt) for ckpt in (False, True)}
     act, act_ckpt = ((p[0] if p else None) for p in (profiles[False], profiles[True]))
     est = Estimate(shape.source, shape.exact, shape.numel, shape.largest_layer_numel, setup)
-    for stage, offload in _rows_wanted():
+    for stage, offload in _rows_wanted(setup):
         supported, note = _supported(stage, offload)
         gpu, host, transient, gathered, staging, nvme, released, in_backward = _states(
             shape, setup, stage, offload
@@ -539,4 +559,5 @@ def setup_fields_from_engine(options) -> dict:
         "stage3_max_reuse_distance": z.stage3_max_reuse_distance,
         "nvme_buffer_count": z.offload_optimizer.buffer_count,
         "fused_step": o.fused_step,
+        "master_dtype": p.master_dtype,
     }

@@ -179,7 +179,7 @@ def stage3_states(shape, setup, offload: str):
         # In fp32 the master view itself is the input.
         gathered_bytes += b * (gathered // world)
     live = (gathered_bytes, staging)
-    opt = 4 * shard * setup.optimizer_state_tensors
+    opt = setup.master_bytes * shard * setup.optimizer_state_tensors
     if offload in ("optimizer-nvme", "optimizer+params-nvme"):
         # master + moments in the swap file (one chunk per unit bucket); the host keeps the fp32 grad shard
         # and buffer_count staging buffers of the largest chunk, reported as "optimizer" (nvme_staging_bytes).
@@ -192,10 +192,7 @@ def stage3_states(shape, setup, offload: str):
         return gpu, host, 0, *live, nvme
     states = gpu if offload == "none" else host
     # in the compute dtype with the fused step at world size 1 ([Note: compute-dtype grads] in zero/grad_shards.py)
-    states["grads"] = (
-        el.grad_shard_bytes(3, world, offload, setup.dtype, setup.communication_dtype, setup.fused_step)
-        * shard
-    )
-    states["master"] = 4 * shard
+    states["grads"] = setup.grad_bytes(3, offload) * shard
+    states["master"] = setup.master_bytes * shard
     states["optimizer"] = opt
     return gpu, host, 0, *live, nvme

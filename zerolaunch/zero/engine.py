@@ -61,6 +61,8 @@ class Engine(EngineStateMixin):
         self.comm_context = comm.CommContext(self.device, group, overlap=options.zero.overlap)
         """The device, group and CUDA side streams every part of the strategy issues its work with."""
         self.dtype = DTYPES[options.precision.dtype]
+        self.master_dtype = DTYPES[options.precision.master_dtype]
+        """Of the master weights and optimizer state: fp32, or bf16 ([Note: bf16 master])."""
         # grads are reduced in fp32 unless asked otherwise: exact sums, FSDP2's choice.
         self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
         self.master_device = host.master_device(options.zero.offload_optimizer, self.device)

@@ -44,7 +44,8 @@ class EngineStateMixin:
             t.copy_(state[name])
 
     def fragment_state(self) -> dict[str, torch.Tensor]:
-        """{f"{kind}/{name}/{start}": flat fp32 tensor} for every owned fragment; "step/..." is 1 element.
+        """{f"{kind}/{name}/{start}": flat tensor} for every owned fragment, in the master's dtype (fp32, or bf16:
+        [Note: bf16 master]; the checkpoint writes fp32); "step/..." is 1 element.
         Resident shards give views (no copy); an nvme swap file gives copies, resident until dropped."""
         self.settle()
         step = torch.tensor([float(self._optimizer_step_count())])

@@ -23,6 +23,7 @@ from .options import (
     COMM_DTYPES,
     DECAYING_SCHEDULES,
     DTYPE_NAMES,
+    MASTER_DTYPES,
     OPTIMIZER_NAMES,
     SCHEDULER_NAMES,
     EngineOptions,
@@ -71,6 +72,26 @@ def _comm_dtype(o: EngineOptions) -> tuple[str, str] | None:
         return (
             f"must be one of {', '.join(COMM_DTYPES)}, got {value!r}",
             "Use one of them, or leave it out (fp32)",
+        )
+    return None
+
+
+def _master_dtype(o: EngineOptions) -> tuple[str, str] | None:
+    master = o.precision.master_dtype
+    if master not in MASTER_DTYPES:
+        return f"must be one of {', '.join(MASTER_DTYPES)}, got {master!r}", "Use one of them"
+    if master == "fp32":
+        return None
+    if o.precision.dtype != master:
+        return (
+            f"is {master}, but the model computes in {o.precision.dtype}",
+            f"Train in {master} (bf16.enabled), or keep an fp32 master",
+        )
+    if o.zero.offload_optimizer.device != "none":
+        return (
+            f"is {master} with offload_optimizer on {o.zero.offload_optimizer.device}: the CPU step keeps an "
+            "fp32 master and fp32 state",
+            "Keep an fp32 master, or remove offload_optimizer",
         )
     return None
 
@@ -289,6 +310,7 @@ RULES: tuple[Rule, ...] = (
     *PRECISION_RULES,
     *SCHEDULER_RULES,
     Rule("zero.offload_optimizer", _offload_optimizer),
+    Rule("precision.master_dtype", _master_dtype),
     Rule("optimizer.fused_step", _fused_step),
     Rule("zero.offload_optimizer.overlap_step", _overlap_step),
     Rule("zero.offload_optimizer.device", _nvme_path("offload_optimizer")),

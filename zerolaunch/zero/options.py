@@ -19,6 +19,9 @@ COMM_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
 """The names `precision.communication_dtype` (DeepSpeed's communication_data_type) accepts: DTYPE_NAMES,
 listed fp16 before bf16 as DeepSpeed documents that key (config/ offers them in this order)."""
 
+MasterDtype = Literal["fp32", "bf16"]
+MASTER_DTYPES: tuple[str, ...] = get_args(MasterDtype)
+
 OptimizerName = Literal["adamw", "adam", "sgd"]
 OPTIMIZER_NAMES: tuple[str, ...] = get_args(OptimizerName)
 """The optimizers the engine builds (zero/optim/torch_optim.py's STATE_KINDS has one entry for each)."""
@@ -96,7 +99,11 @@ class ZeroOptions:
 @dataclass(frozen=True)
 class PrecisionOptions:
     dtype: Dtype = "fp32"
-    """Compute dtype of the parameters the model sees; the master copy is always fp32."""
+    """Compute dtype of the parameters the model sees."""
+    master_dtype: MasterDtype = "fp32"
+    """Dtype of the master weights and the optimizer state: fp32 (every ZeRO stage's and FSDP2's default), or
+    bf16 with a bf16 model: pure bf16 training, DeepSpeed's bf16.bf16_master_weights_and_grads +
+    bf16_optimizer_states ([Note: bf16 master] in optim/shard_optimizer.py)."""
     communication_dtype: Dtype | None = None
     """Dtype gradients are reduced in; None = fp32 (exact, FSDP2's choice)."""
     # fp16 dynamic loss scaling, DeepSpeed's semantics and defaults.

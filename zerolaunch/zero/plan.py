@@ -79,13 +79,15 @@ def accumulates_directly(
 
 
 def grads_in_compute_dtype(
-    direct: bool, dtype: str, gradient_accumulation_steps: int, fused_step: bool
+    direct: bool, dtype: str, gradient_accumulation_steps: int, fused_step: bool, master_dtype: str = "fp32"
 ) -> bool:
     """[Note: compute-dtype grads] in zero/grad_shards.py: the direct path keeps a 16-bit window's grads in the
     compute dtype, when the window is one micro-step (nothing to accumulate: the fp32 copy would be the exact
-    upcast of what the step reads) and the step is the fused one (which upcasts in its kernel; torch's fused
-    AdamW wants grads in the master's dtype). Dtypes by name (protocol.DTYPES)."""
-    return direct and dtype != "fp32" and gradient_accumulation_steps == 1 and fused_step
+    upcast of what the step reads) and the step reads them as they are: the fused step (which upcasts in its
+    kernel) or torch's over a master of that dtype ([Note: bf16 master]; torch's fused AdamW wants grads in the
+    master's dtype). Dtypes by name (protocol.DTYPES)."""
+    reads_them = fused_step or master_dtype == dtype
+    return direct and dtype != "fp32" and gradient_accumulation_steps == 1 and reads_them
 
 
 def gathers_from_master(offload_optimizer: str, offload_param: str) -> bool:

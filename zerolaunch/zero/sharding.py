@@ -52,6 +52,7 @@ class Sharding:
         self.comm_dtype = engine.comm_dtype
         self.master_device = engine.master_device
         self.fused_step = engine.options.optimizer.fused_step
+        self.master_dtype = engine.master_dtype
 
     # ---- hooks around forward and backward (no-ops unless a strategy needs them) ---------------------
     def begin_forward(self) -> None:

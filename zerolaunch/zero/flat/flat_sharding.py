@@ -81,7 +81,11 @@ class FlatSharding(Sharding):
             # [Note: compute-dtype grads]: one micro-step's 16-bit grads, read by the fused step as they are
             narrow_dtype=self.dtype
             if plan.grads_in_compute_dtype(
-                direct, options.precision.dtype, options.gradient_accumulation_steps, self.fused_step
+                direct,
+                options.precision.dtype,
+                options.gradient_accumulation_steps,
+                self.fused_step,
+                options.precision.master_dtype,
             )
             else None,
         )
@@ -106,8 +110,9 @@ class FlatSharding(Sharding):
             device=self.master_device,
             rank=self.rank,
             fused_step=self.fused_step,
+            master_dtype=self.master_dtype,
         )
-        """fp32 master + optimizer state of this rank's shards (on the device, the host or nvme)."""
+        """fp32 (or bf16) master + optimizer state of this rank's shards (on the device, the host or nvme)."""
         buffers = self.flat_params.buffers
         self.shards.initialize(lambda c, master: master.copy_(self._chunk_of_params(buffers, c)))
 
@@ -331,15 +336,16 @@ class FlatSharding(Sharding):
         return chunk.owner_offset + chunk.numel == self.layout.buckets[chunk.owner].shard_numel
 
     def _gathers_master_itself(self, c: int) -> bool:
-        """fp32 training without offload, params not written directly: a chunk that is its bucket's whole
-        shard is all-gathered from the resident master itself, no copy. (An nvme buffer is refilled while
-        the all-gather may still read it: that one is always copied.)"""
+        """A master in the compute dtype (fp32 training, or a bf16 master) without offload, params not written
+        directly: a chunk that is its bucket's whole shard is all-gathered from the resident master itself,
+        no copy. (An nvme buffer is refilled while the all-gather may still read it: that one is always
+        copied.)"""
         chunk = self.shards.chunks[c]
         resident = self.shards.store is None and self.master_device == self.device
         return (
             not self._params_written_directly()
             and resident
-            and self.dtype == torch.float32
+            and self.dtype == self.master_dtype
             and chunk.numel == self.layout.buckets[chunk.owner].shard_numel
         )
 

@@ -47,22 +47,33 @@ def adam_chunk(
 ) -> None:
     """One Adam (decoupled=False: L2 decay added to the grad) or AdamW step of `master` in place, its moments
     updated in place, and `out` (any dtype, master's shape; None: nothing) set to the new master. `grad` (fp32
-    or 16-bit) is read only (its values times `multiplier`, None = 1: unscaling and clipping)."""
+    or 16-bit) is read only (its values times `multiplier`, None = 1: unscaling and clipping). master and
+    moments are fp32 or all bf16; the arithmetic is fp32 either way."""
     # the order of torch's fused kernel (aten/src/ATen/native/cuda/fused_adam_utils.cuh), term by term, in
-    # fp32: a 16-bit grad ([Note: compute-dtype grads] in ../grad_shards.py) is upcast first, exactly
-    g = grad.to(torch.float32)
-    g = g if multiplier is None else g * multiplier
+    # fp32 whatever the tensors hold (its "opmath"): a 16-bit grad ([Note: compute-dtype grads] in
+    # ../grad_shards.py) is upcast exactly; a bf16 master ([Note: bf16 master] in shard_optimizer.py) reads its
+    # grads rounded to bf16, as torch's fused AdamW over bf16 params does, and master and moments are written
+    # back rounded once. For fp32 tensors .to() is the tensor itself and the copies back are the updates.
+    f32 = torch.float32
+    g = grad.to(master.dtype).to(f32)
+    if multiplier is not None:
+        # a bf16 master's clipped grads are bf16 too (DeepSpeed and torch clip them in place); fp32: a no-op
+        g = (g * multiplier).to(master.dtype).to(f32)
+    p, m, v = master.to(f32), exp_avg.to(f32), exp_avg_sq.to(f32)
     if weight_decay != 0.0:
         if decoupled:
-            master.sub_(lr * weight_decay * master)
+            p = p.sub(lr * weight_decay * p)
         else:
-            g = g + master * weight_decay
-    exp_avg.mul_(beta1).add_(g, alpha=1.0 - beta1)
-    exp_avg_sq.mul_(beta2).add_(g * g, alpha=1.0 - beta2)
-    denom = exp_avg_sq.sqrt() / bias_correction2_sqrt + eps
-    master.sub_(lr / bias_correction1 * exp_avg / denom)
+            g = g + p * weight_decay
+    m = m.mul(beta1).add(g, alpha=1.0 - beta1)
+    v = v.mul(beta2).add(g * g, alpha=1.0 - beta2)
+    denom = v.sqrt() / bias_correction2_sqrt + eps
+    p = p.sub(lr / bias_correction1 * m / denom)
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
+    master.copy_(p)
     if out is not None:
-        out.copy_(master)
+        out.copy_(p)
 
 
 @functools.cache

@@ -20,6 +20,20 @@ chunk k+1; a bucket's all-gather is issued as soon as its last chunk was sent. O
 and the last bucket's all-gather remain exposed. The pinned master is written again only by the next
 step, which starts after the engine synchronized with the device (host.sync), so no copy is still
 reading it then.
+
+[Note: bf16 master]
+precision.master_dtype bf16 (DeepSpeed's bf16.bf16_master_weights_and_grads and bf16_optimizer_states, both
+true) is pure bf16 training: master and optimizer state in bf16, as plain torch keeps bf16 params and AdamW
+moments, 2 + 2x2 bytes per element instead of 4 + 2x4. The step reads bf16 grads: torch's fused AdamW over a
+chunk of bf16 tensors (fp32 arithmetic, rounded once), or the fused step's kernel, which computes the same in
+fp32 and rounds once. At world size 1 the grad shard is bf16 already ([Note: compute-dtype grads] in
+../grad_shards.py); elsewhere the fp32 shard a reduce-scatter (or a window's accumulation) wrote is rounded
+as the step reads it (DeepSpeed sums its bf16 grads in bf16: summing in fp32 rounds less). Clipping multiplies
+the bf16 grads in fp32 and rounds the product to bf16, as DeepSpeed's unscale_and_clip_grads and torch's
+clip_grad_norm_ write clipped bf16 grads in place; with an fp32 master the factor stays inside the step.
+So at world size 1 the weights are plain torch's pure-bf16 training bit for bit (tests/unit/
+test_bf16_master.py), and at N ranks those of a reference that averages the ranks' bf16 grads in fp32
+(tests/dist/test_bf16_master_ranks.py). The master stays on the device (the CPU step keeps fp32 state).
 """
 
 from __future__ import annotations
@@ -96,11 +110,18 @@ class ShardOptimizer:
         device: torch.device,
         rank: int = 0,
         fused_step: bool = False,
+        master_dtype: torch.dtype = torch.float32,
     ):
         """`device`: where a resident master lives (the accelerator, or the CPU when offloaded).
         `chunks` must tile every group's [0, numel) exactly once; they are stepped in list order.
         `fused_step`: Adam / AdamW chunks are stepped by fused_step.adam_chunk, which also writes each
-        chunk's params when `step` is given `publish_into` ([Note: fused step]); needs a resident master."""
+        chunk's params when `step` is given `publish_into` ([Note: fused step]); needs a resident master.
+        `master_dtype`: of the master and the optimizer state (bf16: [Note: bf16 master]; resident only)."""
+        if master_dtype != torch.float32 and offload_options.device != "none":
+            raise ValueError(
+                "a bf16 master stays on the device (zero/option_rules.py refuses it with offload)"
+            )
+        self.master_dtype = master_dtype
         blocker = fused_step_blocker(options.name, offload_options.device) if fused_step else None
         if blocker is not None:
             raise ValueError(f"the fused step is Adam / AdamW over a master on the device: {blocker[0]}")
@@ -128,16 +149,16 @@ class ShardOptimizer:
             )
         else:
             pin = offload_options.pin_memory and offload_options.device == "cpu"
-            self.master = [host.zeros(n, self.device, pin=pin) for n in group_numels]
+            self.master = [host.zeros(n, self.device, pin=pin, dtype=master_dtype) for n in group_numels]
             self.state = [
-                {k: torch.zeros(n, dtype=torch.float32, device=self.device) for k in self.kinds}
+                {k: torch.zeros(n, dtype=master_dtype, device=self.device) for k in self.kinds}
                 for n in group_numels
             ]
         # one torch optimizer per param group (its weight decay, lr, betas, eps), whose single param is
         # swapped for each chunk's master view; the placeholder only satisfies the constructor and is never
         # stepped. A bare float is a group's weight decay with the optimizer's other options.
         groups = [g if isinstance(g, dict) else {"weight_decay": g} for g in groups]
-        self._placeholders = [torch.zeros(1, device=self.device) for _ in groups]
+        self._placeholders = [torch.zeros(1, device=self.device, dtype=master_dtype) for _ in groups]
         self._optimizers = [
             build_optimizer(options, [{**g, "params": [p]}], self.device)
             for p, g in zip(self._placeholders, groups, strict=True)
@@ -206,9 +227,9 @@ class ShardOptimizer:
     ) -> None:
         """Step every chunk with its slice of `grads` (the grad shards on this device: fp32, or 16-bit for the
         fused step, [Note: compute-dtype grads]) at its group's lr (`lr[group]`; one float: every group's),
-        each grad first multiplied by `grad_multiplier` (a scalar tensor; None = 1). The grads may be left
-        scaled. on_stepped(chunk index, master view) runs after
-        each chunk, while its view is valid. `order`: the chunk indices in the order to step them (default:
+        each grad first multiplied by `grad_multiplier` (a scalar tensor; None = 1; a bf16 master reads the
+        product rounded to bf16, [Note: bf16 master]). The grads may be left scaled. on_stepped(chunk index,
+        master view) runs after each chunk, while its view is valid. `order`: the chunk indices in the order to step them (default:
         list order; each exactly once). `publish_into(chunk index)`: with the fused step, a tensor of the
         chunk's shape the step also writes the new master into (any dtype; None: none), before on_stepped."""
         if not isinstance(lr, list | tuple):
@@ -222,16 +243,19 @@ class ShardOptimizer:
     def _step_torch(self, grads, lr, on_stepped, grad_multiplier, order) -> None:
         """The step of `step` through the torch optimizer of each chunk's group (fused where it has one)."""
         divisor = None
+        rounded = self.master_dtype != torch.float32
         if grad_multiplier is not None:
             multiplier = grad_multiplier.to(self.device, torch.float32).reshape(1)
             # the fused kernels divide by grad_scale: one pass reads each grad once.
-            divisor = (1.0 / multiplier) if self._fused else None
+            divisor = (1.0 / multiplier) if self._fused and not rounded else None
         for c, views in self._views(order):
             chunk = self.chunks[c]
-            grad = grads.window_view(chunk.group, chunk.offset, chunk.numel)
-            if grad.dtype != torch.float32:  # plan.grads_in_compute_dtype asks for the fused step
-                raise AssertionError("torch's optimizers step fp32 grad shards only")
-            if grad_multiplier is not None and divisor is None:
+            # torch's optimizers step grads of the master's dtype: a bf16 master reads bf16 grads (rounded
+            # from the fp32 shard, then clipped in bf16 as DeepSpeed does; [Note: bf16 master]), a copy
+            grad = grads.window_view(chunk.group, chunk.offset, chunk.numel).to(self.master_dtype)
+            if grad_multiplier is not None and rounded:
+                grad = (grad.float() * multiplier).to(self.master_dtype)
+            elif grad_multiplier is not None and divisor is None:
                 grad.mul_(multiplier)
             self._step_chunk(chunk.group, views, grad, lr, divisor)
             on_stepped(c, views["master"])
@@ -276,7 +300,8 @@ class ShardOptimizer:
         master = views["master"]
         state = {kind: views[kind] for kind in self.kinds}
         if self.counts_steps:
-            # a fill, not torch.tensor(..., device=cuda): no blocking host->device copy per chunk.
+            # a fill, not torch.tensor(..., device=cuda): no blocking host->device copy per chunk; fp32 whatever
+            # the master's dtype (torch's fused kernels read the step count as fp32).
             step_device = master.device if self._fused else torch.device("cpu")
             state["step"] = torch.full((), float(self.step_count), dtype=torch.float32, device=step_device)
         master.grad = grad

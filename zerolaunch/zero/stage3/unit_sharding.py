@@ -166,6 +166,7 @@ class UnitSharding(UnitStateMixin, Sharding):
             self.options.precision.dtype,
             self.options.gradient_accumulation_steps,
             self.fused_step,
+            self.options.precision.master_dtype,
         )
         self.grad_shards = GradShards(
             cursor,
@@ -186,6 +187,7 @@ class UnitSharding(UnitStateMixin, Sharding):
             device=self.master_device,
             rank=self.rank,
             fused_step=self.fused_step,  # steps only: publishing stays a copy of its own
+            master_dtype=self.master_dtype,
         )
         """fp32 master + optimizer state of this rank's shards (on the device, the host or nvme); under nvme
         construction writes each unit's master straight to the swap file, never holding all of it."""
