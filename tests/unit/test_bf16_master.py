@@ -5,7 +5,8 @@ Tests ([Note: bf16 master] in zero/optim/shard_optimizer.py): (1) values: stages
 step, give the weights of plain torch training the same model in pure bf16 (bf16 params, torch.optim.AdamW
 fused, the same batches) bit for bit, for several steps; with clipping they stay within bf16 rounding of it
 (torch clips in bf16, the engine folds an fp32 factor into the step); (2) memory: master and moments are 2 bytes
-an element, grads bf16; (3) a checkpoint round trip resumes exactly; (4) the recipe: both DeepSpeed keys give
+an element, grads bf16, and at one rank (stages 0-2) the params are the master; (3) a checkpoint round trip
+resumes exactly, and an fp32 master's checkpoint resumes rounded to bf16; (4) the recipe: both DeepSpeed keys give
 it (`recipe show`), and each way to ask for what does not exist is exit 2 at its line (one key alone, an fp32
 model, offload: tests/_option_cases.py); (5) estimate-memory counts the engine's bytes and shows no offload rows.
 Leaves out: several ranks (tests/dist/test_bf16_master_ranks.py) and the GPU (bench/run.py's -purebf16 rows).
@@ -115,8 +116,15 @@ def test_two_bytes_of_master_and_of_each_moment(stage):
     engine, _ = _train(_options(stage), steps=1)
     shard = sum(t.numel() for t in engine.shards.master)
     mem = engine.memory_bytes()
-    assert mem["master"] == 2 * shard and mem["optimizer"] == 2 * 2 * shard
+    assert mem["optimizer"] == 2 * 2 * shard
     assert mem["grads"] == 2 * shard  # one rank: the grad shard is bf16 ([Note: compute-dtype grads])
+    frozen = 2 * sum(p.numel() for p in engine.module.parameters() if not p.requires_grad)
+    if stage == 3:  # the units are gathered from the master: no other copy of the params is kept
+        assert mem["master"] == 2 * shard and mem["params"] == frozen
+    else:  # [Note: master is params]: plain torch's 8 bytes per param in all (2 params, 2 grads, 4 moments)
+        assert mem["master"] == 0 and mem["params"] == 2 * shard + frozen
+        flat = engine.sharding.flat_params.buffers
+        assert all(m.data_ptr() == b.data_ptr() for m, b in zip(engine.shards.master, flat, strict=True))
 
 
 def test_a_checkpoint_round_trip_resumes_exactly(tmp_path):
@@ -135,6 +143,21 @@ def test_a_checkpoint_round_trip_resumes_exactly(tmp_path):
         torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
     for kind in ("exp_avg", "exp_avg_sq"):
         assert torch.equal(resumed.shards.state[0][kind], engine.shards.state[0][kind])
+
+
+def test_an_fp32_master_checkpoint_resumes_in_pure_bf16_rounded(tmp_path):
+    options = _options(2)
+    fp32_run, _ = _train(replace(options, precision=PrecisionOptions(dtype="bf16")), steps=2)
+    save_checkpoint(fp32_run, tmp_path / "ck", step=2)
+    resumed = Engine(Net(1), options)
+    load_checkpoint(resumed, tmp_path / "ck")
+    want = dict(fp32_run.full_state_dict(torch.float32))
+    for name, got in resumed.full_state_dict():
+        if name in want:  # params: the fp32 master rounded once
+            assert torch.equal(got, want[name].to(torch.bfloat16)), name
+    assert resumed.shards.step_count == 2
+    moment = fp32_run.shards.state[0]["exp_avg"]
+    assert torch.equal(resumed.shards.state[0]["exp_avg"], moment.to(torch.bfloat16))
 
 
 def test_more_than_the_options_allow_is_refused():

@@ -1,7 +1,8 @@
 """World size 1: the stage 0-2 engine holds no gradient buffer beyond one fp32 grad per trainable element.
 
 Tests ([Note: world size 1] in zero/flat/reducer.py): (1) memory: after a real backward + step, the engine's
-own accounting (`memory_bytes()`) is params + fp32 master + fp32 grad shard + optimizer state, and,
+own accounting (`memory_bytes()`) is params + fp32 master (none in fp32: the params are it, [Note: master is
+params]) + fp32 grad shard + optimizer state, and,
 independently, the bytes of every live tensor storage found by the garbage collector are that less the grad
 shard, which is released between steps and back after the next backward ([Note: released grad shards] in
 zero/grad_shards.py; before, stages 0/1 also held a compute-dtype full gradient buffer and stage 2 its
@@ -83,7 +84,10 @@ def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
     mem = engine.memory_bytes()
     assert mem["grads"] == 4 * padded, mem  # the fp32 grad shard alone
     assert mem["buckets"] == 0, mem
-    model_states = elem * padded + 4 * padded * (1 + 1 + 2)  # params, master, grad shard, AdamW moments
+    # params, master, grad shard, AdamW moments; in fp32 the params are the master ([Note: master is params])
+    master = 0 if dtype == "fp32" else 4 * padded
+    assert mem["master"] == master, mem
+    model_states = elem * padded + master + 4 * padded * (1 + 2)
     assert mem["params"] + mem["grads"] + mem["master"] + mem["optimizer"] == model_states, mem
     assert all(p.grad is None for p in engine.module.parameters())
     # between steps the grad shard's storage is released ([Note: released grad shards]): the live bytes are

@@ -3,7 +3,7 @@
 This module owns only the adaptation of a model shape's specs to the engine's planning functions: the
 default param groups (`plan.default_group`), the stage 0-2 layout (`plan.flat_layout`: reverse registration
 order, one rank for stage 0), a stage-3 unit's layout (`plan.unit_layout`), the world-size-1 direct path
-(`plan.accumulates_directly`, `plan.grads_in_compute_dtype`) and the stage-2 staging buffer count (`plan.stage2_staging_buffers`, which
+(`plan.accumulates_directly`, `plan.grads_in_compute_dtype`, `plan.master_is_params`) and the stage-2 staging buffer count (`plan.stage2_staging_buffers`, which
 drives `plan.StagingPool`, the policy object flat.BackwardReducer itself asks). The engine calls the
 same functions, so nothing here restates an engine choice; tests/unit/test_memory_engine.py still holds the
 bytes equal to a real Engine.
@@ -50,6 +50,11 @@ def grad_shard_bytes(
     dtype's where plan.grads_in_compute_dtype keeps it there ([Note: compute-dtype grads])."""
     direct = accumulates_directly(stage, world_size, offload, dtype, comm_dtype)
     return 2 if plan.grads_in_compute_dtype(direct, dtype, 1, fused_step, master_dtype) else 4
+
+
+def master_is_params(stage: int, world_size: int, offload: str, dtype: str, master_dtype: str) -> bool:
+    """The stage 0-2 engine's params are its master ([Note: master is params]; plan.py)."""
+    return plan.master_is_params(stage, world_size, offload != "none", dtype, master_dtype)
 
 
 def shard_numel(lay) -> int:

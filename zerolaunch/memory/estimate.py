@@ -261,7 +261,9 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     direct = el.accumulates_directly(stage, world, offload, setup.dtype, setup.communication_dtype)
     grad_bytes = setup.grad_bytes(stage, offload)
     states = gpu if offload == "none" else host
-    states["master"] = setup.master_bytes * shard
+    # [Note: master is params] in zero/flat/flat_sharding.py: stage 0 or one rank, the master's dtype = params'
+    master_is_params = el.master_is_params(stage, world, offload, setup.dtype, setup.master_dtype)
+    states["master"] = 0 if master_is_params else setup.master_bytes * shard
     states["grads"] = grad_bytes * shard
     # the step count shared by every element is a Python int (zero/optim/shard_optimizer.py), not a tensor.
     states["optimizer"] = setup.master_bytes * shard * setup.optimizer_state_tensors

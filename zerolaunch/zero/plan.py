@@ -90,6 +90,13 @@ def grads_in_compute_dtype(
     return direct and dtype != "fp32" and gradient_accumulation_steps == 1 and reads_them
 
 
+def master_is_params(stage: int, world_size: int, offload: bool, dtype: str, master_dtype: str) -> bool:
+    """[Note: master is params] in zero/flat/flat_sharding.py: stages 0-2 where a rank steps whole buckets
+    (stage 0, or one rank) and the master has the params' dtype (fp32 training, or pure bf16) on the device:
+    the flat param buffers are the master, not a copy of it. Dtypes by name (protocol.DTYPES)."""
+    return stage < 3 and (stage == 0 or world_size == 1) and not offload and dtype == master_dtype
+
+
 def gathers_from_master(offload_optimizer: str, offload_param: str) -> bool:
     """Stage 3 keeps no compute-dtype shard when the fp32 master and the units' shards both stay on the
     compute device (offload devices by name: "none", "cpu", "nvme"): a unit's gather casts its fp32 master

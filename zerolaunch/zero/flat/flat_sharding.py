@@ -111,6 +111,8 @@ class FlatSharding(Sharding):
             rank=self.rank,
             fused_step=self.fused_step,
             master_dtype=self.master_dtype,
+            # [Note: master is params]
+            master_tensors=self.flat_params.buffers if self._master_is_params(options) else None,
         )
         """fp32 (or bf16) master + optimizer state of this rank's shards (on the device, the host or nvme)."""
         buffers = self.flat_params.buffers
@@ -168,6 +170,23 @@ class FlatSharding(Sharding):
             p.dtype,
             p.communication_dtype or "fp32",
             options.gradient_accumulation_steps,
+        )
+
+    def _master_is_params(self, options) -> bool:
+        """[Note: master is params]
+        Where this rank steps whole buckets (stage 0, or one rank: `_params_written_directly`) and the master
+        has the params' dtype (fp32 training, or pure bf16: [Note: bf16 master]) on the device, a master
+        would be a second copy of the flat param buffers, element for element (at layout world 1 a group's
+        shard is its buffer, buckets back to back). So the buffers are the master: the step updates the
+        params in place and nothing is copied back; 4 bytes per param saved in fp32 (2 in bf16). The values
+        are those of a separate master (its copy back was exact); the memory accounting reports them once,
+        as params. plan.master_is_params (estimate-memory asks it too)."""
+        return plan.master_is_params(
+            self.stage,
+            self.world_size,
+            options.zero.offload_optimizer.device != "none",
+            options.precision.dtype,
+            options.precision.master_dtype,
         )
 
     def _chunk_of_params(self, flats: list[torch.Tensor], c: int) -> torch.Tensor:
@@ -361,19 +380,23 @@ class FlatSharding(Sharding):
         bucket as soon as its last chunk was sent ([Note: offload pipeline] in
         ../optim/shard_optimizer.py)."""
         direct = self._params_written_directly()
-        fused = self.shards.fused_step  # the step writes each chunk's destination itself
+        # the step writes each chunk's destination itself (fused), or the master is the params already
+        # ([Note: master is params]): nothing to copy
+        written = self.shards.fused_step or self.shards.master_is_external
         outgoing: dict[int, torch.Tensor] = {}
         issued = []
 
         def publish_into(c: int) -> torch.Tensor | None:
-            return None if self._gathers_master_itself(c) else self._chunk_destination(c, outgoing)
+            if self.shards.master_is_external or self._gathers_master_itself(c):
+                return None
+            return self._chunk_destination(c, outgoing)
 
         def on_stepped(c: int, master: torch.Tensor) -> None:
             bucket = self.layout.buckets[self.shards.chunks[c].owner].index
             if self._gathers_master_itself(c):
                 issued.append(self._all_gather_bucket(bucket, master))
                 return
-            if self._send_chunk(c, master, outgoing, written=fused) and not direct:
+            if self._send_chunk(c, master, outgoing, written=written) and not direct:
                 issued.append(self._all_gather_bucket(bucket, outgoing.pop(bucket)))
 
         self.shards.step(
@@ -381,7 +404,7 @@ class FlatSharding(Sharding):
             lr,
             on_stepped,
             grad_multiplier=grad_multiplier,
-            publish_into=publish_into if fused else None,
+            publish_into=publish_into if self.shards.fused_step else None,
         )
         for pending in issued:
             pending.wait()

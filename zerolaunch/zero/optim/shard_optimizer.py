@@ -111,12 +111,16 @@ class ShardOptimizer:
         rank: int = 0,
         fused_step: bool = False,
         master_dtype: torch.dtype = torch.float32,
+        master_tensors: list[torch.Tensor] | None = None,
     ):
         """`device`: where a resident master lives (the accelerator, or the CPU when offloaded).
         `chunks` must tile every group's [0, numel) exactly once; they are stepped in list order.
         `fused_step`: Adam / AdamW chunks are stepped by fused_step.adam_chunk, which also writes each
         chunk's params when `step` is given `publish_into` ([Note: fused step]); needs a resident master.
-        `master_dtype`: of the master and the optimizer state (bf16: [Note: bf16 master]; resident only)."""
+        `master_dtype`: of the master and the optimizer state (bf16: [Note: bf16 master]; resident only).
+        `master_tensors`: one flat tensor per group (group_numels long, master_dtype, on `device`) that IS the
+        master, stepped in place: the engine's params where they hold exactly the master ([Note: master is
+        params] in ../flat/flat_sharding.py); memory_bytes() then counts no master of its own."""
         if master_dtype != torch.float32 and offload_options.device != "none":
             raise ValueError(
                 "a bf16 master stays on the device (zero/option_rules.py refuses it with offload)"
@@ -130,6 +134,8 @@ class ShardOptimizer:
         self.kinds = state_kinds(options)
         self.counts_steps = options.name in ("adam", "adamw")
         """Adam keeps a step count (checkpointed as "step"); SGD keeps none, as torch's."""
+        self.master_is_external = master_tensors is not None
+        """The master is the caller's tensors (not counted in memory_bytes(), not filled by initialize())."""
         self.chunks = list(chunks)
         self.device = torch.device(device)
         self.group_numels = list(group_numels)
@@ -149,7 +155,13 @@ class ShardOptimizer:
             )
         else:
             pin = offload_options.pin_memory and offload_options.device == "cpu"
-            self.master = [host.zeros(n, self.device, pin=pin, dtype=master_dtype) for n in group_numels]
+            if master_tensors is not None:
+                shapes = [(t.numel(), t.dtype, t.device) for t in master_tensors]
+                if shapes != [(n, master_dtype, self.device) for n in group_numels]:
+                    raise ValueError(f"master_tensors {shapes} are not {group_numels} x {master_dtype} here")
+                self.master = list(master_tensors)
+            else:
+                self.master = [host.zeros(n, self.device, pin=pin, dtype=master_dtype) for n in group_numels]
             self.state = [
                 {k: torch.zeros(n, dtype=master_dtype, device=self.device) for k in self.kinds}
                 for n in group_numels
@@ -175,7 +187,7 @@ class ShardOptimizer:
         if self.store is not None:
             return {"master": 0, "optimizer": self.store.buffer_bytes, "nvme": self.store.file_bytes}
         return {
-            "master": _nbytes(self.master),
+            "master": 0 if self.master_is_external else _nbytes(self.master),
             "optimizer": _nbytes(t for s in self.state for t in s.values()),
         }
 
@@ -208,9 +220,11 @@ class ShardOptimizer:
 
     @torch.no_grad()
     def initialize(self, fill: Callable[[int, torch.Tensor], None]) -> None:
-        """fill(chunk index, master view) writes each chunk's initial fp32 master; the state starts at 0."""
+        """fill(chunk index, master view) writes each chunk's initial fp32 master (an external master holds
+        it already); the state starts at 0."""
         for c, views in self._views(read=False):
-            fill(c, views["master"])
+            if not self.master_is_external:
+                fill(c, views["master"])
             for kind in self.kinds:
                 views[kind].zero_()
 
