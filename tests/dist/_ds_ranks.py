@@ -1,17 +1,42 @@
-"""What the DeepSpeed side-by-side scripts (_ds_parity_run.py, _ds_init_from_run.py, _ds_api_run.py) share:
-spawning CPU gloo ranks that DeepSpeed accepts (the torchrun environment variables, a FileStore rendezvous)
-and starting DeepSpeed's own comm on them. Imported by name: the scripts run as `python tests/dist/<script>.py`, so this
+"""What the DeepSpeed side-by-side scripts (_ds_parity_run.py, _ds_init_from_run.py, _ds_api_run.py,
+_ds_bf16_master_run.py) share: spawning CPU gloo ranks that DeepSpeed accepts (the torchrun environment
+variables, a FileStore rendezvous) and starting DeepSpeed's own comm on them; and, for their tests,
+`run_both`, which runs a script under both engines. Imported by name: the scripts run as `python tests/dist/<script>.py`, so this
 folder is first on sys.path, in the spawned ranks too."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 from datetime import timedelta
 
 import torch
 import torch.multiprocessing as mp
+
+
+def run_both(script, out_dir, *args: str, timeout: float = 900) -> dict:
+    """{engine: what rank 0 saved} after `python script {deepspeed|zerolaunch} OUT.pt *args` under both
+    engines at once (OUT.pt in `out_dir`), each on the CPU with one thread; a failed run fails the caller
+    with the end of its output."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    outs = {w: os.path.join(str(out_dir), f"{w}.pt") for w in ("deepspeed", "zerolaunch")}
+    procs = {
+        w: subprocess.Popen(
+            [sys.executable, str(script), w, out, *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for w, out in outs.items()
+    }
+    for which, proc in procs.items():
+        output, _ = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, f"{which} run failed:\n{output[-4000:]}"
+    return {w: torch.load(out) for w, out in outs.items()}
 
 
 def spawn(worker, world_size: int, *args) -> None:

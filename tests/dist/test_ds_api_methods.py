@@ -18,11 +18,9 @@ test_model16_save.py).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import _ds_ranks
 import pytest
 import torch
 
@@ -31,28 +29,13 @@ pytest.importorskip("deepspeed")
 from safetensors.torch import load_file  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("_ds_api_run.py")
-ROOT = Path(__file__).resolve().parents[2]
 CASES = ["stage1", "stage2", "stage3", "stage3_no_gather"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ds_api")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    procs = {
-        w: subprocess.Popen(
-            [sys.executable, str(SCRIPT), w, str(tmp / f"{w}.pt"), str(tmp / "save")],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for w in ("deepspeed", "zerolaunch")
-    }
-    for which, proc in procs.items():
-        output, _ = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"{which} run failed:\n{output[-4000:]}"
-    return {w: torch.load(tmp / f"{w}.pt") for w in procs}, tmp / "save"
+    return _ds_ranks.run_both(SCRIPT, tmp, str(tmp / "save")), tmp / "save"
 
 
 @pytest.mark.parametrize("case", CASES)

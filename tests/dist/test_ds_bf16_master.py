@@ -12,40 +12,22 @@ not recorded.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import _ds_ranks
 import pytest
 import torch
 
 pytest.importorskip("deepspeed")
 
 SCRIPT = Path(__file__).with_name("_ds_bf16_master_run.py")
-ROOT = Path(__file__).resolve().parents[2]
 CASES = [(stage, clip) for stage in (1, 2, 3) for clip in (0.0, 0.05)]
 LR = 0.01  # _ds_parity_run.config's
 
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ds_bf16_master")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    procs = {
-        w: subprocess.Popen(
-            [sys.executable, str(SCRIPT), w, str(tmp / f"{w}.pt")],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for w in ("deepspeed", "zerolaunch")
-    }
-    for which, proc in procs.items():
-        output, _ = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"{which} run failed:\n{output[-4000:]}"
-    return {w: torch.load(tmp / f"{w}.pt") for w in procs}
+    return _ds_ranks.run_both(SCRIPT, tmp_path_factory.mktemp("ds_bf16_master"))
 
 
 @pytest.mark.dist

@@ -9,39 +9,20 @@ weights are made in this run, not recorded. Not covered: bf16/fp16, offload, sch
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import _ds_ranks
 import pytest
 import torch
 
 pytest.importorskip("deepspeed")
 
 SCRIPT = Path(__file__).with_name("_ds_parity_run.py")
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _start(which: str, out: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    return subprocess.Popen(
-        [sys.executable, str(SCRIPT), which, str(out)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ds_parity")
-    procs = {w: _start(w, tmp / f"{w}.pt") for w in ("deepspeed", "zerolaunch")}
-    for which, proc in procs.items():
-        output, _ = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"{which} run failed:\n{output[-4000:]}"
-    return {w: torch.load(tmp / f"{w}.pt") for w in procs}
+    return _ds_ranks.run_both(SCRIPT, tmp_path_factory.mktemp("ds_parity"))
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

@@ -14,33 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 pytest.importorskip("transformers")
 
-from _helpers import load_bench_script, tiny_llama  # noqa: E402
+from _helpers import tiny_llama  # noqa: E402
 
 from zerolaunch.report.mfu import hf_flops_per_token  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = tiny_llama(vocab_size=256, num_hidden_layers=2, max_position_embeddings=64, tie_word_embeddings=False)
 SEQ = 16
-
-
-@pytest.fixture(scope="module")
-def bench():
-    return load_bench_script("run")
-
-
-@pytest.fixture
-def group(tmp_path, monkeypatch):
-    # the bench's single-rank group setup reads (and set-defaults) the torchrun variables: keep them local
-    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "RANK": "0", "LOCAL_RANK": "0"}.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_hf_llama_1b_is_the_recipe_shape(bench):
