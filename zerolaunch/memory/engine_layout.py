@@ -2,9 +2,10 @@
 
 This module owns only the adaptation of a model shape's specs to the engine's planning functions: the
 default param groups (`plan.default_group`), the stage 0-2 layout (`plan.flat_layout`: reverse registration
-order, one rank for stage 0), a stage-3 unit's layout (`plan.unit_layout`), the world-size-1 direct path
-(`plan.accumulates_directly`, `plan.grads_in_compute_dtype`, `plan.master_is_params`) and the stage-2 staging buffer count (`plan.stage2_staging_buffers`, which
-drives `plan.StagingPool`, the policy object flat.BackwardReducer itself asks). The engine calls the
+order, one rank for stage 0), a stage-3 unit's layout (`plan.unit_layout`), the world-size-1 direct path and
+its buffers (`plan.accumulates_directly`, `plan.grads_in_compute_dtype`, `plan.master_is_params`) and the
+stage-2 staging buffer count (`plan.stage2_staging_buffers`, which drives `plan.StagingPool`, the policy
+object flat.BackwardReducer itself asks). The engine calls the
 same functions, so nothing here restates an engine choice; tests/unit/test_memory_engine.py still holds the
 bytes equal to a real Engine.
 

@@ -92,7 +92,9 @@ class Setup:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         if self.communication_dtype is not None:
             object.__setattr__(self, "communication_dtype", normalize_dtype(self.communication_dtype))
-        if self.master_dtype not in ("fp32", "bf16") or self.master_dtype not in ("fp32", self.dtype):
+        if self.master_dtype not in ("fp32", "bf16"):
+            raise EstimateError(f"master dtype {self.master_dtype!r} is unknown; use fp32 or bf16")
+        if self.master_dtype not in ("fp32", self.dtype):
             raise EstimateError(
                 f"a {self.master_dtype} master (bf16.bf16_master_weights_and_grads) needs a bf16 model; the "
                 f"dtype is {self.dtype}: use --dtype bf16, or an fp32 master"
@@ -253,15 +255,16 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     gpu, host = _zero_states(), _zero_states()
     # flat_params.buffers (padded, compute dtype) + frozen params, cast to the compute dtype by model.to().
     gpu["params"] = b * lay.padded_numel + b * shape.frozen_numel
-    # master, fp32 grad shard and optimizer state all live on the master device (the host when offloaded).
     # zero/flat/reducer.py [Note: world size 1]: one rank, no offload and a comm dtype that rounds nothing:
     # grads go straight into the fp32 shard (no full grads, staging or reduce copies; stages 0/1 as the engine
     # does for one micro-step per window, which is what this estimate assumes), in the compute dtype with the
-    # fused step ([Note: compute-dtype grads] in zero/grad_shards.py).
+    # fused step or a bf16 master ([Note: compute-dtype grads] in zero/grad_shards.py).
     direct = el.accumulates_directly(stage, world, offload, setup.dtype, setup.communication_dtype)
     grad_bytes = setup.grad_bytes(stage, offload)
+    # master, grad shard and optimizer state all live on the master device (the host when offloaded); the
+    # master is the params themselves at stage 0 or one rank when it has their dtype ([Note: master is
+    # params] in zero/flat/flat_sharding.py).
     states = gpu if offload == "none" else host
-    # [Note: master is params] in zero/flat/flat_sharding.py: stage 0 or one rank, the master's dtype = params'
     master_is_params = el.master_is_params(stage, world, offload, setup.dtype, setup.master_dtype)
     states["master"] = 0 if master_is_params else setup.master_bytes * shard
     states["grads"] = grad_bytes * shard

@@ -24,12 +24,13 @@ host memory is not the peak), so the written marks, not the allocation, say what
 a host shard keeps the last window's values until it is written or zeroed.
 
 [Note: compute-dtype grads]
-At world size 1 (the direct path) with a 16-bit model, one micro-step per window and the fused step
-(plan.grads_in_compute_dtype), a window's grads are nobody's sum: each element is one gradient autograd made in
-the compute dtype, and its fp32 copy is that value's exact upcast. Then each device segment starts the window
-in the compute dtype (`narrow_dtype`): the grad hooks copy 2 bytes per element instead of writing 4, the
-norm reads 2, and the fused step reads 2 and upcasts in its kernel (fused_step.adam_chunk), so the weights are
-the fp32 path's bit for bit. GPT-1.3B: 40 -> 34 bytes of optimizer-side traffic per param a step (the probe's
+At world size 1 (the direct path) with a 16-bit model, one micro-step per window and a step that reads 16-bit
+grads as they are (plan.grads_in_compute_dtype: the fused step, or torch's over a bf16 master, [Note: bf16
+master]), a window's grads are nobody's sum: each element is one gradient autograd made in the compute dtype,
+and its fp32 copy is that value's exact upcast. Then each device segment starts the window in the compute
+dtype (`narrow_dtype`): the grad hooks copy 2 bytes per element instead of writing 4, the norm reads 2, and the
+fused step reads 2 and upcasts in its kernel (fused_step.adam_chunk), so the weights are the fp32 path's bit
+for bit. GPT-1.3B: 40 -> 34 bytes of optimizer-side traffic per param a step (the probe's
 fused rows in bench/RESULTS.md, 2026-12-05), half the grad shard's 4.90 GiB held at the step.
 A second gradient into a segment in the same window (a caller-set boundary with several backwards) must be
 summed in fp32, as the other paths do: `write` then promotes the segment to fp32 first (its 16-bit values

@@ -239,13 +239,14 @@ class ShardOptimizer:
         order: Iterable[int] | None = None,
         publish_into: Callable[[int], torch.Tensor | None] | None = None,
     ) -> None:
-        """Step every chunk with its slice of `grads` (the grad shards on this device: fp32, or 16-bit for the
-        fused step, [Note: compute-dtype grads]) at its group's lr (`lr[group]`; one float: every group's),
+        """Step every chunk with its slice of `grads` (the grad shards on this device: fp32, or 16-bit,
+        [Note: compute-dtype grads]) at its group's lr (`lr[group]`; one float: every group's),
         each grad first multiplied by `grad_multiplier` (a scalar tensor; None = 1; a bf16 master reads the
         product rounded to bf16, [Note: bf16 master]). The grads may be left scaled. on_stepped(chunk index,
-        master view) runs after each chunk, while its view is valid. `order`: the chunk indices in the order to step them (default:
-        list order; each exactly once). `publish_into(chunk index)`: with the fused step, a tensor of the
-        chunk's shape the step also writes the new master into (any dtype; None: none), before on_stepped."""
+        master view) runs after each chunk, while its view is valid. `order`: the chunk indices in the order
+        to step them (default: list order; each exactly once). `publish_into(chunk index)`: with the fused
+        step, a tensor of the chunk's shape the step also writes the new master into (any dtype; None: none),
+        before on_stepped."""
         if not isinstance(lr, list | tuple):
             lr = [float(lr)] * len(self._optimizers)
         if self.fused_step:

@@ -34,10 +34,11 @@ At world size 1 without offload (plan.accumulates_directly, as stages 0-2's flat
 a reduce-scatter is a copy: the staging buffer, the reduce output and their two copies of every gradient
 hold nothing the shard would not. So each param's hook writes its grad straight into its slice of the
 unit's fp32 grad shard: overwritten (the exact upcast) in the window's first micro-step, added to (fp32)
-after it, the values of the reducing path bit for bit (GradShards.write; with one micro-step, the fused step
-and a 16-bit model the copy stays in the compute dtype, [Note: compute-dtype grads] in ../grad_shards.py). A unit whose every param reported is done for the
-micro-step; at the end of backward, the slices of params without a grad in the window's first micro-step
-are zeroed, which is what the zeroed staging buffer gave. Nothing is issued.
+after it, the values of the reducing path bit for bit (GradShards.write; with one micro-step, a 16-bit model
+and a step that reads 16-bit grads the copy stays in the compute dtype, [Note: compute-dtype grads] in
+../grad_shards.py). A unit whose every param reported is done for the micro-step; at the end of backward, the
+slices of params without a grad in the window's first micro-step are zeroed, which is what the zeroed staging
+buffer gave. Nothing is issued.
 """
 
 from __future__ import annotations
