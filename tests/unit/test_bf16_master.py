@@ -3,7 +3,7 @@ bf16.bf16_master_weights_and_grads + bf16_optimizer_states), one rank.
 
 Tests ([Note: bf16 master] in zero/optim/shard_optimizer.py): (1) values: stages 0-3, torch's step and the fused
 step, give the weights of plain torch training the same model in pure bf16 (bf16 params, torch.optim.AdamW
-fused, the same batches) bit for bit, for several steps; with clipping they stay within bf16 rounding of it
+fused, the same batches) bit for bit, for several steps (stage 3 with its params offloaded to cpu or nvme too); with clipping they stay within bf16 rounding of it
 (torch clips in bf16, the engine folds an fp32 factor into the step); (2) memory: master and moments are 2 bytes
 an element, grads bf16, and at one rank (stages 0-2) the params are the master; (3) a checkpoint round trip
 resumes exactly, and an fp32 master's checkpoint resumes rounded to bf16; (4) the recipe: both DeepSpeed keys give
@@ -33,6 +33,7 @@ from zerolaunch.checkpoint.save import save_checkpoint  # noqa: E402
 from zerolaunch.zero import Engine  # noqa: E402
 from zerolaunch.zero.options import (  # noqa: E402
     EngineOptions,
+    OffloadOptions,
     OptimizerOptions,
     PrecisionOptions,
     ZeroOptions,
@@ -92,6 +93,20 @@ def test_the_weights_of_plain_torch_in_pure_bf16(stage, fused):
         torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
     assert engine.shards.master[0].dtype == torch.bfloat16
     assert {t.dtype for t in engine.shards.state[0].values()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("device", ["cpu", "nvme"])
+def test_stage3_with_its_params_offloaded_too(device, tmp_path):
+    # offload_param keeps the units' bf16 shards off the device; the master and its state stay on it
+    options = _options(3)
+    offload = OffloadOptions(device=device, nvme_path=str(tmp_path) if device == "nvme" else None)
+    options = replace(options, zero=replace(options.zero, offload_param=offload))
+    want, _ = _plain_torch_bf16(steps=5)
+    engine, _ = _train(options, steps=5)
+    got = dict(engine.full_state_dict())
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
+    engine.close()
 
 
 @pytest.mark.parametrize("stage", [1, 3])
