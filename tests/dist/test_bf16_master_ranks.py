@@ -4,8 +4,9 @@ torch step and the fused step, one and two micro-steps per window.
 The reference is written here with plain torch, not taken from zerolaunch: each rank's bf16 model replica
 computes its rows' bf16 grads (the loss divided by the micro-steps, as the engine scales it), the grads of all
 ranks and micro-steps are averaged in fp32, rounded once to bf16, and torch's fused AdamW steps the bf16
-params. The engine reduces the same grads in fp32 and rounds them once as its step reads them, so the weights
-must be equal bit for bit (the mean of a few bf16 values is exact in fp32, whatever the order). Leaves out:
+params. The engine reduces the same grads in fp32 and rounds them once as its step reads them, so with torch's
+step the weights must be equal bit for bit (the mean of a few bf16 values is exact in fp32, whatever the order);
+the fused step does the same arithmetic in another order, compared within one bf16 rounding. Leaves out:
 clipping (plain torch clips in bf16: tests/unit/test_bf16_master.py compares within rounding) and CUDA.
 """
 
@@ -70,7 +71,7 @@ def _reference(world_size: int, gas: int) -> dict:
 
 
 @pytest.mark.dist
-def test_two_ranks_give_the_reference_weights_bit_for_bit():
+def test_two_ranks_give_the_reference_weights():
     world_size = 2
     results = run_ranks(_engine_weights, world_size, CASES, timeout_s=240)
     for r in range(1, world_size):
@@ -78,8 +79,9 @@ def test_two_ranks_give_the_reference_weights_bit_for_bit():
             assert all(torch.equal(a[n], b[n]) for n in a)  # every rank holds the same model
     for (stage, fused, gas), got in zip(CASES, results[0], strict=True):
         want = _reference(world_size, gas)
+        rtol, atol = (2**-7, LR * 2**-5) if fused else (0, 0)
         for name, w in want.items():
             assert got[name].dtype == torch.bfloat16
             torch.testing.assert_close(
-                got[name], w, rtol=0, atol=0, msg=lambda m, c=(stage, fused, gas), n=name: f"{c} {n}: {m}"
+                got[name], w, rtol=rtol, atol=atol, msg=lambda m, c=(stage, fused, gas), n=name: f"{c} {n}: {m}"
             )

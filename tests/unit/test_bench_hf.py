@@ -36,12 +36,16 @@ def test_hf_llama_1b_is_the_recipe_shape(bench):
     assert recipe["model"]["args"]["attn_implementation"] == "sdpa"
 
 
-@pytest.mark.parametrize("engine", ["torch", "fsdp2", "zl-z2", "zl-z3", "zl-z2-fused", "zl-z3-fused"])
+@pytest.mark.parametrize(
+    "engine", ["torch", "fsdp2", "zl-z2", "zl-z3", "zl-z2-fused", "zl-z3-fused", "zl-z3-purebf16"]
+)
 def test_hf_rows_build_and_step_on_cpu(bench, group, monkeypatch, engine):
     monkeypatch.setitem(bench.HF_MODELS, "hf-tiny", ("llama-tiny", TINY))
     step, make, parts = bench.build_step(engine, "llama-tiny", SEQ, model_name="hf-tiny", device="cpu")
     if engine.startswith("zl-"):
         assert parts["engine"].shards.fused_step is engine.endswith("-fused")
+        pure = engine.endswith("-purebf16")  # [Note: bf16 master]
+        assert parts["engine"].master_dtype == (torch.bfloat16 if pure else torch.float32)
     if engine == "zl-z3":
         eng = parts["engine"]
         assert eng.options.zero.stage3_units == ("LlamaDecoderLayer",)

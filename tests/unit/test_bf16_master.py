@@ -1,10 +1,13 @@
 """Pure bf16: a bf16 master and bf16 optimizer state (precision.master_dtype bf16; DeepSpeed's
 bf16.bf16_master_weights_and_grads + bf16_optimizer_states), one rank.
 
-Tests ([Note: bf16 master] in zero/optim/shard_optimizer.py): (1) values: stages 0-3, torch's step and the fused
-step, give the weights of plain torch training the same model in pure bf16 (bf16 params, torch.optim.AdamW
-fused, the same batches) bit for bit, for several steps (stage 3 with its params offloaded to cpu or nvme too); with clipping they stay within bf16 rounding of it
-(torch clips in bf16, the engine folds an fp32 factor into the step); (2) memory: master and moments are 2 bytes
+Tests ([Note: bf16 master] in zero/optim/shard_optimizer.py): (1) values: stages 0-3, torch's step gives the
+weights of plain torch training the same model in pure bf16 (bf16 params, torch.optim.AdamW fused, the same
+batches) bit for bit over several steps (stage 3 with its params offloaded to cpu or nvme too); the fused
+step computes the same arithmetic in another order (fused_step.adam_chunk), so it is compared within one bf16
+rounding (on a random 4096-element chunk one step of each differs by an ulp in a few elements; on this model
+they happen to be equal); with clipping both stay within bf16 rounding of plain torch (torch clips with a
+factor computed in bf16, the engine with an fp32 one); (2) memory: master and moments are 2 bytes
 an element, grads bf16, and at one rank (stages 0-2) the params are the master; (3) a checkpoint round trip
 resumes exactly, and an fp32 master's checkpoint resumes rounded to bf16; (4) the recipe: both DeepSpeed keys give
 it (`recipe show`), and each way to ask for what does not exist is exit 2 at its line (one key alone, an fp32
@@ -88,9 +91,11 @@ def test_the_weights_of_plain_torch_in_pure_bf16(stage, fused):
     engine, infos = _train(_options(stage, fused), steps=5)
     assert all(i.stepped for i in infos)
     got = dict(engine.full_state_dict())
+    # torch's step: the very kernel plain torch runs; the fused step: within a bf16 ulp (2**-8 relative)
+    rtol, atol = (2**-7, LR * 2**-5) if fused else (0, 0)
     for name, w in want.items():
         assert got[name].dtype == torch.bfloat16
-        torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(got[name], w, rtol=rtol, atol=atol, msg=name)
     assert engine.shards.master[0].dtype == torch.bfloat16
     assert {t.dtype for t in engine.shards.state[0].values()} == {torch.bfloat16}
 

@@ -31,9 +31,10 @@ fp32 and rounds once. At world size 1 the grad shard is bf16 already ([Note: com
 as the step reads it (DeepSpeed sums its bf16 grads in bf16: summing in fp32 rounds less). Clipping multiplies
 the bf16 grads in fp32 and rounds the product to bf16, as DeepSpeed's unscale_and_clip_grads and torch's
 clip_grad_norm_ write clipped bf16 grads in place; with an fp32 master the factor stays inside the step.
-So at world size 1 the weights are plain torch's pure-bf16 training bit for bit (tests/unit/
-test_bf16_master.py), and at N ranks those of a reference that averages the ranks' bf16 grads in fp32
-(tests/dist/test_bf16_master_ranks.py). The master stays on the device (the CPU step keeps fp32 state).
+So at world size 1 torch's step gives plain torch's pure-bf16 training bit for bit (tests/unit/
+test_bf16_master.py), and at N ranks the weights of a reference that averages the ranks' bf16 grads in fp32
+(tests/dist/test_bf16_master_ranks.py); the fused step, the same arithmetic in another order, agrees to a
+bf16 rounding. The master stays on the device (the CPU step keeps fp32 state).
 """
 
 from __future__ import annotations
