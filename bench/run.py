@@ -44,6 +44,8 @@ ENGINES = {
     "ds-z2": "DeepSpeed ZeRO-2",
     "ds-z3": "DeepSpeed ZeRO-3",
     "ds-z2-off": "DeepSpeed ZeRO-2 + CPU optimizer offload",
+    "ds-z2-purebf16": "DeepSpeed ZeRO-2 in pure bf16 (bf16_master_weights_and_grads + bf16_optimizer_states), "
+    "torch's fused AdamW",
     "fsdp2-off": "FSDP2 + CPUOffloadPolicy",
     "fsdp2-off-noclip": "fsdp2-off without clip_grad_norm_ (a diagnostic: torch's clip over host DTensor grads "
     "was half of fsdp2-off's step on 2026-12-05; every other row clips at 1.0)",
@@ -116,6 +118,7 @@ PEERS = (
     "ds-z1",
     "ds-z2",
     "ds-z3",
+    "ds-z2-purebf16",
 )
 OFFLOAD_PEERS = ("ds-z2-off", "fsdp2-off")
 
@@ -164,7 +167,10 @@ def _init_single_rank_group(device=None):
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 
 
-def _ds_config(stage: int, offload: bool, lr: float) -> dict:
+def _ds_config(stage: int, offload: bool, lr: float, pure_bf16: bool = False) -> dict:
+    """The DeepSpeed rows' config. pure_bf16: bf16 master and optimizer state ([Note: bf16 master]), with
+    torch's fused AdamW (fp32 arithmetic rounded once, as DeepSpeed's FusedAdam and zerolaunch compute it;
+    torch's default foreach AdamW would round every intermediate in bf16)."""
     zero = {
         "stage": stage,
         "overlap_comm": True,
@@ -174,11 +180,14 @@ def _ds_config(stage: int, offload: bool, lr: float) -> dict:
     }
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    bf16 = {"enabled": True}
+    if pure_bf16:
+        bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
     return {
         "train_micro_batch_size_per_gpu": 8,
         "gradient_accumulation_steps": 1,
         "train_batch_size": 8,
-        "bf16": {"enabled": True},
+        "bf16": bf16,
         "gradient_clipping": 1.0,
         "zero_optimization": zero,
         # torch_adam avoids a multi-minute JIT build of DeepSpeed's FusedAdam on a machine without
@@ -191,6 +200,7 @@ def _ds_config(stage: int, offload: bool, lr: float) -> dict:
                 "eps": 1e-8,
                 "weight_decay": 0.1,
                 "torch_adam": not offload,
+                **({"fused": True} if pure_bf16 else {}),
             },
         },
         "steps_per_print": 10**9,
@@ -400,7 +410,7 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
         eng, _, _, _ = deepspeed.initialize(
             model=model,
             model_parameters=model.parameters(),
-            config=_ds_config(stage, engine.endswith("off"), lr),
+            config=_ds_config(stage, engine.endswith("off"), lr, pure_bf16=engine.endswith("-purebf16")),
         )
         parts = {"module": eng.module, "stepper": eng, "engine": None}
 

@@ -53,3 +53,18 @@ def test_fused_rows_hold_the_grads_they_name(bench, group, monkeypatch, engine, 
         assert torch.isfinite(step(b)).item()
     after = dict(eng.full_state_dict(torch.float32))
     assert any(not torch.equal(after[n], before[n]) for n in before)
+
+
+@pytest.mark.parametrize("pure_bf16", [False, True])
+def test_the_deepspeed_rows_config_means_the_same_to_zerolaunch(bench, group, pure_bf16):
+    # the ds-* rows hand DeepSpeed this config; zerolaunch.initialize reads DeepSpeed's vocabulary, so it must
+    # accept it and build the same numerics (a key DeepSpeed would take and zerolaunch refuse fails here)
+    import zerolaunch
+    from zerolaunch.models.gpt import build
+
+    config = bench._ds_config(2, False, 3e-4, pure_bf16=pure_bf16)
+    engine = zerolaunch.initialize(build(size="tiny", vocab_size=256, seq_len=16), config=config)
+    engine = engine[0] if isinstance(engine, tuple) else engine
+    assert engine.options.zero.stage == 2 and engine.options.precision.dtype == "bf16"
+    assert engine.master_dtype == (torch.bfloat16 if pure_bf16 else torch.float32)
+    assert config["optimizer"]["params"].get("fused") is (True if pure_bf16 else None)
