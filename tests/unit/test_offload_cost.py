@@ -64,6 +64,16 @@ def test_table_shows_the_column_and_nvme_rows_without_a_disk_number():
     assert "no --nvme-path" in text  # nvme rows need a disk measurement
 
 
+def test_a_setup_without_offload_rows_says_so():
+    # a bf16 master is never offloaded ([Note: bf16 master]): the table has no row and says why
+    est = estimate(synthetic_gpt(NUMEL), Setup(gpus_per_node=1, dtype="bf16", master_dtype="bf16"))
+    bw = Bandwidths(h2d=20 * GB, d2h=10 * GB)
+    assert offload_costs(est, bw) == []
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(render_offload_cost(est, bw))
+    assert "no offload row for this setup" in buf.getvalue()
+
+
 def test_probe_measures_memcpy_and_a_disk_path_here(tmp_path):
     bw = measure_bandwidths(str(tmp_path), nbytes=4 * 2**20)
     assert bw.h2d > 0 and bw.d2h > 0 and bw.disk_read > 0 and bw.disk_write > 0

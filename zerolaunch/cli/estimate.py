@@ -144,9 +144,12 @@ def render_offload_cost(est: Estimate, bandwidths) -> Table:
         f"disk read {gbs(bandwidths.disk_read)} / write {gbs(bandwidths.disk_write)} GB/s",
         ["stage", "offload", "offload s/step"],
     )
-    for r, cost in offload_costs(est, bandwidths):
+    costs = offload_costs(est, bandwidths)
+    for r, cost in costs:
         text = "- (no --nvme-path)" if cost is None else f"{cost:.3f}"
         table.add_row(str(r.stage), _OFFLOAD_SHORT[r.offload], text)
+    if not costs:  # e.g. a bf16 master, which is never offloaded
+        table.caption = "no offload row for this setup"
     for note in bandwidths.notes:
         table.caption = (table.caption + "; " if table.caption else "") + note
     return table
