@@ -11,6 +11,7 @@ train/entrypoint.py; environment variables are read in launch/env.py. This only 
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -147,6 +148,59 @@ class ZeroLaunchEngine:
         return info
 
     # ---- the rest of DeepSpeed's engine surface (deepspeed/runtime/engine.py, 0.19.8) -----------------------
+    def compile(
+        self, backend: str = "inductor", compile_kwargs=None, schedule=None, compiled_autograd_enabled=False
+    ) -> None:
+        """DeepSpeed's engine.compile(): torch.compile of the model, as `train.compile` does it
+        (train/compiling.py). DeepSpeed compiles the whole module; here at stages 0-2 (without overlap_step)
+        the model's whole forward is compiled (`compile_scope: model`), and at stage 3, whose gather hooks run
+        inside the forward, each unit's forward (`compile_scope: blocks`). With the inductor backend the
+        optimizer step is fused too where it can be (Engine.use_fused_step), as `train.compile_optimizer`
+        defaults. A second call does nothing, as DeepSpeed's. `schedule` and `compiled_autograd_enabled` are
+        DeepCompile's and compiled autograd's, which zerolaunch does not have: refused, not ignored."""
+        if schedule is not None:
+            raise ValueError(
+                "engine.compile(schedule=...) is a DeepCompile schedule; zerolaunch has no DeepCompile (the "
+                "config's `compile` block is refused too). Call engine.compile() without it"
+            )
+        if compiled_autograd_enabled:
+            raise ValueError(
+                "engine.compile(compiled_autograd_enabled=True): zerolaunch runs backward eagerly (its gradient "
+                "hooks reduce during backward); call engine.compile() without it"
+            )
+        if self.is_compiled:
+            return
+        kwargs = dict(compile_kwargs or {})
+        if "backend" in kwargs:
+            warnings.warn(
+                "engine.compile: the `backend` in compile_kwargs is overridden by the `backend` argument "
+                "(as in DeepSpeed)",
+                stacklevel=2,
+            )
+            kwargs.pop("backend")
+        from zerolaunch.train.batches import TrainError
+        from zerolaunch.train.compiling import compile_for
+
+        options = self.engine.options
+        whole = options.zero.stage < 3 and not options.zero.offload_optimizer.overlap_step
+        try:
+            self.compiled = compile_for(
+                self.module,
+                scope="model" if whole else "blocks",
+                backend=backend,
+                unit_classes=options.zero.stage3_units,
+                compile_kwargs=kwargs,
+            )
+        except TrainError as e:  # stage 3 on a model without repeated blocks to compile one by one
+            raise ValueError(f"engine.compile(): {e}") from None
+        if backend == "inductor":
+            self.engine.use_fused_step()
+
+    @property
+    def is_compiled(self) -> bool:
+        """DeepSpeed's: whether compile() ran."""
+        return self.__dict__.get("compiled") is not None
+
     def train(self, mode: bool = True) -> None:
         self.module.train(mode)
 

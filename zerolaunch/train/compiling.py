@@ -23,8 +23,11 @@ from zerolaunch.train.batches import TrainError
 from zerolaunch.zero.stage3.partition import find_unit_modules
 
 
-def compile_blocks(model: nn.Module, *, backend: str, unit_classes: tuple[str, ...] = ()) -> int:
-    """Replace the forward of every repeated block by torch.compile of it; returns how many blocks."""
+def compile_blocks(
+    model: nn.Module, *, backend: str, unit_classes: tuple[str, ...] = (), compile_kwargs: dict | None = None
+) -> int:
+    """Replace the forward of every repeated block by torch.compile of it; returns how many blocks.
+    compile_kwargs: torch.compile's other arguments (DeepSpeed's engine.compile passes them on)."""
     try:
         blocks = find_unit_modules(model, unit_classes)
     except ValueError as e:
@@ -36,11 +39,16 @@ def compile_blocks(model: nn.Module, *, backend: str, unit_classes: tuple[str, .
         )
     for _, block in blocks:
         # dynamic=False: the shapes of a training run are fixed; no symbolic shapes to trace or guard.
-        block.forward = torch.compile(block.forward, backend=backend, dynamic=False)
+        block.forward = torch.compile(block.forward, **_arguments(backend, compile_kwargs))
     return len(blocks)
 
 
-def compile_model(model: nn.Module, *, backend: str) -> None:
+def _arguments(backend: str, compile_kwargs: dict | None) -> dict:
+    """torch.compile's arguments: the backend, dynamic=False unless the caller says otherwise."""
+    return {"dynamic": False, **(compile_kwargs or {}), "backend": backend}
+
+
+def compile_model(model: nn.Module, *, backend: str, compile_kwargs: dict | None = None) -> None:
     """train.compile_scope: model -- the model's whole forward (embeddings, blocks, head, loss) as one graph.
 
     The blocks alone leave out the part of the forward with the largest elementwise work of a language model:
@@ -49,12 +57,20 @@ def compile_model(model: nn.Module, *, backend: str) -> None:
     memory (what inductor saves for backward). Only for engines whose hooks run outside the forward (stages 0-2
     without overlap_step: the config refuses the others); the engine's gradient hooks and activation
     checkpointing (traced by dynamo) still work, and the module tree does not change."""
-    model.forward = torch.compile(model.forward, backend=backend, dynamic=False)
+    model.forward = torch.compile(model.forward, **_arguments(backend, compile_kwargs))
 
 
-def compile_for(model: nn.Module, *, scope: str, backend: str, unit_classes: tuple[str, ...] = ()) -> str:
+def compile_for(
+    model: nn.Module,
+    *,
+    scope: str,
+    backend: str,
+    unit_classes: tuple[str, ...] = (),
+    compile_kwargs: dict | None = None,
+) -> str:
     """train.compile: compile by `scope` (blocks | model); returns what was compiled, for the first step's line."""
     if scope == "model":
-        compile_model(model, backend=backend)
+        compile_model(model, backend=backend, compile_kwargs=compile_kwargs)
         return "the whole forward"
-    return f"{compile_blocks(model, backend=backend, unit_classes=unit_classes)} blocks"
+    n = compile_blocks(model, backend=backend, unit_classes=unit_classes, compile_kwargs=compile_kwargs)
+    return f"{n} blocks"

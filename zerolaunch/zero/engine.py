@@ -10,6 +10,8 @@ stages 0-2, `stage3.unit_sharding.UnitSharding` for stage 3, picked by `sharding
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -19,6 +21,7 @@ from .layout import Fragment
 from .loss_scale import LossScaler
 from .optim import host
 from .optim.torch_optim import check_and_scale, note_nonfinite_loss, sum_of_squares
+from .option_rules import why_not_fused
 from .options import EngineOptions
 from .protocol import DTYPES, StepInfo, validate_options
 from .sched import LRSchedule, groups_description
@@ -194,6 +197,20 @@ class Engine(EngineStateMixin):
     def lrs_at(self, step: int) -> list[float]:
         """Each param group's lr for the optimizer step after `step` steps (sched.py LRSchedule.lrs_at)."""
         return self.scheduler.lrs_at(step, self.shards.group_lrs)
+
+    def use_fused_step(self) -> bool:
+        """Turn `optimizer.fused_step` on from now on where it can run (option_rules.why_not_fused: Adam /
+        AdamW, no optimizer offload); returns whether it is on. Master, moments and step count are the same
+        state either way ([Note: fused step]), so the run continues where it is, as a resumed run switching
+        it does. What DeepSpeed's engine.compile() turns on with an inductor backend (zerolaunch/api.py); the
+        grad shard's dtype, chosen at construction, stays as it is."""
+        if self.options.optimizer.fused_step:
+            return True
+        if why_not_fused(self.options) is not None:
+            return False
+        self.options = replace(self.options, optimizer=replace(self.options.optimizer, fused_step=True))
+        self.sharding.fused_step = self.shards.fused_step = True
+        return True
 
     def settle(self) -> None:
         """Wait for an overlapped step to finish and publish every param (a no-op without overlap_step).
