@@ -1,7 +1,9 @@
 """`zerolaunch estimate-memory` through the real command tree: the three inputs, --json, and bad input.
 
 Tests: --params (table + recommendation, no torch), --model (exact count of the built-in GPT), a recipe file
-(its micro-batch, seq_len and stage-3 units), every kind of bad input -> one error line and exit 2.
+(its micro-batch, seq_len and stage-3 units), a DeepSpeed config with --model / --params (its settings, pure
+bf16 included) and alone (refused, not sized as the default model), every kind of bad input -> one error line
+and exit 2.
 Leaves out: --measure (test_estimate_measure.py).
 """
 
@@ -86,6 +88,47 @@ def test_recipe_takes_its_batch_and_sequence_and_builds_on_meta():
 def test_recipe_set_override_reaches_the_estimate():
     data = _json(str(ROOT / "recipes" / "tiny-gpt.yaml"), "--set", "train.micro_batch_size=2")
     assert data["setup"]["micro_batch"] == 2
+
+
+DS_PURE_BF16 = {
+    "train_micro_batch_size_per_gpu": 4,
+    "bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+    "zero_optimization": {"stage": 2},
+}
+
+
+def test_a_deepspeed_config_sizes_the_model_given_by_flag(tmp_path):
+    # a bare ds_config.json has no model: its engine and batch settings, the shape from --model / --params
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(DS_PURE_BF16))
+    data = _json(str(config), "--model", "1.3b", "--gpus", "1")
+    assert data["setup"]["master_dtype"] == "bf16" and data["setup"]["micro_batch"] == 4
+    assert "settings from" in data["model"]["source"] and "gpt-1.3b" in data["model"]["source"]
+    alone = _json("--model", "1.3b", "--gpus", "1")
+    # pure bf16: 2 + 4 bytes of master and moments per element where the default keeps 4 + 8
+    row = {r["label"]: r for r in data["rows"]}["stage 2"]
+    fp32 = {r["label"]: r for r in alone["rows"]}["stage 2"]
+    assert row["gpu"]["optimizer"] * 2 == fp32["gpu"]["optimizer"]
+    assert _json(str(config), "--params", "7e9", "--gpus", "8")["setup"]["master_dtype"] == "bf16"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ([], "names no model (a DeepSpeed config?): add --model"),  # not a silent tiny-GPT stand-in
+        (["--params", "1e9", "--measure"], "--measure runs real steps of a RECIPE's own model"),
+    ],
+)
+def test_a_deepspeed_config_alone_is_refused(tmp_path, extra, message):
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(DS_PURE_BF16))
+    result = _run(str(config), *extra)
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_a_recipe_with_its_own_model_refuses_another():
+    result = _run(str(ROOT / "recipes" / "tiny-gpt.yaml"), "--model", "1.3b")
+    assert result.exit_code == 2 and "names its model already; drop --model" in result.output
 
 
 @pytest.mark.parametrize(

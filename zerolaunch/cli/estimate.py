@@ -10,6 +10,7 @@ typer + rich only: the arithmetic is zerolaunch/memory/; torch is imported only 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -219,15 +220,34 @@ def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, 
     """(ModelShape, Setup fields from the recipe, micro-batch / seq / ckpt defaults)."""
     from zerolaunch.memory import EstimateError, parse_count, synthetic_gpt
 
-    given = [n for n, v in (("RECIPE", recipe), ("--params", params), ("--model", model)) if v]
-    if len(given) != 1:
+    given = [n for n, v in (("--params", params), ("--model", model)) if v]
+    if len(given) > 1 or not (recipe or given):
         raise EstimateError(
             "give exactly one of RECIPE, --params or --model"
             + (f" (got {' and '.join(given)})" if given else "")
+            + " (a RECIPE without a model, e.g. a DeepSpeed ds_config.json, takes --params or --model too)"
             + "; e.g. `zerolaunch estimate-memory --params 7e9 --gpus 8`"
         )
     if set_ and not recipe:
         raise EstimateError("--set overrides a recipe value; it needs a RECIPE")
+    if recipe:
+        shape, fields, defaults = _recipe_inputs(recipe, set_, world_size)
+        if not given:
+            if defaults["_recipe"].origins.get("model.builder") == "default":
+                # a bare ds_config.json: its default model would be a silent stand-in for the user's
+                raise EstimateError(
+                    f"{recipe} names no model (a DeepSpeed config?): add --model (a built-in GPT size or a "
+                    "Hugging Face config folder) or --params, e.g. --model 1.3b"
+                )
+            return shape, fields, defaults
+        if defaults["_recipe"].origins.get("model.builder") != "default":
+            raise EstimateError(
+                f"{recipe} names its model already; drop {given[0]}, or use a config without one"
+            )
+        units = defaults.pop("_recipe").engine.zero.stage3_units  # --measure needs the recipe's own model
+        # the config's engine and batch settings with that model
+        shape, _, _ = _build_inputs(None, params, model, (), world_size, vocab_size, seq_len, units)
+        return dataclasses.replace(shape, source=f"{shape.source}; settings from {recipe}"), fields, defaults
     if params:
         return synthetic_gpt(parse_count(params), vocab_size, seq_len or 1024), {}, {}
     if model:
@@ -243,7 +263,7 @@ def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, 
                 {},
             )
         return from_gpt_size(model, vocab_size, seq_len or 1024, stage3_units), {}, {}
-    return _recipe_inputs(recipe, set_, world_size)
+    raise AssertionError("unreachable: a RECIPE returned above")
 
 
 def _recipe_inputs(path, set_, world_size):
@@ -350,6 +370,11 @@ def register(app: typer.Typer) -> None:
                 recipe, params, model, set_, gpus * nodes, vocab_size, seq_len, ()
             )
             rec = defaults.pop("_recipe", None)
+            if measure and rec is None:
+                raise EstimateError(
+                    "--measure runs real steps of a RECIPE's own model; this config has none (--model / "
+                    "--params only size the estimate)"
+                )
             flags = {
                 "micro_batch": micro_batch,
                 "seq_len": seq_len,
