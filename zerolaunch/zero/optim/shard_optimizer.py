@@ -157,8 +157,9 @@ class ShardOptimizer:
         else:
             pin = offload_options.pin_memory and offload_options.device == "cpu"
             if master_tensors is not None:
-                shapes = [(t.numel(), t.dtype, t.device) for t in master_tensors]
-                if shapes != [(n, master_dtype, self.device) for n in group_numels]:
+                # by device type: an engine given "cuda" holds buffers on "cuda:0", the same place
+                shapes = [(t.numel(), t.dtype, t.device.type) for t in master_tensors]
+                if shapes != [(n, master_dtype, self.device.type) for n in group_numels]:
                     raise ValueError(f"master_tensors {shapes} are not {group_numels} x {master_dtype} here")
                 self.master = list(master_tensors)
             else:
