@@ -78,16 +78,7 @@ class FlatSharding(Sharding):
             self.master_device,
             pin=pin,
             releasable=offload_device == "none",
-            # [Note: compute-dtype grads]: one micro-step's 16-bit grads, read by the fused step as they are
-            narrow_dtype=self.dtype
-            if plan.grads_in_compute_dtype(
-                direct,
-                options.precision.dtype,
-                options.gradient_accumulation_steps,
-                self.fused_step,
-                options.precision.master_dtype,
-            )
-            else None,
+            narrow_dtype=self._narrow_grad_dtype(direct),
         )
         # the sum of squares for the norm is taken from the reduced grads on the device while they are
         # still there, when those are the window's final values: saves a pass over the host shards.

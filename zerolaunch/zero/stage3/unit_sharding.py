@@ -160,21 +160,13 @@ class UnitSharding(UnitStateMixin, Sharding):
         # on the compute device each unit bucket's grad shard is allocated by its first reduce of a window
         # and freed after the step ([Note: released grad shards] in ../grad_shards.py)
         direct = self._accumulates_directly(self.options)
-        # [Note: compute-dtype grads] in ../grad_shards.py: one micro-step's 16-bit grads at world size 1
-        narrow = plan.grads_in_compute_dtype(
-            direct,
-            self.options.precision.dtype,
-            self.options.gradient_accumulation_steps,
-            self.fused_step,
-            self.options.precision.master_dtype,
-        )
         self.grad_shards = GradShards(
             cursor,
             [GradSegment(p.group, p.offset, p.numel, p.owner) for p in pieces],
             self.master_device,
             pin=z.offload_optimizer.pin_memory,
             releasable=z.offload_optimizer.device == "none",
-            narrow_dtype=self.dtype if narrow else None,
+            narrow_dtype=self._narrow_grad_dtype(direct),
         )
         self.shards = ShardOptimizer(
             self.options.optimizer,
