@@ -667,6 +667,40 @@ def print_table(rows: list[dict], peak_measured: float) -> None:
             )
 
 
+def summary_table(calls: list[dict]) -> str:
+    """One table of a device call's rows, read from the `--json-out` files of its bench/run.py commands: each row's
+    step time as a ratio to the fastest peer of the same size anywhere in the call (offload rows to the fastest
+    offload peer), so rows that ran in different commands still compare. The matmul rate is the call's highest
+    measurement (one machine); MFU is against it. Rows of different machines must not be summarized together."""
+    rate = max(c["matmul_tflops"] for c in calls)
+    rows = [r for c in calls for r in c["rows"]]
+    lines = [f"bf16 matmul rate (measured, highest of the call): {rate:.0f} TFLOP/s"]
+    w = max([6, *(len(r["engine"]) for r in rows)])
+    lines.append(
+        f"{'size':>8} {'engine':<{w}} {'step ms':>8} {'MFU%':>5} {'peak GiB':>8} {'x best peer':>11}  best peer"
+    )
+    for size in dict.fromkeys(r["size"] for r in rows):
+        ok = [r for r in rows if r["size"] == size and "error" not in r]
+        best = {
+            False: min((r for r in ok if r["engine"] in PEERS), key=lambda r: r["step_ms"], default=None),
+            True: min(
+                (r for r in ok if r["engine"] in OFFLOAD_PEERS), key=lambda r: r["step_ms"], default=None
+            ),
+        }
+        for r in (r for r in rows if r["size"] == size):
+            if "error" in r:
+                lines.append(f"{size:>8} {r['engine']:<{w}} FAILED: {r['error'][:60]}")
+                continue
+            ref = best["-off" in r["engine"]]
+            tflops = r["tokens_per_step"] / (r["step_ms"] / 1e3) * r["flops_per_token"] / 1e12
+            ratio = f"{r['step_ms'] / ref['step_ms']:.3f}x" if ref else "-"
+            lines.append(
+                f"{size:>8} {r['engine']:<{w}} {r['step_ms']:8.1f} {100 * tflops / rate:5.1f} "
+                f"{r['peak_gib']:8.2f} {ratio:>11}  {ref['engine'] if ref else '-'}"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--one", help="run one configuration and print its RESULT line")
@@ -686,8 +720,20 @@ def main() -> None:
     p.add_argument("--timeout", type=int, default=300, help="seconds per configuration")
     p.add_argument("--all-offload", action="store_true", help="also run peers' offload at every size")
     p.add_argument("--json-out")
+    p.add_argument(
+        "--summary",
+        nargs="+",
+        metavar="JSON",
+        help="print one table of ratios against the best peer over these --json-out files of one call, and exit",
+    )
     args = p.parse_args()
-    if args.one:
+    if args.summary:
+        calls = []
+        for path in args.summary:
+            with open(path) as f:
+                calls.append(json.load(f))
+        print(summary_table(calls))
+    elif args.one:
         r = run_one(args.one, args.size, args.steps, args.warmup, args.seq_len, args.micro_batch, args.model)
         print("RESULT " + json.dumps(r), flush=True)
     else:
