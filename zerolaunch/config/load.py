@@ -22,7 +22,7 @@ import yaml
 from . import deepspeed as ds_vocab
 from . import limits
 from .auto import check_compile_scope, resolve_compile_optimizer, resolve_train
-from .builders import check_builder_spec, import_builder
+from .builders import DATA_PASSED, args_problem, check_builder_spec, import_builder
 from .engine_options import build_engine
 from .errors import RecipeError, did_you_mean
 from .paths import resolve_path_args
@@ -443,8 +443,16 @@ def load_recipe(
             "a bare DeepSpeed config: the built-in tiny GPT on synthetic data (defaults)"
         )
     if check_builders:
-        import_builder(model.builder, base_dir, key="model.builder")
-        import_builder(data.builder, base_dir, key="data.builder")
+        for section, passed in (("model", ()), ("data", DATA_PASSED)):
+            spec, args = (model.builder, model.args) if section == "model" else (data.builder, data.args)
+            fn = import_builder(spec, base_dir, key=f"{section}.builder")
+            problem = args_problem(fn, args, passed)
+            if problem is not None:
+                name, what, fix = problem
+                path = (section, "args", name)
+                at = path if r.tree.has(path) else (section, "args")
+                end = "" if fix.endswith((".", "?")) else "."
+                raise RecipeError(f"{r.where(at)}: `{section}.args.{name}` {what} ({spec}). {fix}{end}")
     return Recipe(
         model=model,
         data=data,
