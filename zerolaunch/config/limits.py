@@ -19,8 +19,9 @@ MAX_RECIPE_BYTES = 256 * 1024
 """A recipe or DeepSpeed config is a few KB; data belongs in files that data.args points to."""
 MAX_DEPTH = 32
 """Mappings and lists nested inside each other; real recipes stay under 8."""
-MAX_VALUES = 100_000
-"""Keys, values and list items together, YAML anchors counted each time they are used."""
+MAX_VALUES = 20_000
+"""Keys, values and list items together, YAML anchors counted each time they are used. Real recipes hold
+under 200; the bound keeps the worst file under a second to read."""
 
 _YAML_KEY_KINDS = {
     "tag:yaml.org,2002:bool": "a boolean",
@@ -77,8 +78,11 @@ def scan_yaml_events(text: str, name: str, loader: type) -> None:
                 raise too_deep(name, event.start_mark.line + 1 if event.start_mark else None)
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
+            continue
+        elif not isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+            continue
         count += 1
-        if count > MAX_VALUES * 2:  # a key and its scalar value are two events
+        if count > MAX_VALUES * 2:  # keys are scalar events too; check_yaml_nodes counts values exactly
             raise _too_many(name)
 
 

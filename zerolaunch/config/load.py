@@ -21,7 +21,7 @@ import yaml
 
 from . import deepspeed as ds_vocab
 from . import limits
-from .auto import check_compile_scope, resolve_compile_optimizer, resolve_train
+from .auto import check_compile_scope, gpt_hidden_sizes, resolve_compile_optimizer, resolve_train
 from .builders import DATA_PASSED, args_problem, check_builder_spec, import_builder
 from .engine_options import build_engine
 from .errors import RecipeError, did_you_mean
@@ -39,7 +39,7 @@ from .schema import (
     section_keys,
 )
 from .tree import MISSING, Path, RawTree
-from .values import DS, Resolver, check_model_dims
+from .values import DS, Resolver, check_builtin_args, check_model_dims
 
 RESOLVED_NAME = "recipe.resolved.json"
 
@@ -331,6 +331,7 @@ def _sections(
         _record_leaves(r, f"{section}.args", path, args, default=not r.tree.has(path))
         args = resolve_path_args(r, section, builder, args, base_dir)  # config/paths.py: one rule for all
         check_model_dims(r, path, args)
+        check_builtin_args(r, path, builder, args, tuple(gpt_hidden_sizes()))
         built[section] = (builder, args)
     init_from = _local_path(r, "model.init_from", ("model", "init_from"), base_dir, must_be_file=False)
     model = ModelSection(builder=built["model"][0], args=built["model"][1], init_from=init_from)

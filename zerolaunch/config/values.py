@@ -290,3 +290,39 @@ _CONVERTERS: dict[str, Callable[[Resolver, Path, Any, dict], Any]] = {
     "mapping": _mapping,
     "str_list": _str_list,
 }
+
+
+_GPT = "zerolaunch.models.gpt:build"
+_SYNTHETIC = "zerolaunch.data.synthetic:build"
+BUILTIN_ARG_KINDS: dict[str, dict[str, tuple[str, dict]]] = {
+    _GPT: {
+        "vocab_size": ("int", {"min": 1}),
+        "seq_len": ("int", {"min": 1}),
+        "n_layer": ("int", {"min": 1}),
+        "n_head": ("int", {"min": 1}),
+        "d_model": ("int", {"min": 1}),
+        "dropout": ("float", {"min": 0.0, "max": 1.0}),
+        "activation_checkpointing": ("bool", {}),
+        "bias": ("bool", {}),
+    },
+    _SYNTHETIC: {
+        "vocab_size": ("int", {"min": 1}),
+        "seq_len": ("int", {"min": 1}),
+        "branching": ("int", {"min": 1}),
+    },
+}
+"""The built-in builders' arguments, checked here so that a wrong type is a recipe error at its line rather
+than the builder's ValueError in the launcher's probe."""
+
+
+def check_builtin_args(r: Resolver, path: Path, builder: str, args: dict, sizes: tuple[str, ...]) -> None:
+    """Types and ranges of the built-in GPT's / synthetic data's args; `sizes`: the GPT's size names."""
+    for name, (kind, limits) in BUILTIN_ARG_KINDS.get(builder, {}).items():
+        if name in args:
+            r.convert(path + (name,), args[name], kind, **limits)
+    if builder == _GPT and "size" in args and args["size"] not in sizes:
+        raise r.fail(
+            path + ("size",),
+            f"is {args['size']!r}, not a built-in GPT size",
+            f"Use one of {', '.join(sizes)}",
+        )
