@@ -186,3 +186,16 @@ def test_deepspeed_no_effect_keys_of_the_right_type_load_noted(tmp_path):
 )
 def test_builder_args_are_checked_at_load(tmp_path, args, expected):
     assert expected in _error(tmp_path, args + "\n")
+
+
+def test_a_set_value_gets_the_same_limits(tmp_path):
+    file = tmp_path / "r.yaml"
+    file.write_text("train: {steps: 2}\n")
+    with pytest.raises(RecipeError) as deep:
+        load_recipe(file, overrides=["model.args.x=" + "[" * 100_000 + "]" * 100_000])
+    assert deep.value.message.startswith(
+        "--set model.args.x=... line 1: mappings and lists nest deeper than 32"
+    )
+    with pytest.raises(RecipeError) as key:
+        load_recipe(file, overrides=["model.args={1: 2}"])
+    assert "the key 1 at the top level is an integer, not a name" in key.value.message

@@ -145,8 +145,11 @@ def check_tree(data: Any, name: str) -> None:
         elif isinstance(node, dict):
             for key, value in node.items():
                 if not isinstance(key, str):
+                    kind = {bool: "a boolean", int: "an integer", float: "a number", type(None): "null"}.get(
+                        type(key), f"a {type(key).__name__}"
+                    )
                     raise RecipeError(
-                        f"{name}: the key {key!r} {_where(path)} is a {type(key).__name__}, not a name. "
-                        "Recipe keys are strings; quote it."
+                        f"{name}: the key {key!r} {_where(path)} is {kind}, not a name. Recipe keys are "
+                        "strings; quote it."
                     )
                 stack.append((value, (*path, key), depth + 1))

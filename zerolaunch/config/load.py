@@ -175,13 +175,14 @@ def parse_override(text: str) -> tuple[Path, Any]:
         raise RecipeError(
             f"--set {text}: unknown key `{head}`." + did_you_mean(head, [*TOP_LEVEL_KEYS, *ds_vocab.TOP])
         )
+    name = f"--set {'.'.join(path)}=..."  # the value itself may be the problem: too long to quote
     try:
         if value_text.strip():
-            limits.scan_yaml_events(value_text, f"--set {text}", _Loader)
+            limits.scan_yaml_events(value_text, name, _Loader)
         value = yaml.load(value_text, Loader=_Loader) if value_text.strip() else None  # noqa: S506
     except yaml.YAMLError:
         raise RecipeError(f"--set {text}: cannot parse the value {value_text!r} as YAML. Quote it.") from None
-    limits.check_tree(value, f"--set {text}")
+    limits.check_tree(value, name)
     return path, value
 
 
