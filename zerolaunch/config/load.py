@@ -1,7 +1,7 @@
 """Reading recipes: YAML/JSON files (with line numbers), the `deepspeed:` block or file, --set overrides.
 
-`load_recipe` is the one entry point: file -> raw tree -> overrides -> key-name checks -> resolution (auto.py,
-engine.py) -> frozen `Recipe`. Precedence is stated once: --set > file > defaults. `save_resolved` /
+`load_recipe` is the one entry point: file -> limits (limits.py: size, depth, key types) -> raw tree ->
+overrides -> key-name checks -> resolution (auto.py, engine_options.py) -> builder args -> frozen `Recipe`. Precedence is stated once: --set > file > defaults. `save_resolved` /
 `load_resolved` write and read run_dir/recipe.resolved.json. This module owns file formats and paths; the
 meaning of keys lives in schema.py / deepspeed.py, their resolution in auto.py / engine.py.
 """
