@@ -90,3 +90,40 @@ def _import_file(path: Path, spec: str, key: str) -> Any:
         del sys.modules[name]
         raise
     return module
+
+
+DATA_PASSED = ("rank", "world_size", "micro_batch_size", "seed")
+"""What the training loop passes a data builder itself, besides data.args."""
+
+
+def args_problem(fn: Callable[..., Any], args: dict, passed: tuple[str, ...]) -> tuple[str, str, str] | None:
+    """(argument, problem, fix) when `fn(**passed, **args)` cannot bind by signature, else None.
+
+    A builder that takes **kwargs accepts anything and is not judged; neither is one whose signature
+    cannot be read (a C function)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    for name in args:
+        if name in passed:
+            return name, "is passed by zerolaunch itself", f"Remove it; zerolaunch passes {', '.join(passed)}"
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in args:
+        if name not in named:
+            choices = [n for n in named if n not in passed]
+            from .errors import did_you_mean
+
+            return name, "is not an argument of the builder", did_you_mean(str(name), choices).strip()
+    for name, p in params.items():
+        required = p.default is inspect.Parameter.empty and p.kind in (
+            p.POSITIONAL_OR_KEYWORD,
+            p.KEYWORD_ONLY,
+        )
+        if required and name not in args and name not in passed:
+            return name, "is missing: the builder requires it", f"Add {name} under the builder's args"
+    return None

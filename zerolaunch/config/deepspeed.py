@@ -10,6 +10,7 @@ unknown top-level keys. This module owns those lists and the name check; it buil
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,30 @@ USE = "use"
 @dataclass(frozen=True)
 class Note:
     reason: str
+    kind: str | None = None
+    """The type DeepSpeed 0.19.8 itself demands (a key of `_NOTE_KINDS`): a key that does nothing here still
+    refuses a value DeepSpeed would refuse, so a config that passes here also loads there. None: any."""
+
+
+def _whole(value: Any) -> bool:
+    """An int, or a float with no fraction (DeepSpeed configs write 1e9; pydantic takes it as an int)."""
+    if isinstance(value, float):
+        return math.isfinite(value) and value.is_integer()
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fraction(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
+
+
+_NOTE_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "int": ("a whole number", _whole),
+    "int_or_null": ("a whole number or null", lambda v: v is None or _whole(v)),
+    "fraction": ("a number from 0 to 1", _fraction),
+    "bool_or_int": ("true, false or a whole number", lambda v: isinstance(v, bool) or _whole(v)),
+    "mapping": ("a mapping", lambda v: isinstance(v, dict)),
+}
 
 
 @dataclass(frozen=True)
@@ -57,10 +82,10 @@ OFFLOAD_OPTIMIZER: dict[str, Any] = {
     "pin_memory": USE,
     "buffer_count": USE,
     "overlap_step": USE,  # zerolaunch's own: the CPU step overlaps the next forward (stages 1/2)
-    "pipeline_read": Note("zerolaunch always overlaps nvme reads with the CPU step"),
-    "pipeline_write": Note("zerolaunch always overlaps nvme writes with the CPU step"),
-    "fast_init": Note("not used by zerolaunch"),
-    "cpuadam_cores_perc": Note("the CPU step uses torch's threads (set OMP_NUM_THREADS)"),
+    "pipeline_read": Note("zerolaunch always overlaps nvme reads with the CPU step", "bool"),
+    "pipeline_write": Note("zerolaunch always overlaps nvme writes with the CPU step", "bool"),
+    "fast_init": Note("not used by zerolaunch", "bool"),
+    "cpuadam_cores_perc": Note("the CPU step uses torch's threads (set OMP_NUM_THREADS)", "fraction"),
     "ratio": Unsupported("partial optimizer offload (offload_optimizer.ratio < 1)", _is(1, 1.0)),
     "super_offload": Unsupported("SuperOffload", _is(False)),
 }
@@ -69,15 +94,15 @@ OFFLOAD_PARAM: dict[str, Any] = {
     "nvme_path": USE,
     "pin_memory": USE,
     "buffer_count": USE,
-    "buffer_size": Note("zerolaunch sizes its staging buffers from the largest stage-3 unit"),
-    "max_in_cpu": Note("not used by zerolaunch"),
+    "buffer_size": Note("zerolaunch sizes its staging buffers from the largest stage-3 unit", "int"),
+    "max_in_cpu": Note("not used by zerolaunch", "int"),
 }
 ZERO: dict[str, Any] = {
     "stage": USE,
     "reduce_bucket_size": USE,
     "allgather_bucket_size": USE,
     "overlap_comm": USE,
-    "contiguous_gradients": Note("gradients are always reduced into contiguous flat buckets"),
+    "contiguous_gradients": Note("gradients are always reduced into contiguous flat buckets", "bool"),
     "stage3_prefetch_bucket_size": USE,
     "stage3_param_persistence_threshold": USE,
     "stage3_max_live_parameters": USE,
@@ -87,25 +112,27 @@ ZERO: dict[str, Any] = {
     "stage3_units": USE,
     "offload_optimizer": OFFLOAD_OPTIMIZER,
     "offload_param": OFFLOAD_PARAM,
-    "reduce_scatter": Note("zerolaunch always reduce-scatters gradients into their owners' shards"),
-    "allgather_partitions": Note("zerolaunch always all-gathers updated shards"),
-    "round_robin_gradients": Note("every rank owns one contiguous slice of each bucket"),
-    "sub_group_size": Note("the optimizer steps bucket by bucket"),
-    "elastic_checkpoint": Note(NO_EFFECT_CKPT),
-    "load_from_fp32_weights": Note("zerolaunch always resumes from the fp32 master weights"),
-    "ignore_unused_parameters": Note("unused parameters are always allowed (their grads are zero)"),
-    "use_multi_rank_bucket_allreduce": Note("not used by zerolaunch"),
+    "reduce_scatter": Note("zerolaunch always reduce-scatters gradients into their owners' shards", "bool"),
+    "allgather_partitions": Note("zerolaunch always all-gathers updated shards", "bool"),
+    "round_robin_gradients": Note("every rank owns one contiguous slice of each bucket", "bool"),
+    "sub_group_size": Note("the optimizer steps bucket by bucket", "int"),
+    "elastic_checkpoint": Note(NO_EFFECT_CKPT, "bool"),
+    "load_from_fp32_weights": Note("zerolaunch always resumes from the fp32 master weights", "bool"),
+    "ignore_unused_parameters": Note("unused parameters are always allowed (their grads are zero)", "bool"),
+    "use_multi_rank_bucket_allreduce": Note("not used by zerolaunch", "bool"),
     "zeropp_loco_param": Removed("LoCo-ZeRO++ (zero_optimization.zeropp_loco_param)"),
-    "stage3_model_persistence_threshold": Note("only stage3_param_persistence_threshold applies"),
-    "stage3_module_granularity_threshold": Note("stage 3 units are repeated blocks (see stage3_units)"),
-    "stage3_use_all_reduce_for_fetch_params": Note("stage 3 always all-gathers"),
-    "stage3_allgather_sequential": Note("not used by zerolaunch"),
-    "memory_efficient_linear": Note("not used by zerolaunch"),
-    "override_module_apply": Note("not used by zerolaunch"),
-    "log_trace_cache_warnings": Note("not used by zerolaunch"),
-    "enable_sanity_checks": Note("not used by zerolaunch"),
-    "parameter_alignment": Note("not used by zerolaunch"),
-    "pipeline_loading_checkpoint": Note("not used by zerolaunch"),
+    "stage3_model_persistence_threshold": Note("only stage3_param_persistence_threshold applies", "int"),
+    "stage3_module_granularity_threshold": Note(
+        "stage 3 units are repeated blocks (see stage3_units)", "int"
+    ),
+    "stage3_use_all_reduce_for_fetch_params": Note("stage 3 always all-gathers", "bool"),
+    "stage3_allgather_sequential": Note("not used by zerolaunch", "bool"),
+    "memory_efficient_linear": Note("not used by zerolaunch", "bool"),
+    "override_module_apply": Note("not used by zerolaunch", "bool"),
+    "log_trace_cache_warnings": Note("not used by zerolaunch", "bool"),
+    "enable_sanity_checks": Note("not used by zerolaunch", "bool"),
+    "parameter_alignment": Note("not used by zerolaunch", "bool"),
+    "pipeline_loading_checkpoint": Note("not used by zerolaunch", "bool"),
     "compute_grad_norm": Unsupported("skipping the gradient norm (compute_grad_norm: false)", _is(True)),
     "legacy_stage1": Unsupported("legacy stage 1", _is(False)),
     "zero_quantized_weights": Unsupported("ZeRO++ quantized weights (zero_quantized_weights)", _is(False)),
@@ -148,13 +175,17 @@ FP16: dict[str, Any] = {
 }
 BF16: dict[str, Any] = {
     "enabled": USE,
-    "immediate_grad_update": Note("grads are reduced into fp32 buckets"),
-    "check_grad_overflow": Note("bf16 needs no loss scaling; overflow is never checked"),
+    "immediate_grad_update": Note("grads are reduced into fp32 buckets", "bool"),
+    "check_grad_overflow": Note("bf16 needs no loss scaling; overflow is never checked", "bool"),
     # both true: pure bf16 (engine precision.master_dtype bf16); config/engine_options.py checks the pair
     "bf16_master_weights_and_grads": USE,
     "bf16_optimizer_states": USE,
 }
-OPTIMIZER: dict[str, Any] = {"type": USE, "params": USE, "legacy_fusion": Note("not used by zerolaunch")}
+OPTIMIZER: dict[str, Any] = {
+    "type": USE,
+    "params": USE,
+    "legacy_fusion": Note("not used by zerolaunch", "bool"),
+}
 SCHEDULER: dict[str, Any] = {"type": USE, "params": USE}
 
 _OFF_BLOCK = _disabled
@@ -169,17 +200,19 @@ TOP: dict[str, Any] = {
     "bf16": BF16,
     "fp16": FP16,
     "communication_data_type": USE,
-    "zero_allow_untested_optimizer": Note("zerolaunch shards any of its optimizers; nothing to allow"),
-    "zero_force_ds_cpu_optimizer": Note("offload always steps with torch's CPU optimizer"),
-    "steps_per_print": Note("zerolaunch prints a progress line every train.log_every steps"),
-    "wall_clock_breakdown": Note("zerolaunch always reports step and communication time"),
-    "memory_breakdown": Note("zerolaunch always reports memory per rank"),
-    "dump_state": Note("not used by zerolaunch"),
-    "dataloader_drop_last": Note("data comes from data.builder"),
-    "timers": Note("not used by zerolaunch"),
-    "checkpoint": Note(NO_EFFECT_CKPT + "; use the recipe's checkpoint section"),
-    "aio": Note("nvme offload uses plain file I/O"),
-    "disable_python_gc": Note("not used by zerolaunch"),
+    "zero_allow_untested_optimizer": Note(
+        "zerolaunch shards any of its optimizers; nothing to allow", "bool"
+    ),
+    "zero_force_ds_cpu_optimizer": Note("offload always steps with torch's CPU optimizer", "bool"),
+    "steps_per_print": Note("zerolaunch prints a progress line every train.log_every steps", "int_or_null"),
+    "wall_clock_breakdown": Note("zerolaunch always reports step and communication time", "bool"),
+    "memory_breakdown": Note("zerolaunch always reports memory per rank", "bool"),
+    "dump_state": Note("not used by zerolaunch", "bool"),
+    "dataloader_drop_last": Note("data comes from data.builder", "bool"),
+    "timers": Note("not used by zerolaunch", "mapping"),
+    "checkpoint": Note(NO_EFFECT_CKPT + "; use the recipe's checkpoint section", "mapping"),
+    "aio": Note("nvme offload uses plain file I/O", "mapping"),
+    "disable_python_gc": Note("not used by zerolaunch", "bool_or_int"),
     "prescale_gradients": Unsupported("prescale_gradients", _is(False)),
     "gradient_predivide_factor": Unsupported("gradient_predivide_factor", _is(1, 1.0)),
     "gradient_allreduce_op": Unsupported("gradient_allreduce_op", _is("mean")),
@@ -255,7 +288,7 @@ _ADAM_PARAMS: dict[str, Any] = {
     "eps": USE,
     "weight_decay": USE,
     "adam_w_mode": USE,
-    "torch_adam": Note("zerolaunch always runs torch's Adam/AdamW (fused where available)"),
+    "torch_adam": Note("zerolaunch always runs torch's Adam/AdamW (fused where available)", "bool"),
     # passed on to torch.optim.AdamW by DeepSpeed with torch_adam: zerolaunch's step is the fused arithmetic
     "fused": Unsupported("torch's unfused Adam/AdamW (fused: false)", _is(True)),
     "amsgrad": Unsupported("AMSGrad", _is(False)),
@@ -274,7 +307,7 @@ OPTIMIZER_PARAMS = {
 }
 SCHEDULER_TYPES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "cosine")
 UNSUPPORTED_SCHEDULERS = {"onecycle": "OneCycle", "lrrangetest": "LRRangeTest"}
-_LAST = Note("zerolaunch resumes the schedule from the checkpoint's step")
+_LAST = Note("zerolaunch resumes the schedule from the checkpoint's step", "int")
 SCHEDULER_PARAMS = {
     "WarmupLR": ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"),
     "WarmupDecayLR": ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"),
@@ -371,6 +404,13 @@ def _check_block(tree: RawTree, path: Path, vocabulary: dict[str, Any], notes: d
                 "key itself; zerolaunch has no such feature either. Remove the key."
             )
         if isinstance(kind, Note):
+            if kind.kind is not None:
+                expected, holds = _NOTE_KINDS[kind.kind]
+                if not holds(value):
+                    raise RecipeError(
+                        f"{tree.where(sub)}: `{tree.key(sub)}` must be {expected} (DeepSpeed's type for it), "
+                        f"got {value!r}. It has no effect in zerolaunch, so you may also remove it."
+                    )
             notes[dotted(sub)] = f"{_json(value)} accepted, no effect: {kind.reason}"
         elif isinstance(kind, Unsupported):
             if not kind.off(value):

@@ -294,6 +294,30 @@ def _offload(r: Resolver, name: str, has_ds: bool, buffer_count: int) -> Offload
     )
 
 
+def _schedule_note(r: Resolver, train: TrainSection) -> str:
+    """The scheduler row's note. A `deepspeed:` block silently trades zerolaunch's cosine for DeepSpeed's
+    constant lr, and its WarmupLR formula runs the first two steps at warmup_min_lr (0): said on the row, as
+    a user coming from zerolaunch's defaults would not expect either."""
+    note = f"from train.lr_schedule {train.lr_schedule!r}"
+    ds_default = (
+        isinstance(r.raw(DS), dict)
+        and r.tree.from_file(DS)
+        and r.origins.get("train.lr_schedule") == "default"
+    )
+    if not ds_default:
+        return note
+    note = (
+        "CHANGED DEFAULT: the deepspeed: block makes the lr constant (DeepSpeed's default: no scheduler), "
+        "not zerolaunch's cosine; set train.lr_schedule: cosine to keep it"
+    )
+    if train.warmup_steps:
+        note += (
+            f". train.warmup_steps {train.warmup_steps} runs as DeepSpeed's WarmupLR from lr 0: steps 1 and 2 "
+            "train at lr 0"
+        )
+    return note
+
+
 def _scheduler(r: Resolver, train: TrainSection) -> Any:
     from zerolaunch.zero.options import SchedulerOptions
 
@@ -313,7 +337,7 @@ def _scheduler(r: Resolver, train: TrainSection) -> Any:
                 k + key,
                 "derived" if key in ("warmup_max_lr", "warmup_num_steps", "total_num_steps") else "default",
             )
-        r.record(k + "name", "derived", f"from train.lr_schedule {train.lr_schedule!r}")
+        r.record(k + "name", "derived", _schedule_note(r, train))
         if train.lr_schedule == "cosine":
             return SchedulerOptions(
                 name="cosine",

@@ -1,7 +1,7 @@
 """Reading recipes: YAML/JSON files (with line numbers), the `deepspeed:` block or file, --set overrides.
 
-`load_recipe` is the one entry point: file -> raw tree -> overrides -> key-name checks -> resolution (auto.py,
-engine.py) -> frozen `Recipe`. Precedence is stated once: --set > file > defaults. `save_resolved` /
+`load_recipe` is the one entry point: file -> limits (limits.py: size, depth, key types) -> raw tree ->
+overrides -> key-name checks -> resolution (auto.py, engine_options.py) -> builder args -> frozen `Recipe`. Precedence is stated once: --set > file > defaults. `save_resolved` /
 `load_resolved` write and read run_dir/recipe.resolved.json. This module owns file formats and paths; the
 meaning of keys lives in schema.py / deepspeed.py, their resolution in auto.py / engine.py.
 """
@@ -20,8 +20,9 @@ from typing import Any
 import yaml
 
 from . import deepspeed as ds_vocab
-from .auto import check_compile_scope, resolve_compile_optimizer, resolve_train
-from .builders import check_builder_spec, import_builder
+from . import limits
+from .auto import check_compile_scope, gpt_hidden_sizes, resolve_compile_optimizer, resolve_train
+from .builders import DATA_PASSED, args_problem, check_builder_spec, import_builder
 from .engine_options import build_engine
 from .errors import RecipeError, did_you_mean
 from .paths import resolve_path_args
@@ -38,12 +39,16 @@ from .schema import (
     section_keys,
 )
 from .tree import MISSING, Path, RawTree
-from .values import DS, Resolver
+from .values import DS, Resolver, check_builtin_args, check_model_dims
 
 RESOLVED_NAME = "recipe.resolved.json"
 
 
-class _Loader(yaml.SafeLoader):
+# libyaml's parser when present: the pure-Python one takes seconds on a file near limits.MAX_RECIPE_BYTES.
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_SafeLoader):
     """Safe YAML with DeepSpeed-style floats (1e9, 3e-4 are floats, not strings) and no duplicate keys."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -71,6 +76,7 @@ _Loader.add_implicit_resolver(
 
 def parse_text(text: str, name: str, is_json: bool) -> tuple[Any, dict[Path, int]]:
     """Parse a recipe / DeepSpeed file; syntax errors name the file and line."""
+    limits.check_size(len(text.encode("utf-8", "surrogatepass")), name)
     if is_json:
         try:
             data = json.loads(text, object_pairs_hook=lambda pairs: _no_duplicates(pairs, name))
@@ -79,18 +85,28 @@ def parse_text(text: str, name: str, is_json: bool) -> tuple[Any, dict[Path, int
                 f"{name} line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}). Fix the syntax there "
                 "(JSON wants double quotes and no trailing commas)."
             ) from None
-    else:
+        except RecursionError:
+            raise limits.too_deep(name, None) from None
+        limits.check_tree(data, name)
+        return data, _key_lines(text)
+    try:
+        limits.scan_yaml_events(text, name, _Loader)
+        loader = _Loader(text)
         try:
-            data = yaml.load(text, Loader=_Loader)  # noqa: S506 -- _Loader is a SafeLoader
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            where = f"{name} line {mark.line + 1}, column {mark.column + 1}" if mark else name
-            raise RecipeError(
-                f"{where}: not valid YAML ({exc.problem or exc}). Fix the syntax there."
-            ) from None
-        except yaml.YAMLError as exc:
-            raise RecipeError(f"{name}: not valid YAML ({exc}). Fix the syntax.") from None
-    return data, _key_lines(text)
+            root = loader.get_single_node()
+            if root is None:
+                return None, {}
+            limits.check_yaml_nodes(root, name)
+            data = loader.construct_document(root)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{name} line {mark.line + 1}, column {mark.column + 1}" if mark else name
+        raise RecipeError(f"{where}: not valid YAML ({exc.problem or exc}). Fix the syntax there.") from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{name}: not valid YAML ({exc}). Fix the syntax.") from None
+    return data, _node_lines(root)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]], name: str) -> dict:
@@ -103,21 +119,26 @@ def _no_duplicates(pairs: list[tuple[str, Any]], name: str) -> dict:
 
 
 def _key_lines(text: str) -> dict[Path, int]:
-    """Line of every mapping key, by path (for error messages); empty if the text does not compose as YAML."""
+    """Line of every mapping key of a JSON file (JSON is YAML), for error messages; empty if it does not
+    compose as YAML. The text passed the size and depth checks, so composing it is safe."""
     try:
         root = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError:
         return {}
-    lines: dict[Path, int] = {}
+    return _node_lines(root)
 
-    def walk(node: Any, path: Path) -> None:
+
+def _node_lines(root: Any) -> dict[Path, int]:
+    """Line of every mapping key, by path."""
+    lines: dict[Path, int] = {}
+    stack: list[tuple[Any, Path]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
                 sub = path + (str(key_node.value),)
-                lines[sub] = key_node.start_mark.line + 1
-                walk(value_node, sub)
-
-    walk(root, ())
+                lines.setdefault(sub, key_node.start_mark.line + 1)
+                stack.append((value_node, sub))
     return lines
 
 
@@ -129,6 +150,7 @@ def read_file(path: FsPath, what: str = "recipe") -> tuple[Any, dict[Path, int]]
     if not path.is_file():
         raise RecipeError(f"The {what} path {path} is not a file. Pass a .yaml, .yml or .json file.")
     try:
+        limits.check_size(path.stat().st_size, str(path))  # before reading: a huge file is refused at once
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise RecipeError(f"Cannot read the {what} file {path}: {exc}.") from None
@@ -153,10 +175,14 @@ def parse_override(text: str) -> tuple[Path, Any]:
         raise RecipeError(
             f"--set {text}: unknown key `{head}`." + did_you_mean(head, [*TOP_LEVEL_KEYS, *ds_vocab.TOP])
         )
+    name = f"--set {'.'.join(path)}=..."  # the value itself may be the problem: too long to quote
     try:
+        if value_text.strip():
+            limits.scan_yaml_events(value_text, name, _Loader)
         value = yaml.load(value_text, Loader=_Loader) if value_text.strip() else None  # noqa: S506
     except yaml.YAMLError:
         raise RecipeError(f"--set {text}: cannot parse the value {value_text!r} as YAML. Quote it.") from None
+    limits.check_tree(value, name)
     return path, value
 
 
@@ -305,6 +331,8 @@ def _sections(
         args = r.convert(path, r.raw(path), "mapping") if r.tree.has(path) else copy.deepcopy(default_args)
         _record_leaves(r, f"{section}.args", path, args, default=not r.tree.has(path))
         args = resolve_path_args(r, section, builder, args, base_dir)  # config/paths.py: one rule for all
+        check_model_dims(r, path, args)
+        check_builtin_args(r, path, builder, args, tuple(gpt_hidden_sizes()))
         built[section] = (builder, args)
     init_from = _local_path(r, "model.init_from", ("model", "init_from"), base_dir, must_be_file=False)
     model = ModelSection(builder=built["model"][0], args=built["model"][1], init_from=init_from)
@@ -378,6 +406,7 @@ def load_recipe(
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise RecipeError(f"world size must be a positive integer, got {world_size!r}.")
     if isinstance(source, dict):
+        limits.check_tree(source, "the recipe")  # before deepcopy, which recurses
         raw, lines, name, base_dir, stem = copy.deepcopy(source), {}, "the recipe", FsPath.cwd(), None
     else:
         file = FsPath(source)
@@ -416,8 +445,16 @@ def load_recipe(
             "a bare DeepSpeed config: the built-in tiny GPT on synthetic data (defaults)"
         )
     if check_builders:
-        import_builder(model.builder, base_dir, key="model.builder")
-        import_builder(data.builder, base_dir, key="data.builder")
+        for section, passed in (("model", ()), ("data", DATA_PASSED)):
+            spec, args = (model.builder, model.args) if section == "model" else (data.builder, data.args)
+            fn = import_builder(spec, base_dir, key=f"{section}.builder")
+            problem = args_problem(fn, args, passed)
+            if problem is not None:
+                name, what, fix = problem
+                path = (section, "args", name)
+                at = path if r.tree.has(path) else (section, "args")
+                end = "" if fix.endswith((".", "?")) else "."
+                raise RecipeError(f"{r.where(at)}: `{section}.args.{name}` {what} ({spec}). {fix}{end}")
     return Recipe(
         model=model,
         data=data,

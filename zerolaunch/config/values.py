@@ -121,13 +121,81 @@ def limit_problem(result: float, limits: dict) -> tuple[str, str] | None:
     return None
 
 
+_SAMPLES = (2**20, "2**20 = 1,048,576 samples, more than any accelerator holds in one micro-batch")
+_MICRO_STEPS = (2**20, "2**20 = 1,048,576 micro-batches, past which one optimizer step would take days")
+_GLOBAL = (2**30, "2**30 = 1,073,741,824 samples per optimizer step")
+_STEPS = (2**40, "2**40 = 1.1e12 steps, a million steps a day for 3,000 years")
+_ELEMENTS = (2**40, "2**40 = 1.1e12 elements, 4 TiB in fp32: more than any machine's memory")
+_INT64 = (2**63 - 1, "2**63 - 1, the largest integer torch and the checkpoint format store")
+INT_BOUNDS: dict[str, tuple[int, str]] = {
+    "micro_batch_size": _SAMPLES,
+    "train_micro_batch_size_per_gpu": _SAMPLES,
+    "gradient_accumulation_steps": _MICRO_STEPS,
+    "global_batch_size": _GLOBAL,
+    "train_batch_size": _GLOBAL,
+    "steps": _STEPS,
+    "warmup_steps": _STEPS,
+    "warmup_num_steps": _STEPS,
+    "total_num_steps": _STEPS,
+    "log_every": _STEPS,
+    "every": _STEPS,
+    "loss_scale_window": _STEPS,
+    "hysteresis": _STEPS,
+    "keep": (2**20, "2**20 = 1,048,576 checkpoints"),
+    "buffer_count": (2**10, "1,024 staging buffers"),
+    "reduce_bucket_size": _ELEMENTS,
+    "allgather_bucket_size": _ELEMENTS,
+    "stage3_prefetch_bucket_size": _ELEMENTS,
+    "stage3_param_persistence_threshold": _ELEMENTS,
+    "stage3_max_live_parameters": _ELEMENTS,
+    "stage3_max_reuse_distance": _ELEMENTS,
+}
+"""The largest value each integer key may take, by key name (both spellings), and why: a bound no machine
+reaches, so that 1e30 is refused here rather than hanging a run or failing inside torch. Keys not listed are
+held to int64. A tighter rule of the engine's (zero/option_rules.py) still applies on top."""
+
+
+def int_bound(path: Path) -> tuple[int, str]:
+    return INT_BOUNDS.get(path[-1] if path else "", _INT64)
+
+
 def _int(r: Resolver, path: Path, value: Any, limits: dict) -> int:
     # DeepSpeed configs write sizes as 5e8 / 2e8: integral floats are ints.
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise r.fail(path, f"must be an integer, got {value!r}", "Write a whole number, e.g. 8 or 5e8")
+    bound, why = int_bound(path)
+    if "max" not in limits and not -(2**63) <= value <= bound:
+        side = "above" if value > 0 else "below"
+        raise r.fail(
+            path, f"is {value:.3g}, {side} the limit of {why}", f"Use a value from {-(2**63):,} to {bound:,}"
+        )
     return value
+
+
+MODEL_DIMS = (2**24, "2**24 = 16,777,216, past any real model's vocabulary, context, width or depth")
+MODEL_DIM_NAMES = frozenset(
+    "vocab_size seq_len max_seq_len block_size n_positions max_position_embeddings d_model hidden_size "
+    "n_embd intermediate_size n_inner ffn_dim n_layer num_hidden_layers num_layers n_head num_attention_heads "
+    "num_key_value_heads head_dim".split()
+)
+
+
+def check_model_dims(r: Resolver, path: Path, args: dict) -> None:
+    """Size arguments of a builder (model.args, data.args, a Hugging Face model's inline config) held to
+    MODEL_DIMS: the builder runs in the workers, where `vocab_size: 2**40` would fail inside torch."""
+    bound, why = MODEL_DIMS
+    for mapping, where in ((args, path), (args.get("config"), path + ("config",))):
+        if not isinstance(mapping, dict):
+            continue
+        for name, value in mapping.items():
+            if name not in MODEL_DIM_NAMES or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if not math.isfinite(value) or value > bound:
+                raise r.fail(
+                    where + (name,), f"is {value:.3g}, above the limit of {why}", f"Use at most {bound:,}"
+                )
 
 
 def _float(r: Resolver, path: Path, value: Any, limits: dict) -> float:
@@ -222,3 +290,39 @@ _CONVERTERS: dict[str, Callable[[Resolver, Path, Any, dict], Any]] = {
     "mapping": _mapping,
     "str_list": _str_list,
 }
+
+
+_GPT = "zerolaunch.models.gpt:build"
+_SYNTHETIC = "zerolaunch.data.synthetic:build"
+BUILTIN_ARG_KINDS: dict[str, dict[str, tuple[str, dict]]] = {
+    _GPT: {
+        "vocab_size": ("int", {"min": 1}),
+        "seq_len": ("int", {"min": 1}),
+        "n_layer": ("int", {"min": 1}),
+        "n_head": ("int", {"min": 1}),
+        "d_model": ("int", {"min": 1}),
+        "dropout": ("float", {"min": 0.0, "max": 1.0}),
+        "activation_checkpointing": ("bool", {}),
+        "bias": ("bool", {}),
+    },
+    _SYNTHETIC: {
+        "vocab_size": ("int", {"min": 1}),
+        "seq_len": ("int", {"min": 1}),
+        "branching": ("int", {"min": 1}),
+    },
+}
+"""The built-in builders' arguments, checked here so that a wrong type is a recipe error at its line rather
+than the builder's ValueError in the launcher's probe."""
+
+
+def check_builtin_args(r: Resolver, path: Path, builder: str, args: dict, sizes: tuple[str, ...]) -> None:
+    """Types and ranges of the built-in GPT's / synthetic data's args; `sizes`: the GPT's size names."""
+    for name, (kind, limits) in BUILTIN_ARG_KINDS.get(builder, {}).items():
+        if name in args:
+            r.convert(path + (name,), args[name], kind, **limits)
+    if builder == _GPT and "size" in args and args["size"] not in sizes:
+        raise r.fail(
+            path + ("size",),
+            f"is {args['size']!r}, not a built-in GPT size",
+            f"Use one of {', '.join(sizes)}",
+        )
