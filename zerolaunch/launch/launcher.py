@@ -21,6 +21,7 @@ from pathlib import Path
 from zerolaunch.launch import env
 from zerolaunch.launch.devices import Workers, choose_workers
 from zerolaunch.launch.ports import LOOPBACK, LaunchError, free_port, parse_endpoint
+from zerolaunch.launch.previous_run import check_previous_run, write_owner
 from zerolaunch.launch.runlock import RunLock, lock_name
 from zerolaunch.launch.writable import check_writable
 
@@ -37,6 +38,8 @@ class LaunchRequest:
     sets: list[str] = field(default_factory=list)
     run_dir: str | None = None
     resume: str | None = None
+    restart: bool = False
+    """--restart: move an earlier run in run_dir / checkpoint.dir aside (previous_run.py) and start over."""
     verify: bool = True
     """False (--no-verify): resume / model.init_from read checkpoint files without checking their crc32s."""
     nnodes: int = 1
@@ -138,16 +141,27 @@ def launch(req: LaunchRequest, console) -> int:
     for note in preflight(recipe, req.resume, world_size=req.nnodes * workers.nproc_per_node):
         console.print(note, markup=False, highlight=False, soft_wrap=True)
     run_dir = Path(recipe.train.run_dir)
+    checkpoint_root = Path(recipe.checkpoint.dir or run_dir / "checkpoints")
     # before anything is written or started: a folder the run cannot write fails here, not in a worker
     check_writable(run_dir, "run_dir")
-    check_writable(recipe.checkpoint.dir or run_dir / "checkpoints", "checkpoint.dir")
-    lock = RunLock(run_dir, lock_name(req.nnodes, req.node_rank)).acquire()
+    check_writable(checkpoint_root, "checkpoint.dir")
+    name = lock_name(req.nnodes, req.node_rank)
+    locks = [RunLock(run_dir, name, run_dir=run_dir).acquire()]
     try:
-        if lock.note:
-            console.print(lock.note, markup=False, highlight=False, soft_wrap=True)
+        if checkpoint_root.resolve() != run_dir.resolve():
+            # two runs (other run dirs) saving into one checkpoint.dir would interleave their steps
+            locks.append(RunLock(checkpoint_root, name, what="checkpoint.dir", run_dir=run_dir).acquire())
+        for lock in locks:
+            if lock.note:
+                console.print(lock.note, markup=False, highlight=False, soft_wrap=True)
+        moved = check_previous_run(run_dir, checkpoint_root, resume=req.resume, restart=req.restart)
+        if moved:
+            console.print(moved, markup=False, highlight=False, soft_wrap=True)
+        write_owner(checkpoint_root, run_dir)
         return _launch_locked(req, recipe, rdzv, workers, run_dir, console)
     finally:
-        lock.release()
+        for lock in reversed(locks):
+            lock.release()
 
 
 def _launch_locked(req: LaunchRequest, recipe, rdzv: Rendezvous, workers: Workers, run_dir: Path, console):
