@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zerolaunch.disk_errors import disk_errors
 from zerolaunch.launch import env
 from zerolaunch.launch.devices import Workers, choose_workers
 from zerolaunch.launch.ports import LOOPBACK, LaunchError, free_port, parse_endpoint
@@ -145,6 +146,11 @@ def launch(req: LaunchRequest, console) -> int:
     # before anything is written or started: a folder the run cannot write fails here, not in a worker
     check_writable(run_dir, "run_dir")
     check_writable(checkpoint_root, "checkpoint.dir")
+    with disk_errors(fix="point --run-dir (or checkpoint.dir) at another disk"):
+        return _launch_in(req, recipe, rdzv, workers, run_dir, checkpoint_root, console)
+
+
+def _launch_in(req, recipe, rdzv, workers, run_dir: Path, checkpoint_root: Path, console) -> int:
     name = lock_name(req.nnodes, req.node_rank)
     locks = [RunLock(run_dir, name, run_dir=run_dir).acquire()]
     try:
@@ -251,6 +257,10 @@ def _run_agent(
         log_line_prefix_template=ALL_RANKS_PREFIX if req.all_ranks else None,
         local_addr=rdzv.local_addr,
     )
+    from rich.console import Console
+
+    # a failure is said once, on stderr (`2>err.log` keeps it), in the launcher's words
+    err_console = Console(stderr=True, highlight=False)
     try:
         # Workers write through pipes, never a terminal: the launcher owns it and draws the bar from
         # metrics.jsonl (a no-op when this console is not a terminal; rank 0's plain lines still arrive).
@@ -271,7 +281,7 @@ def _run_agent(
             # train.max_nonfinite_steps stopped the run on every rank: its message once, its own exit code
             # (README "When things go wrong"), no traceback panel.
             message = report.exception.removeprefix("NonFiniteStop: ")
-            console.print(
+            err_console.print(
                 f"{message}\nfull log: {report.log_path}", markup=False, highlight=False, soft_wrap=True
             )
             return NONFINITE_EXIT_CODE
@@ -280,7 +290,7 @@ def _run_agent(
         if failure.exitcode == UserError.exit_code:
             # a UserError raised in a worker (worker.py): its message once, exit 2, as the launcher's own
             message = report.exception.split(": ", 1)[-1] if ": " in report.exception else report.exception
-            console.print(
+            err_console.print(
                 f"error: {message}\nfull log: {report.log_path}",
                 markup=False,
                 highlight=False,
@@ -288,8 +298,8 @@ def _run_agent(
             )
             return UserError.exit_code
         # in a log or a pipe the console is 80 columns: let the panel be as wide as its longest line
-        panel_width = None if console.is_terminal else 1000
-        console.print(failures.render(report, restarts_used=len(logs.attempts) - 1), width=panel_width)
+        panel_width = None if err_console.is_terminal else 1000
+        err_console.print(failures.render(report, restarts_used=len(logs.attempts) - 1), width=panel_width)
         return 1
     except SignalException as err:
         logs.close()
@@ -307,6 +317,15 @@ def _run_agent(
             f"rendezvous at {rdzv.endpoint} ({rdzv.backend}) failed: {err}. Check that every node uses the same "
             "--rdzv-endpoint, --nnodes and --run-id, and that node 0 is reachable on that port"
         ) from None
+    except (ValueError, OSError):
+        # torch's agent reading a worker's error record that a full or read-only disk left empty or cut
+        # (a JSONDecodeError is a ValueError): say what the disk says, not the parser
+        logs.close()
+        problem = failures.disk_problem([run_dir, checkpoint_root])
+        if problem is None:
+            raise
+        raise problem from None
     finally:
         logs.close()
+        logs.remove_error_files()
     return 0
