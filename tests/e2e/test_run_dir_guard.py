@@ -92,6 +92,52 @@ def test_a_checkpoint_dir_a_live_run_holds_is_refused_naming_that_run(first_run)
     assert not (first_run / "R3" / "metrics.jsonl").exists()
 
 
+def test_resume_auto_of_the_finished_run_says_there_is_nothing_to_do(first_run):
+    proc = _train("--run-dir", "R", "--resume", "auto", cwd=first_run)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = " ".join(proc.stdout.split())
+    assert out == (
+        "nothing to do: the checkpoint R/checkpoints/step_000004 is at step 4 and train.steps is 4. To train "
+        "further, raise it (--set train.steps=8) with --resume auto."
+    )
+
+
+def test_a_latest_naming_a_missing_step_is_refused_naming_the_newest_good_one(first_run):
+    latest = first_run / "R" / "checkpoints" / "latest"
+    latest.write_text("step_000003\n")
+    try:
+        proc = _train("--run-dir", "R", "--resume", "auto", "--set", "train.steps=6", cwd=first_run)
+    finally:
+        latest.write_text("step_000004\n")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    err = " ".join(proc.stderr.split())
+    assert err == (
+        "error: R/checkpoints/latest names step_000003, which does not exist. The newest complete checkpoint "
+        "is step_000004: resume from it with --resume R/checkpoints/step_000004, or write step_000004 into "
+        "R/checkpoints/latest."
+    )
+
+
+def test_a_damaged_latest_checkpoint_names_the_newest_other_good_one(first_run):
+    rank_file = first_run / "R" / "checkpoints" / "step_000004" / "rank_0.safetensors"
+    original = rank_file.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 0xFF
+    rank_file.write_bytes(bytes(data))
+    try:
+        proc = _train("--run-dir", "R", "--resume", "auto", "--set", "train.steps=6", cwd=first_run)
+    finally:
+        rank_file.write_bytes(original)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    err = " ".join(proc.stderr.split())
+    assert "rank_0.safetensors is damaged" in err
+    assert (
+        "The newest other complete checkpoint is step_000002: resume from it with --resume R/checkpoints/step_000002"
+        in err
+    )
+    assert "[rank0]" not in proc.stderr and "error:" not in proc.stdout
+
+
 def test_restart_moves_the_old_run_aside_and_trains(first_run):
     old_metrics = (first_run / "R" / "metrics.jsonl").read_bytes()
     proc = _train("--run-dir", "R", "--restart", "--set", "train.steps=2", cwd=first_run)

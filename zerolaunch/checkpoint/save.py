@@ -312,15 +312,37 @@ def prune(root: Path, keep: int, *, protect: Path) -> None:
 
 
 def latest_checkpoint(root) -> Path | None:
-    """The folder `root/latest` names; if it is missing or dangling, the newest complete checkpoint."""
+    """The folder `root/latest` names; without a `latest`, the newest complete checkpoint (None: none).
+
+    A `latest` that names no complete checkpoint (a missing or half-deleted step, garbage) is a
+    CheckpointError naming the newest complete one, never a silent switch to another step: which step a
+    run continues from is the user's call."""
     root = Path(root)
     pointer = root / LATEST_NAME
-    if pointer.is_file():
-        target = root / pointer.read_text().strip()
-        if target.parent == root and (target / MANIFEST_NAME).is_file():
-            return target
     done = complete_checkpoints(root)
-    return done[-1][1] if done else None
+    if not pointer.is_file():
+        return done[-1][1] if done else None
+    try:
+        name = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        name = None
+    target = root / name if name else None
+    if target is not None and _STEP_DIR.match(name) and (target / MANIFEST_NAME).is_file():
+        return target
+    if name is None or not _STEP_DIR.match(name):
+        problem = "is damaged (it holds no step_* name)"
+    elif not target.exists():
+        problem = f"names {name}, which does not exist"
+    else:
+        problem = f"names {name}, which has no {MANIFEST_NAME} (an unfinished or damaged checkpoint)"
+    newest = done[-1][1] if done else None
+    way = (
+        f"The newest complete checkpoint is {newest.name}: resume from it with --resume {newest}, or write "
+        f"{newest.name} into {pointer}."
+        if newest is not None
+        else "No complete checkpoint is left there: start over (--restart) or resume from another folder."
+    )
+    raise CheckpointError(f"{pointer} {problem}. {way}")
 
 
 def resolve_checkpoint(path) -> Path:

@@ -164,10 +164,41 @@ def _launch_in(req, recipe, rdzv, workers, run_dir: Path, checkpoint_root: Path,
         if moved:
             console.print(moved, markup=False, highlight=False, soft_wrap=True)
         write_owner(checkpoint_root, run_dir)
+        done = _finished_checkpoint(req.resume, checkpoint_root, recipe.train.steps)
+        if done is not None:
+            from zerolaunch.train.loop import nothing_to_do
+
+            line = nothing_to_do(done[1], recipe.train.steps, where=done[0])
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            return 0
         return _launch_locked(req, recipe, rdzv, workers, run_dir, console)
     finally:
         for lock in reversed(locks):
             lock.release()
+
+
+def _finished_checkpoint(resume: str | None, checkpoint_root: Path, steps: int) -> tuple[Path, int] | None:
+    """(folder, step) of the checkpoint --resume would load when it is at train.steps or past it, else None.
+
+    A `latest` that names no complete checkpoint is refused here (CheckpointError), before any worker."""
+    if not resume:
+        return None
+    import json
+
+    from zerolaunch.checkpoint.manifest import MANIFEST_NAME
+    from zerolaunch.checkpoint.save import latest_checkpoint, resolve_checkpoint
+
+    if resume == "auto":
+        found = latest_checkpoint(checkpoint_root) if checkpoint_root.is_dir() else None
+    else:
+        found = resolve_checkpoint(resume)
+    if found is None:
+        return None
+    try:
+        step = json.loads((found / MANIFEST_NAME).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged manifest: the worker's load names what is wrong
+    return (found, step) if isinstance(step, int) and step >= steps else None
 
 
 def _launch_locked(req: LaunchRequest, recipe, rdzv: Rendezvous, workers: Workers, run_dir: Path, console):
