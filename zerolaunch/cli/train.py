@@ -20,7 +20,11 @@ def train(
     cpu: Annotated[int | None, typer.Option("--cpu", help="Run N gloo workers on the CPU instead.")] = None,
     sets: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override a recipe value: --set train.steps=50 (repeatable)."),
+        typer.Option(
+            "--set",
+            help="Override a recipe value, e.g. --set train.steps=50 (repeatable; YAML values).",
+            metavar="KEY=VALUE",
+        ),
     ] = None,
     run_dir: Annotated[
         str | None, typer.Option("--run-dir", help="Run folder (overrides train.run_dir).")
