@@ -152,4 +152,21 @@ def test_restart_moves_the_old_run_aside_and_trains(first_run):
         "step_000004",
     ]
     assert (first_run / "R" / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    # the run's last lines say where everything went
+    tail = proc.stdout.splitlines()[-5:]
+    assert tail[0] == "results:"
+    assert tail[1].split() == [
+        "final",
+        "checkpoint",
+        "R/checkpoints/step_000002",
+        "(zerolaunch",
+        "convert-checkpoint",
+        "R/checkpoints",
+        "OUT)",
+    ]
+    assert tail[2].split() == ["metrics", "R/metrics.jsonl"] and tail[3].split() == [
+        "summary",
+        "R/summary.json",
+    ]
+    assert tail[4].split()[0] == "logs" and tail[4].split()[1].startswith("R/logs/")
     assert len((first_run / "R" / "metrics.jsonl").read_text().splitlines()) == 2

@@ -359,4 +359,30 @@ def _run_agent(
     finally:
         logs.close()
         logs.remove_error_files()
+    for line in where_results_went(run_dir, checkpoint_root, logs.attempt_dir()):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def where_results_went(run_dir: Path, checkpoint_root: Path, log_dir: Path | None) -> list[str]:
+    """The run's last lines: where its final checkpoint, metrics, summary and logs are."""
+    from zerolaunch.checkpoint import CheckpointError, latest_checkpoint
+
+    try:
+        final = latest_checkpoint(checkpoint_root) if checkpoint_root.is_dir() else None
+    except CheckpointError:
+        final = None
+    rows = [
+        (
+            "final checkpoint",
+            f"{final}  (zerolaunch convert-checkpoint {checkpoint_root} OUT)" if final else None,
+        ),
+        ("metrics", run_dir / "metrics.jsonl"),
+        ("summary", run_dir / "summary.json"),
+        ("logs", log_dir),
+    ]
+    return ["results:"] + [
+        f"  {name:<18}{value}"
+        for name, value in rows
+        if value is not None and (isinstance(value, str) or Path(value).exists())
+    ]

@@ -126,6 +126,12 @@ class RunLogsSpecs(DefaultLogsSpecs):
             shutil.rmtree(self._error_dir, ignore_errors=True)
             self._error_dir = None
 
+    def attempt_dir(self) -> Path | None:
+        """The latest attempt's log folder (attempt_<k>/, one folder per local rank inside)."""
+        if not self.attempts:
+            return None
+        return Path(next(iter(self.attempts[-1].stderrs.values()))).parent.parent
+
     def log_files(self, local_rank: int) -> tuple[str | None, str | None]:
         """(stdout, stderr) log of `local_rank` in the latest attempt."""
         if not self.attempts:
