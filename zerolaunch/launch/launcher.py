@@ -4,7 +4,10 @@ Resolve the recipe for world size nnodes x nproc, write run_dir/recipe.resolved.
 table, then run `python -m zerolaunch.worker RUN_DIR/recipe.resolved.json` on every local rank through
 `torch.distributed.launcher.api.elastic_launch`. Single node: rendezvous on 127.0.0.1 at a port the OS
 picked. Multi-node: at --rdzv-endpoint, with c10d (ranks by arrival) or static (--node-rank). A failure is
-summarised as a panel (failures.py) and exit code 1; Ctrl-C stops every worker and exits 130.
+summarised once on stderr, as a panel (failures.py) and exit code 1, or a worker's UserError paragraph and
+exit code 2; Ctrl-C stops every worker and exits 130. Before anything is written, the run dir and the
+checkpoint.dir are locked and checked for an earlier run (previous_run.py); a run that ends well prints
+where its results are.
 """
 
 from __future__ import annotations
