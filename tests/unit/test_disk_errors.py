@@ -185,3 +185,24 @@ def test_the_echo_of_rank_0_leaves_out_a_dying_traceback():
     echo.write("a warning\n[rank0]: Traceback (most recent call last):\n[rank0]:   File")
     echo.write(' "x.py", line 1\n[rank0]: ValueError: boom\nlast line\n')
     assert out.getvalue() == "a warning\nlast line\n"
+
+
+def test_error_record_folders_of_dead_launchers_are_removed(tmp_path, monkeypatch):
+    import tempfile
+
+    from zerolaunch.launch import logs as logs_mod
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"zerolaunch-errors-{dead.pid}-abc"
+    live = tmp_path / f"zerolaunch-errors-{os.getpid()}-def"
+    stale.mkdir()
+    live.mkdir()
+    logs = logs_mod.RunLogsSpecs(tmp_path / "logs", all_ranks=False)
+    logs.reify({0: {"RANK": "0", "LOCAL_RANK": "0"}})
+    try:
+        assert not stale.exists() and live.exists()
+    finally:
+        logs.close()
+        logs.remove_error_files()

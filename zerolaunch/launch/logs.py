@@ -98,7 +98,8 @@ class RunLogsSpecs(DefaultLogsSpecs):
 
     def _move_error_files(self, dest: LogsDest, envs: dict[int, dict[str, str]]) -> None:
         if self._error_dir is None:
-            self._error_dir = tempfile.mkdtemp(prefix="zerolaunch-errors-")
+            _remove_stale_error_dirs()
+            self._error_dir = tempfile.mkdtemp(prefix=f"{ERROR_DIR_PREFIX}{os.getpid()}-")
         attempt = Path(self._error_dir) / f"attempt_{len(self.attempts)}"
         for local_rank, original in dest.error_files.items():
             if not original or original == os.devnull:
@@ -138,6 +139,24 @@ class RunLogsSpecs(DefaultLogsSpecs):
             return None, None
         dest = self.attempts[-1]
         return dest.stdouts.get(local_rank), dest.stderrs.get(local_rank)
+
+
+ERROR_DIR_PREFIX = "zerolaunch-errors-"
+"""The temp folders of the workers' error records: zerolaunch-errors-<launcher pid>-<random>."""
+
+
+def _remove_stale_error_dirs() -> None:
+    """Those of launchers that died without cleaning up (kill -9): their pid is gone."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{ERROR_DIR_PREFIX}*-*"):
+        pid = folder.name[len(ERROR_DIR_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's
 
 
 DYING_TRACEBACK = re.compile(r"^\[rank\d+\]: ")
