@@ -15,8 +15,8 @@ lint:
 	$(PY) -m ruff check zerolaunch tests bench
 	$(PY) -m ruff format --check zerolaunch tests bench
 
-demo: install
-	$(PY) -m zerolaunch train recipes/tiny-gpt.yaml --cpu 2
+demo: install  ## a second demo moves the first one aside (runs/demo/previous-<time>/) rather than mixing them
+	$(PY) -m zerolaunch train recipes/tiny-gpt.yaml --cpu 2 --run-dir runs/demo --restart
 
 bench:
 	$(PY) bench/run.py

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     USER_ERROR_EXIT_CODE = UserError.exit_code
 
     try:
-        record(_main)(sys.argv[1:] if argv is None else argv)
+        record(_main_on_disk)(sys.argv[1:] if argv is None else argv)
     except NonFiniteStop:
         # record() wrote the message to the error file (the launcher prints it once); a distinct exit code,
         # and no traceback: the stop is the loop's decision, not a crash.
@@ -131,7 +131,47 @@ def main(argv: list[str] | None = None) -> None:
     except Exception:
         if _interrupted_within(2.0):
             sys.exit(130)  # a collective broken by a peer that stopped first on the same Ctrl-C
-        raise
+        # record() has the traceback in the error record, which the launcher's panel shows; the log gets it
+        # too, prefixed as torch's exception hook does, which keeps it out of the launcher's echo
+        _print_dying_traceback()
+        sys.exit(1)
+
+
+def _print_dying_traceback() -> None:
+    import traceback
+
+    try:
+        rank = env.WorkerEnv.read().rank
+    except Exception:  # the environment itself is what failed: still print the traceback
+        rank = 0
+    text = traceback.format_exc().rstrip("\n")
+    try:
+        print("\n".join(f"[rank{rank}]: {line}" for line in text.split("\n")), file=sys.stderr, flush=True)
+    except OSError:
+        pass  # the log's disk is full: the error record still has it
+
+
+def _output_path() -> str | None:
+    """The file this process's stdout goes to (the rank's stdout.log), when it is one."""
+    try:
+        path = os.readlink("/proc/self/fd/1")
+    except OSError:
+        return None
+    return path if os.path.isfile(path) else None
+
+
+def _main_on_disk(argv: list[str]) -> None:
+    """_main, with a write the disk refused (full, read-only, no permission) said as one paragraph."""
+    from zerolaunch.disk_errors import disk_error, is_disk_error
+
+    try:
+        _main(argv)
+    except OSError as err:
+        if not is_disk_error(err):
+            raise
+        # no filename: a write to an open file, most often this rank's output log
+        path = None if err.filename else _output_path()
+        raise disk_error(err, path=path, fix="give the run another --run-dir") from None
 
 
 def _main(argv: list[str]) -> None:

@@ -121,3 +121,32 @@ def test_a_hung_rank_is_named_after_the_collective_timeout(cli, tiny_recipe, tmp
     assert proc.returncode == 1, out[-3000:]
     assert "rank 0 failed" in out
     assert "timed out after --timeout 4 s: rank(s) 1 did not fail on their own: probably hung" in out
+
+
+def test_a_worker_crash_is_said_once_on_stderr_without_the_raw_traceback(cli, tmp_path):
+    # the data builder raises at its 5th batch on every rank: rank 0's dying traceback used to reach the
+    # terminal before the panel that shows it again
+    (tmp_path / "data5.py").write_text(
+        "import torch\n"
+        "def build(rank, world_size, micro_batch_size, seed, **kw):\n"
+        "    def gen():\n"
+        "        for i in range(100):\n"
+        "            if i == 5:\n"
+        "                raise RuntimeError('builder broke at batch 5')\n"
+        "            x = torch.randint(0, 64, (micro_batch_size, 32))\n"
+        "            yield {'input_ids': x, 'labels': x}\n"
+        "    return gen()\n"
+    )
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "model: {builder: zerolaunch.models.gpt:build, args: {size: tiny, vocab_size: 64, seq_len: 32}}\n"
+        "data: {builder: data5.py:build}\n"
+        "train: {steps: 20, micro_batch_size: 4, log_every: 1}\n"
+    )
+    proc = cli.run(recipe, "--cpu", "2", "--run-dir", tmp_path / "run", timeout=150)
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stderr.count("RuntimeError: builder broke at batch 5") == 1, proc.stderr[-3000:]
+    assert "training failed" in proc.stderr and "training failed" not in proc.stdout
+    assert "[rank0]:" not in proc.stderr and "Traceback (most recent call last)" not in proc.stderr
+    stderr_logs = list((tmp_path / "run" / "logs").glob("*/attempt_0/0/stderr.log"))
+    assert "[rank0]: RuntimeError: builder broke at batch 5" in stderr_logs[0].read_text()  # the log keeps it

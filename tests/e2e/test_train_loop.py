@@ -131,10 +131,14 @@ def test_a_model_without_a_loss_is_a_clear_error(group, tmp_path):
         run_training(recipe, _ctx())
 
 
-def test_resume_auto_of_a_finished_run_trains_nothing_more(group, tmp_path):
+def test_resume_auto_of_a_finished_run_trains_nothing_more(group, tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert len(run_training(_recipe(run_dir, steps=3), _ctx())) == 3
+    capsys.readouterr()
     assert run_training(_recipe(run_dir, steps=3), _ctx(resume="auto")) == []
+    said = capsys.readouterr().out
+    assert "nothing to do: the checkpoint is at step 3 and train.steps is 3" in said
+    assert "Throughput" not in said and "Memory per rank" not in said  # no tables of 0 logged steps
     more = run_training(_recipe(run_dir, steps=5), _ctx(resume="auto"))  # a longer schedule continues
     assert len(more) == 2
 

@@ -157,3 +157,21 @@ def test_auto_is_a_process_on_cuda_and_a_thread_on_the_cpu():
         prefetch_mode("fork", CPU)
     with pytest.raises(ValueError, match="mode"):
         PrefetchingSource(BatchSource(_stream(), "counting"), CPU, mode="auto")
+
+
+def test_a_generator_that_runs_out_says_so_and_when():
+    def three():
+        for i in range(3):
+            yield {"input_ids": torch.full((1, 1), i)}
+
+    src = BatchSource(three(), "pkg.mod:three", micro_batches_per_step=1, steps=20)
+    for _ in range(3):
+        src.next()
+    with pytest.raises(TrainError) as err:
+        src.next()
+    message = err.value.message
+    assert message.startswith(
+        "data.builder 'pkg.mod:three' ran out after 3 batches, at step 4: it returned a generator"
+    )
+    assert "Make it repeat" in message and "lower train.steps (now 20) to at most 3" in message
+    assert "yields no batches" not in message

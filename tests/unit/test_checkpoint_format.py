@@ -153,11 +153,24 @@ def test_keep_prunes_oldest_and_latest_moves(tmp_path):
     assert latest_checkpoint(tmp_path).name == "step_000004"
 
 
-def test_latest_falls_back_when_pointer_is_dangling(tmp_path):
+def test_a_latest_naming_no_complete_checkpoint_is_refused_naming_the_newest_good_one(tmp_path):
     engines = fake_ranks(1)
     save_fake(engines, tmp_path, 1)
     save_fake(engines, tmp_path, 2)
+    newest = f"The newest complete checkpoint is step_000002: resume from it with --resume {tmp_path / 'step_000002'}"
     (tmp_path / "latest").write_text("step_000099\n")
+    with pytest.raises(CheckpointError, match="names step_000099, which does not exist") as err:
+        latest_checkpoint(tmp_path)
+    assert newest in err.value.message
+    (tmp_path / "latest").write_bytes(b"\x00\xffgarbage")
+    with pytest.raises(CheckpointError, match="latest is damaged") as err:
+        latest_checkpoint(tmp_path)
+    assert newest in err.value.message
+    (tmp_path / "step_000003").mkdir()  # a folder without its manifest
+    (tmp_path / "latest").write_text("step_000003\n")
+    with pytest.raises(CheckpointError, match="names step_000003, which has no manifest.json"):
+        latest_checkpoint(tmp_path)
+    (tmp_path / "latest").unlink()  # no pointer at all: the newest complete one
     assert latest_checkpoint(tmp_path).name == "step_000002"
     assert latest_checkpoint(tmp_path / "nothing") is None
 

@@ -145,3 +145,22 @@ def test_remote_command_round_trips_through_the_shell():
                  "--node-rank 1", "--rdzv-endpoint worker-0:29400", "--rdzv-backend static", "--run-id abc",
                  "--no-slurm", "--stop-on-stdin-eof"]:  # fmt: skip
         assert part in flags
+
+
+def test_restart_reaches_every_host():
+    req = LaunchRequest(recipe="r.yaml", run_dir="runs/x", restart=True)
+    words = shlex.split(
+        remote_command(
+            req,
+            node_rank=0,
+            nnodes=2,
+            endpoint="h:1",
+            run_id="abc",
+            workers=1,
+            device="cpu",
+            visible_devices=None,
+            env={},
+            cwd="/w",
+        )
+    )
+    assert "--restart" in words and "--resume" not in words

@@ -18,6 +18,7 @@ def test_data_wait_in_line_and_record():
     assert metrics_record(m, _rates(), tokens_seen=300)["data_wait_ms"] == 12.34
 
 
-def test_unmeasured_data_wait_is_left_out_of_the_line():
-    m = StepMetrics(step=3, loss=1.5, step_seconds=0.5)
-    assert "data wait" not in format_step_line(m, _rates(), total_steps=9, skipped_total=0, eta_seconds=1)
+def test_unmeasured_or_negligible_data_wait_is_left_out_of_the_line():
+    for wait in (None, 0.4):
+        m = StepMetrics(step=3, loss=1.5, step_seconds=0.5, data_wait_ms=wait)
+        assert "data wait" not in format_step_line(m, _rates(), total_steps=9, skipped_total=0, eta_seconds=1)

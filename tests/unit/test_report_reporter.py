@@ -102,8 +102,9 @@ def test_plain_output_every_log_every_steps_without_control_characters(tmp_path)
     assert "\x1b" not in out and "\r" not in out
     lines = [ln for ln in out.splitlines() if ln.startswith("step ")]
     # first step (it started), every 5th, and the last
-    assert [ln.split(" | ")[0] for ln in lines] == ["step 1/10", "step 5/10", "step 10/10"]
-    assert "loss 3.5000" in lines[1] and "tok/s 2,048 (1,024/dev)" in lines[1] and "MFU 0.1%" in lines[1]
+    assert [ln.split("  ")[0] for ln in lines] == ["step 1/10", "step 5/10", "step 10/10"]
+    assert "loss 3.5000" in lines[1] and "tok/s 2,048" in lines[1] and "MFU 0.1%" in lines[1]
+    assert all(len(line) <= 100 for line in lines), lines
     assert "eta 2s" in lines[1]  # 5 steps left x 0.5 s
 
 
@@ -127,7 +128,7 @@ def test_interactive_draws_a_bar_and_prints_lines(tmp_path):
     reporter.finish([MEM, MEM], zero_stage=3, params_numel=1000)
     out = buf.getvalue()
     assert "\x1b" in out  # live rendering
-    assert "10/10" in out and "step 5/10 | loss 3.5000" in out
+    assert "10/10" in out and "step 5/10  loss 3.5000" in out
     assert "Throughput" in out
 
 
@@ -139,7 +140,7 @@ def test_fp16_scale_and_skipped_count_shown(tmp_path):
     lines = buf.getvalue().splitlines()
     assert "scale 65536" in lines[0] and "skipped 1 (this step)" in lines[0]
     assert "scale 32768" in lines[1] and "skipped 1" in lines[1] and "this step" not in lines[1]
-    assert "grad_norm inf" in lines[0]
+    assert "gnorm inf" in lines[0]
 
 
 def test_cuda_memory_in_line_with_percent_of_device(tmp_path):
@@ -149,7 +150,7 @@ def test_cuda_memory_in_line_with_percent_of_device(tmp_path):
     reporter.log(
         step(1, mem_allocated_bytes=20 * gib, mem_reserved_bytes=30 * gib, mem_device_bytes=80 * gib)
     )
-    assert "mem 20.00 GiB (25%) / reserved 30.00 GiB (38%)" in buf.getvalue()
+    assert "mem 20.00 GiB (25%)" in buf.getvalue() and "reserved" not in buf.getvalue()
 
 
 def test_cpu_shows_na_for_mfu_and_memory_absent(tmp_path):
@@ -157,7 +158,7 @@ def test_cpu_shows_na_for_mfu_and_memory_absent(tmp_path):
     reporter = make_reporter(tmp_path, console, device_name="cpu", dtype="fp32", log_every=1)
     reporter.log(step(1))
     line = buf.getvalue()
-    assert "MFU n/a" in line and "mem" not in line and "TFLOP/s/dev 1.02" in line
+    assert "MFU" not in line and "mem" not in line and "TFLOP/s/dev 1.02" in line
 
 
 def test_loss_scale_hidden_unless_fp16(tmp_path):

@@ -15,9 +15,9 @@ from zerolaunch.report.tables import memory_rows, memory_table, throughput_table
 GIB = 1024**3
 
 
-def render(renderable) -> str:
+def render(renderable, width: int = 100) -> str:
     buf = io.StringIO()
-    Console(file=buf, width=100, force_terminal=False).print(renderable)
+    Console(file=buf, width=width, force_terminal=False).print(renderable)
     return buf.getvalue()
 
 
@@ -107,15 +107,16 @@ def test_memory_table_columns_and_activation_rest():
     rows = [mem(peak_allocated_bytes=16 * GIB, peak_reserved_bytes=20 * GIB, device_bytes=80 * GIB)] * 2
     out = render(memory_table(rows, zero_stage=2))
     assert "Memory per rank, GiB (ZeRO stage 2)" in out
-    for header in ("params", "grads", "optim state", "buffers", "act./other", "peak alloc", "peak resv"):
+    for header in ("params", "grads", "optim", "state", "buffers", "act./", "other", "alloc", "resv"):
         assert header in out
     # optim state = optimizer + master = 6 GiB; rest = 16 - (2 + 2 + 6 + 0.5) = 5.5 GiB
-    assert "6.00" in out and "5.50" in out and "16.00 (20%)" in out and "20.00 (25%)" in out
+    assert "6.00" in out and "5.50" in out and "16.00" in out and "20.00" in out
+    assert "peaks of the 80.00 GiB device: alloc 20%, resv 25%" in " ".join(out.split())
     assert "optimizer state and grads are sharded over 2 ranks; params are replicated" in " ".join(
         out.split()
     )
-    assert all(len(line) <= 100 for line in out.splitlines())
-    assert "…" not in out  # nothing truncated at 100 columns
+    assert all(len(line) <= 80 for line in render(memory_table(rows, zero_stage=2), width=80).splitlines())
+    assert "…" not in render(memory_table(rows, zero_stage=2), width=80)  # nothing truncated at 80 columns
 
 
 def test_memory_table_cpu_has_no_peaks_and_offload_is_flagged():
@@ -170,6 +171,9 @@ def test_throughput_table_states_theory_and_ratio(tmp_path):
     assert summary.theory_comm_bytes_per_step == 6_000_000_000
     assert "6.00 GB (stage 1: reduce-scatter grads + all-gather params)" in out
     assert "measured / theory │ 1.00x" in out
+    narrow = render(throughput_table(summary, zero_stage=1, world_size=2, peak_text="x" * 30), width=80)
+    assert all(len(line) <= 80 for line in narrow.splitlines()) and "…" not in narrow
+    assert "reduce-scatter" in narrow and "all-gather" in narrow  # wrapped in the cell, not cut
     assert "of H200 / GH200 bf16 dense peak 989 TFLOP/s" in out
     assert "3,072 (steps x global batch x seq len)" in out
     assert "loss curve (3 steps)" in out and "step 3" in out

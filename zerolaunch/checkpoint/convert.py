@@ -29,6 +29,7 @@ from zerolaunch.checkpoint.outputs import ByteProgress, OutTensor
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import resolve_checkpoint
 from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
+from zerolaunch.disk_errors import disk_errors
 from zerolaunch.dtypes import DTYPES, torch_dtype
 
 FORMATS = ("safetensors", "torch")
@@ -150,17 +151,21 @@ def convert_checkpoint(
         raise CheckpointError(f"{out} already exists; pass --force to replace it")
     if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
         raise CheckpointError(f"output {out} must not be the source {src} or lie inside it")
+    # a full, read-only or forbidden OUT: one paragraph; the writers below remove their temp folder
+    where = {"path": out, "what": "the converted checkpoint", "fix": "give another OUT folder"}
     if to_world_size is not None:
         from zerolaunch.checkpoint.reshard import reshard_checkpoint
 
-        return reshard_checkpoint(src, out, to_world_size, progress=progress, verify=verify)
+        with disk_errors(**where):
+            return reshard_checkpoint(src, out, to_world_size, progress=progress, verify=verify)
     source = open_source(src, verify=verify)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.suffix in (".safetensors", ".bin", ".pt"):
-            _write_file(source, out, fmt, torch_dtype(dtype), max_shard_bytes, progress)
-        else:
-            _write_folder(source, out, fmt, torch_dtype(dtype), max_shard_bytes, progress)
+        with disk_errors(needed_bytes=sum(_sizes(source.tensors(), torch_dtype(dtype))), **where):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if out.suffix in (".safetensors", ".bin", ".pt"):
+                _write_file(source, out, fmt, torch_dtype(dtype), max_shard_bytes, progress)
+            else:
+                _write_folder(source, out, fmt, torch_dtype(dtype), max_shard_bytes, progress)
     finally:
         source.close()
     return out

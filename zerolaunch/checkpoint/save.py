@@ -23,6 +23,7 @@ from zerolaunch.checkpoint.atomic import (
     TMP_PREFIX,
     clean_stale,
     publish,
+    remove_path,
     remove_tree,
     write_json,
     write_text_atomic,
@@ -40,6 +41,7 @@ from zerolaunch.checkpoint.manifest import (
 )
 from zerolaunch.checkpoint.model16 import frozen_names, wants_16bit_model, write_16bit_model
 from zerolaunch.checkpoint.tensorfile import dtype_name, write_safetensors
+from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
 from zerolaunch.zero import comm
 
 LATEST_NAME = "latest"
@@ -67,10 +69,38 @@ def save_checkpoint(
     if keep is not None and keep < 1:
         raise CheckpointError(f"checkpoint.keep must be >= 1 (or unset to keep all), got {keep}")
     root = Path(root)
-    rank, world_size = comm.rank(group), comm.world_size(group)
-    device = getattr(engine, "device", None) or torch.device("cpu")
+    rank = comm.rank(group)
     final = root / step_dir_name(step)
     tmp = root / f"{TMP_PREFIX}{final.name}"
+    try:
+        _write_collectively(engine, root, tmp, final, step, extra, keep, group, exclude_frozen_parameters)
+    except Exception as err:
+        if rank == 0:
+            # every rank is past the phase that failed (each phase ends in an agreement): nothing writes
+            # into tmp any more, and a leftover .tmp-step_* must not look like a checkpoint
+            remove_path(tmp)
+        if is_disk_error(err):
+            raise disk_error(
+                err,
+                path=final,
+                what=f"the checkpoint of step {step} (rank {rank}) to",
+                fix="point checkpoint.dir at another disk (--set checkpoint.dir=DIR)",
+                after=_intact(root, final),
+            ) from None
+        raise
+    return final
+
+
+def _intact(root: Path, final: Path) -> str:
+    done = [p.name for _, p in complete_checkpoints(root) if p != final]
+    if not done:
+        return "No earlier checkpoint of this run was saved."
+    return f"The partial folder was removed; {done[-1]} is intact (--resume auto continues from it)."
+
+
+def _write_collectively(engine, root, tmp, final, step, extra, keep, group, exclude_frozen_parameters):
+    rank, world_size = comm.rank(group), comm.world_size(group)
+    device = getattr(engine, "device", None) or torch.device("cpu")
     _collectively(lambda: prepare_folder(root, tmp) if rank == 0 else None, group, device, "prepare", rank)
     excluded = frozen_names(engine) if exclude_frozen_parameters else set()
     _collectively(
@@ -152,7 +182,9 @@ def write_rank_files(
     extra_json, extra_tensors = encode_extra(extra)
     tensors.extend(extra_tensors.items())
     path = folder / rank_file_name(rank)
-    checksums = write_safetensors(path, tensors, metadata={"format": "pt", "zerolaunch_rank": str(rank)})
+    needed = sum(t.numel() * t.element_size() for _, t in tensors)
+    with disk_errors(path, needed_bytes=needed):
+        checksums = write_safetensors(path, tensors, metadata={"format": "pt", "zerolaunch_rank": str(rank)})
     entry = {
         "file": path.name,
         "bytes": path.stat().st_size,
@@ -280,15 +312,37 @@ def prune(root: Path, keep: int, *, protect: Path) -> None:
 
 
 def latest_checkpoint(root) -> Path | None:
-    """The folder `root/latest` names; if it is missing or dangling, the newest complete checkpoint."""
+    """The folder `root/latest` names; without a `latest`, the newest complete checkpoint (None: none).
+
+    A `latest` that names no complete checkpoint (a missing or half-deleted step, garbage) is a
+    CheckpointError naming the newest complete one, never a silent switch to another step: which step a
+    run continues from is the user's call."""
     root = Path(root)
     pointer = root / LATEST_NAME
-    if pointer.is_file():
-        target = root / pointer.read_text().strip()
-        if target.parent == root and (target / MANIFEST_NAME).is_file():
-            return target
     done = complete_checkpoints(root)
-    return done[-1][1] if done else None
+    if not pointer.is_file():
+        return done[-1][1] if done else None
+    try:
+        name = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        name = None
+    target = root / name if name else None
+    if target is not None and _STEP_DIR.match(name) and (target / MANIFEST_NAME).is_file():
+        return target
+    if name is None or not _STEP_DIR.match(name):
+        problem = "is damaged (it holds no step_* name)"
+    elif not target.exists():
+        problem = f"names {name}, which does not exist"
+    else:
+        problem = f"names {name}, which has no {MANIFEST_NAME} (an unfinished or damaged checkpoint)"
+    newest = done[-1][1] if done else None
+    way = (
+        f"The newest complete checkpoint is {newest.name}: resume from it with --resume {newest}, or write "
+        f"{newest.name} into {pointer}."
+        if newest is not None
+        else "No complete checkpoint is left there: start over (--restart) or resume from another folder."
+    )
+    raise CheckpointError(f"{pointer} {problem}. {way}")
 
 
 def resolve_checkpoint(path) -> Path:

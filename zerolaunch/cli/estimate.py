@@ -69,12 +69,28 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def _gib(nbytes: int | None) -> str:
-    """GiB in at most 5 characters, so the table fits an 80-column terminal."""
+def _unit(values) -> tuple[str, int]:
+    """One binary unit for a table: the largest that keeps its biggest number >= 1 (GiB for a 7B model,
+    KiB for a 120k-param one, whose cells would all read 0.00 GiB)."""
+    from zerolaunch.report.format import byte_unit
+
+    return byte_unit(v for v in values if v is not None)
+
+
+def _size(nbytes: int | None, unit_bytes: int = GIB) -> str:
+    """`nbytes` in the table's unit in at most 5 characters, so the table fits an 80-column terminal."""
     if nbytes is None:
         return "-"
-    g = nbytes / GIB
+    g = nbytes / unit_bytes
     return f"{g:.2f}" if g < 10 else f"{g:.1f}" if g < 100 else f"{g:.0f}"
+
+
+def _params(numel: int) -> str:
+    """120,576 -> '120.6 k'; 7e9 -> '7.00 B': the count in the unit that fits it."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if numel >= size:
+            return f"{numel / size:.3g} {unit}" if numel / size < 100 else f"{numel / size:.0f} {unit}"
+    return str(numel)
 
 
 def _table(title: str, columns: list[str]) -> Table:
@@ -97,8 +113,21 @@ def _count(n: int | None) -> str:
 def render_gpu_table(est: Estimate) -> Table:
     """Per GPU (rank): the model states, buffers, activations, peak and whether it fits."""
     s = est.setup
+    rows = [r for r in est.rows if r.supported]
+    unit, unit_bytes = _unit(
+        v
+        for r in rows
+        for v in (
+            r.gpu["params"],
+            r.gpu["grads"],
+            r.gpu["master"] + r.gpu["optimizer"],
+            r.activation_bytes,
+            r.gpu_total_ckpt_bytes if s.activation_checkpointing else r.gpu_total_bytes,
+        )
+    )
+    _gib = lambda n: _size(n, unit_bytes)  # noqa: E731
     table = _table(
-        f"per GPU, GiB: {s.world_size} GPU(s) = {s.nodes} node(s) x {s.gpus_per_node}, {s.dtype}, "
+        f"per GPU, {unit}: {s.world_size} GPU(s) = {s.nodes} node(s) x {s.gpus_per_node}, {s.dtype}, "
         f"micro-batch {s.micro_batch} x seq {s.seq_len}",
         ["stage", "offload", "params", "grads", "optim", "bufs", "act", "act*", "peak", "fits"],
     )
@@ -158,8 +187,15 @@ def render_offload_cost(est: Estimate, bandwidths) -> Table:
 
 def render_host_table(est: Estimate) -> Table:
     """Per node on the host, and DeepSpeed's published figures for the same configuration."""
+    rows = [r for r in est.rows if r.supported]
+    unit, unit_bytes = _unit(
+        v
+        for r in rows
+        for v in (r.cpu_node_bytes, r.nvme_bytes, r.deepspeed_gpu_bytes, r.deepspeed_cpu_node_bytes)
+    )
+    _gib = lambda n: _size(n, unit_bytes)  # noqa: E731
     table = _table(
-        "per CPU node GiB, largest micro-batch, DeepSpeed's estimate GiB",
+        f"per CPU node {unit}, largest micro-batch, DeepSpeed's estimate {unit}",
         ["stage", "offload", "CPU/node", "nvme/rank", "mb", "mb*", "DS GPU", "DS CPU/node"],
     )
     for r in est.rows:
@@ -183,7 +219,7 @@ def print_estimate(est: Estimate, console) -> None:
     exact = "" if est.exact else " [yellow](tensor shapes assumed)[/]"
     console.print(f"[bold]model[/]: {est.source}{exact}")
     console.print(
-        f"params {est.numel:,} ({est.numel / 1e9:.3f} B), largest layer {est.largest_layer_numel:,}; "
+        f"params {est.numel:,} ({_params(est.numel)}), largest layer {est.largest_layer_numel:,}; "
         f"activation checkpointing {'on' if est.setup.activation_checkpointing else 'off'} in 'peak'"
     )
     console.print(render_gpu_table(est))
@@ -341,7 +377,10 @@ def register(app: typer.Typer) -> None:
             help="Which activation figure the 'peak' column uses (default: the recipe's, else off).",
         ),
         set_: list[str] = typer.Option(
-            [], "--set", help="Override a recipe value (repeatable).", metavar="K=V"
+            [],
+            "--set",
+            help="Override a recipe value, e.g. --set train.micro_batch_size=4 (repeatable; YAML values).",
+            metavar="KEY=VALUE",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
         measure: bool = typer.Option(

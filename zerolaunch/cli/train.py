@@ -20,7 +20,11 @@ def train(
     cpu: Annotated[int | None, typer.Option("--cpu", help="Run N gloo workers on the CPU instead.")] = None,
     sets: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override a recipe value: --set train.steps=50 (repeatable)."),
+        typer.Option(
+            "--set",
+            help="Override a recipe value, e.g. --set train.steps=50 (repeatable; YAML values).",
+            metavar="KEY=VALUE",
+        ),
     ] = None,
     run_dir: Annotated[
         str | None, typer.Option("--run-dir", help="Run folder (overrides train.run_dir).")
@@ -28,6 +32,14 @@ def train(
     resume: Annotated[
         str | None, typer.Option("--resume", help="auto (latest checkpoint, if any) or a checkpoint path.")
     ] = None,
+    restart: Annotated[
+        bool,
+        typer.Option(
+            "--restart",
+            help="Start over in a run dir that holds an earlier run: its files are moved aside to "
+            "RUN_DIR/previous-<time>/ first (nothing is deleted).",
+        ),
+    ] = False,
     nnodes: Annotated[
         int | None, typer.Option("--nnodes", help="Nodes in the job (default 1, or SLURM_NNODES).")
     ] = None,
@@ -93,6 +105,7 @@ def train(
         sets=list(sets or []),
         run_dir=run_dir,
         resume=resume,
+        restart=restart,
         verify=verify,
         nnodes=1 if nnodes is None else nnodes,
         node_rank=node_rank,

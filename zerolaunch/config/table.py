@@ -56,10 +56,12 @@ def render_recipe_table(recipe: Recipe, title: str | None = None, *, changed_onl
     from rich.table import Table
 
     table = Table(title=title or f"recipe {recipe.source or '(dict)'}", title_justify="left")
-    table.add_column("key", overflow="fold", min_width=24)
-    table.add_column("value", overflow="fold", min_width=10)
+    # ratios, not minimum widths: a minimum is the longest word, and a table wider than the console is
+    # cropped at its edge (an 80-column pipe lost the end of every note); these fold to any width
+    table.add_column("key", overflow="fold", ratio=5)
+    table.add_column("value", overflow="fold", ratio=3)
     table.add_column("from", no_wrap=True)
-    table.add_column("note", overflow="fold", min_width=16)
+    table.add_column("note", overflow="fold", ratio=4)
     for key, value, origin, note in recipe_rows(recipe, changed_only=changed_only):
         if not origin:
             table.add_row(f"[dim]{escape(key)}[/]", "", "", escape(note))

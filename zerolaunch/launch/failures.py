@@ -26,6 +26,8 @@ PEER_LOST = (
 )
 """Exception text of a rank that lost a peer (gloo / NCCL wording): a consequence, not a cause."""
 SECONDARY_SIGNALS = ("SIGTERM", "SIGINT")
+SECONDARY_TEXT = ("failed on another rank",)
+"""A rank that stopped because another one failed (checkpoint/save.py's agreement): not the cause."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ def root_cause(failures: dict) -> tuple[int, object]:
 def is_secondary(failure) -> bool:
     """True when the failure looks like a reaction to another rank's failure."""
     message = str(failure.message).lower()
-    if any(words in message for words in PEER_LOST):
+    if any(words in message for words in PEER_LOST + SECONDARY_TEXT):
         return True
     return failure.exitcode < 0 and failure.signal_name() in SECONDARY_SIGNALS
 
@@ -126,3 +128,33 @@ def render(report: FailureReport, *, restarts_used: int | None = None):
     if restarts_used:
         text.append(f"\n(after {restarts_used} restart(s))")
     return Panel(text, title="training failed", border_style="red", expand=False)
+
+
+def disk_problem(folders) -> Exception | None:
+    """A DiskError when one of `folders` cannot take a small write (full, read-only, no permission),
+    else None: the cause to name when the agent failed on a worker's unreadable error record."""
+    from zerolaunch.checkpoint.atomic import writer_unique_name
+    from zerolaunch.disk_errors import disk_error, is_disk_error
+
+    for folder in folders:
+        probe = Path(folder) / writer_unique_name("zerolaunch-space-test")
+        try:
+            with open(probe, "wb") as f:
+                f.write(b"\0" * 65536)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:
+            if is_disk_error(err):
+                return disk_error(
+                    err,
+                    path=folder,
+                    what="into",
+                    fix="point --run-dir (or checkpoint.dir) at another disk",
+                    after="A worker's error record could not be written there either, so its own message is lost.",
+                )
+        finally:
+            try:
+                probe.unlink()
+            except OSError:
+                pass
+    return None

@@ -154,6 +154,8 @@ def _child_args(req, workers: int, device: str) -> list[str]:
         args += ["--run-dir", req.run_dir]
     if req.resume:
         args += ["--resume", req.resume]
+    if req.restart:
+        args.append("--restart")
     if not req.verify:
         args.append("--no-verify")
     args += ["--max-restarts", str(req.max_restarts), "--timeout", str(req.timeout_seconds)]

@@ -4,7 +4,10 @@ Resolve the recipe for world size nnodes x nproc, write run_dir/recipe.resolved.
 table, then run `python -m zerolaunch.worker RUN_DIR/recipe.resolved.json` on every local rank through
 `torch.distributed.launcher.api.elastic_launch`. Single node: rendezvous on 127.0.0.1 at a port the OS
 picked. Multi-node: at --rdzv-endpoint, with c10d (ranks by arrival) or static (--node-rank). A failure is
-summarised as a panel (failures.py) and exit code 1; Ctrl-C stops every worker and exits 130.
+summarised once on stderr, as a panel (failures.py) and exit code 1, or a worker's UserError paragraph and
+exit code 2; Ctrl-C stops every worker and exits 130. Before anything is written, the run dir and the
+checkpoint.dir are locked and checked for an earlier run (previous_run.py); a run that ends well prints
+where its results are.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zerolaunch.disk_errors import disk_errors
 from zerolaunch.launch import env
 from zerolaunch.launch.devices import Workers, choose_workers
 from zerolaunch.launch.ports import LOOPBACK, LaunchError, free_port, parse_endpoint
+from zerolaunch.launch.previous_run import check_previous_run, write_owner
 from zerolaunch.launch.runlock import RunLock, lock_name
 from zerolaunch.launch.writable import check_writable
 
@@ -37,6 +42,8 @@ class LaunchRequest:
     sets: list[str] = field(default_factory=list)
     run_dir: str | None = None
     resume: str | None = None
+    restart: bool = False
+    """--restart: move an earlier run in run_dir / checkpoint.dir aside (previous_run.py) and start over."""
     verify: bool = True
     """False (--no-verify): resume / model.init_from read checkpoint files without checking their crc32s."""
     nnodes: int = 1
@@ -138,16 +145,63 @@ def launch(req: LaunchRequest, console) -> int:
     for note in preflight(recipe, req.resume, world_size=req.nnodes * workers.nproc_per_node):
         console.print(note, markup=False, highlight=False, soft_wrap=True)
     run_dir = Path(recipe.train.run_dir)
+    checkpoint_root = Path(recipe.checkpoint.dir or run_dir / "checkpoints")
     # before anything is written or started: a folder the run cannot write fails here, not in a worker
     check_writable(run_dir, "run_dir")
-    check_writable(recipe.checkpoint.dir or run_dir / "checkpoints", "checkpoint.dir")
-    lock = RunLock(run_dir, lock_name(req.nnodes, req.node_rank)).acquire()
+    check_writable(checkpoint_root, "checkpoint.dir")
+    with disk_errors(fix="point --run-dir (or checkpoint.dir) at another disk"):
+        return _launch_in(req, recipe, rdzv, workers, run_dir, checkpoint_root, console)
+
+
+def _launch_in(req, recipe, rdzv, workers, run_dir: Path, checkpoint_root: Path, console) -> int:
+    name = lock_name(req.nnodes, req.node_rank)
+    locks = [RunLock(run_dir, name, run_dir=run_dir).acquire()]
     try:
-        if lock.note:
-            console.print(lock.note, markup=False, highlight=False, soft_wrap=True)
+        if checkpoint_root.resolve() != run_dir.resolve():
+            # two runs (other run dirs) saving into one checkpoint.dir would interleave their steps
+            locks.append(RunLock(checkpoint_root, name, what="checkpoint.dir", run_dir=run_dir).acquire())
+        for lock in locks:
+            if lock.note:
+                console.print(lock.note, markup=False, highlight=False, soft_wrap=True)
+        moved = check_previous_run(run_dir, checkpoint_root, resume=req.resume, restart=req.restart)
+        if moved:
+            console.print(moved, markup=False, highlight=False, soft_wrap=True)
+        write_owner(checkpoint_root, run_dir)
+        done = _finished_checkpoint(req.resume, checkpoint_root, recipe.train.steps)
+        if done is not None:
+            from zerolaunch.train.loop import nothing_to_do
+
+            line = nothing_to_do(done[1], recipe.train.steps, where=done[0])
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            return 0
         return _launch_locked(req, recipe, rdzv, workers, run_dir, console)
     finally:
-        lock.release()
+        for lock in reversed(locks):
+            lock.release()
+
+
+def _finished_checkpoint(resume: str | None, checkpoint_root: Path, steps: int) -> tuple[Path, int] | None:
+    """(folder, step) of the checkpoint --resume would load when it is at train.steps or past it, else None.
+
+    A `latest` that names no complete checkpoint is refused here (CheckpointError), before any worker."""
+    if not resume:
+        return None
+    import json
+
+    from zerolaunch.checkpoint.manifest import MANIFEST_NAME
+    from zerolaunch.checkpoint.save import latest_checkpoint, resolve_checkpoint
+
+    if resume == "auto":
+        found = latest_checkpoint(checkpoint_root) if checkpoint_root.is_dir() else None
+    else:
+        found = resolve_checkpoint(resume)
+    if found is None:
+        return None
+    try:
+        step = json.loads((found / MANIFEST_NAME).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged manifest: the worker's load names what is wrong
+    return (found, step) if isinstance(step, int) and step >= steps else None
 
 
 def _launch_locked(req: LaunchRequest, recipe, rdzv: Rendezvous, workers: Workers, run_dir: Path, console):
@@ -237,6 +291,10 @@ def _run_agent(
         log_line_prefix_template=ALL_RANKS_PREFIX if req.all_ranks else None,
         local_addr=rdzv.local_addr,
     )
+    from rich.console import Console
+
+    # a failure is said once, on stderr (`2>err.log` keeps it), in the launcher's words
+    err_console = Console(stderr=True, highlight=False)
     try:
         # Workers write through pipes, never a terminal: the launcher owns it and draws the bar from
         # metrics.jsonl (a no-op when this console is not a terminal; rank 0's plain lines still arrive).
@@ -257,7 +315,7 @@ def _run_agent(
             # train.max_nonfinite_steps stopped the run on every rank: its message once, its own exit code
             # (README "When things go wrong"), no traceback panel.
             message = report.exception.removeprefix("NonFiniteStop: ")
-            console.print(
+            err_console.print(
                 f"{message}\nfull log: {report.log_path}", markup=False, highlight=False, soft_wrap=True
             )
             return NONFINITE_EXIT_CODE
@@ -266,7 +324,7 @@ def _run_agent(
         if failure.exitcode == UserError.exit_code:
             # a UserError raised in a worker (worker.py): its message once, exit 2, as the launcher's own
             message = report.exception.split(": ", 1)[-1] if ": " in report.exception else report.exception
-            console.print(
+            err_console.print(
                 f"error: {message}\nfull log: {report.log_path}",
                 markup=False,
                 highlight=False,
@@ -274,8 +332,8 @@ def _run_agent(
             )
             return UserError.exit_code
         # in a log or a pipe the console is 80 columns: let the panel be as wide as its longest line
-        panel_width = None if console.is_terminal else 1000
-        console.print(failures.render(report, restarts_used=len(logs.attempts) - 1), width=panel_width)
+        panel_width = None if err_console.is_terminal else 1000
+        err_console.print(failures.render(report, restarts_used=len(logs.attempts) - 1), width=panel_width)
         return 1
     except SignalException as err:
         logs.close()
@@ -293,6 +351,41 @@ def _run_agent(
             f"rendezvous at {rdzv.endpoint} ({rdzv.backend}) failed: {err}. Check that every node uses the same "
             "--rdzv-endpoint, --nnodes and --run-id, and that node 0 is reachable on that port"
         ) from None
+    except (ValueError, OSError):
+        # torch's agent reading a worker's error record that a full or read-only disk left empty or cut
+        # (a JSONDecodeError is a ValueError): say what the disk says, not the parser
+        logs.close()
+        problem = failures.disk_problem([run_dir, checkpoint_root])
+        if problem is None:
+            raise
+        raise problem from None
     finally:
         logs.close()
+        logs.remove_error_files()
+    for line in where_results_went(run_dir, checkpoint_root, logs.attempt_dir()):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def where_results_went(run_dir: Path, checkpoint_root: Path, log_dir: Path | None) -> list[str]:
+    """The run's last lines: where its final checkpoint, metrics, summary and logs are."""
+    from zerolaunch.checkpoint import CheckpointError, latest_checkpoint
+
+    try:
+        final = latest_checkpoint(checkpoint_root) if checkpoint_root.is_dir() else None
+    except CheckpointError:
+        final = None
+    rows = [
+        (
+            "final checkpoint",
+            f"{final}  (zerolaunch convert-checkpoint {checkpoint_root} OUT)" if final else None,
+        ),
+        ("metrics", run_dir / "metrics.jsonl"),
+        ("summary", run_dir / "summary.json"),
+        ("logs", log_dir),
+    ]
+    return ["results:"] + [
+        f"  {name:<18}{value}"
+        for name, value in rows
+        if value is not None and (isinstance(value, str) or Path(value).exists())
+    ]

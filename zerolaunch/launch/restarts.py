@@ -64,9 +64,12 @@ class RestartAnnouncer:
     def _resume_text(self) -> str:
         if self.resume and self.resume != "auto":
             return f"resuming from {self.resume} (--resume)"
-        from zerolaunch.checkpoint import latest_checkpoint
+        from zerolaunch.checkpoint import CheckpointError, latest_checkpoint
 
-        found = latest_checkpoint(self.checkpoint_root) if self.checkpoint_root.is_dir() else None
+        try:
+            found = latest_checkpoint(self.checkpoint_root) if self.checkpoint_root.is_dir() else None
+        except CheckpointError:
+            return "its `latest` names no complete checkpoint (the restarted workers will say which)"
         if found is None:
             return "no checkpoint yet: starting over from step 0"
         return f"resuming from {found.name}"

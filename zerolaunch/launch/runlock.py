@@ -1,4 +1,5 @@
-"""One run per run_dir: an exclusive `fcntl.flock` on RUN_DIR/.lock, held for the launcher's life.
+"""One run per run_dir and per checkpoint.dir: an exclusive `fcntl.flock` on FOLDER/.lock, held for the
+launcher's life.
 
 The file says who holds it (host, pid, start time) so a second run can name the holder. The kernel drops
 a flock when its holder dies, however it dies, so a lock file left with content by a dead launcher is
@@ -34,7 +35,10 @@ def lock_name(nnodes: int, node_rank: int | None) -> str:
 
 
 def _describe(holder: dict) -> str:
-    return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, since {holder.get('since', '?')}"
+    run = f"run dir {holder['run_dir']}, " if isinstance(holder.get("run_dir"), str) else ""
+    return (
+        f"{run}host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, since {holder.get('since', '?')}"
+    )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -48,8 +52,19 @@ def _pid_alive(pid: int) -> bool:
 
 
 class RunLock:
-    def __init__(self, run_dir: str | os.PathLike[str], name: str = LOCK_NAME):
-        self.path = Path(run_dir) / name
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        name: str = LOCK_NAME,
+        *,
+        what: str = "run_dir",
+        run_dir: str | os.PathLike[str] | None = None,
+    ):
+        """`what`: "run_dir" or "checkpoint.dir", the folder's role in messages; `run_dir`: recorded in the
+        lock file, so a run refused at a shared checkpoint.dir can name the run dir of the run holding it."""
+        self.path = Path(folder) / name
+        self.what = what
+        self.run_dir = None if run_dir is None else str(Path(run_dir).resolve())
         self._fd: int | None = None
         self.note: str | None = None
         """Set when a dead run's lock was taken over: what to tell the user."""
@@ -67,9 +82,13 @@ class RunLock:
             if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
                 if not _pid_alive(holder["pid"]):
                     still = " (that pid is gone, but a process it started still holds the lock)"
+            if self.what == "run_dir":
+                role, elsewhere = "run dir", "pick another folder with --run-dir"
+            else:
+                role, elsewhere = self.what, f"give this run its own folder with --set {self.what}=DIR"
             raise RunDirBusy(
-                f"run dir {self.path.parent} is in use by another run ({_describe(holder)}){still}. "
-                f"Wait for it to end, stop it, or pick another folder with --run-dir"
+                f"{role} {self.path.parent} is in use by another run ({_describe(holder)}){still}. "
+                f"Wait for it to end, stop it, or {elsewhere}"
             ) from None
         previous = _read(fd)
         if previous:
@@ -82,6 +101,8 @@ class RunLock:
             "pid": os.getpid(),
             "since": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         }
+        if self.run_dir is not None:
+            record["run_dir"] = self.run_dir
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         os.fsync(fd)

@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
 from zerolaunch.report import mfu as mfu_math
 
 
@@ -127,14 +128,17 @@ class MetricsFile:
                 truncate_metrics(self.path, resume_step)
             self._file = open(self.path, "a" if resume_step is not None else "w", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
+            if is_disk_error(exc):
+                raise disk_error(exc, path=self.path, fix="give the run another --run-dir") from None
             raise ValueError(
                 f"cannot write metrics to {self.path}: {exc.strerror}; pick a writable run dir (--run-dir)"
             ) from exc
 
     def write(self, record: dict) -> None:
         # one write call per line: a line is written whole or (killed mid-write) cut, never interleaved
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
-        self._file.flush()
+        with disk_errors(self.path, fix="give the run another --run-dir"):
+            self._file.write(json.dumps(record, allow_nan=False) + "\n")
+            self._file.flush()
 
     def close(self) -> None:
         if not self._file.closed:

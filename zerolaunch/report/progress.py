@@ -30,6 +30,10 @@ from zerolaunch.report.metrics import StepMetrics, StepRates
 ETA_WINDOW_STEPS = 20
 
 
+DATA_WAIT_SHOWN_MS = 1.0
+"""A step's input wait is on its line from this many milliseconds: below, input keeps up (near 0)."""
+
+
 def _mem_text(used_bytes: int | None, device_bytes: int | None) -> str:
     share = None if used_bytes is None or not device_bytes else used_bytes / device_bytes
     return fmt_gib(used_bytes) if share is None else f"{fmt_gib(used_bytes)} ({fmt_pct(share, 0)})"
@@ -46,32 +50,33 @@ def format_step_line(
 ) -> str:
     """One plain line for one step, torchtitan's fields in that order; fields never measured are left out.
 
+    Kept near 100 characters, so an 80-column terminal wraps it once at most: the per-device rates,
+    TFLOP/s (when the MFU is known), reserved memory and a data wait under DATA_WAIT_SHOWN_MS are in
+    metrics.jsonl and the end-of-run tables.
     `show_loss_scale` False hides the scale (bf16 / fp32 runs, where the engine reports a constant 1).
     """
     parts = [
         f"step {metrics.step}/{total_steps}",
         f"loss {fmt_float(metrics.loss)}",
-        f"grad_norm {fmt_float(metrics.grad_norm, 3)}",
+        f"gnorm {fmt_float(metrics.grad_norm, 3)}",
         f"lr {fmt_sci(metrics.lr)}",
-        f"tok/s {fmt_count(rates.tokens_per_second)} ({fmt_count(rates.tokens_per_second_per_device)}/dev)",
-        f"TFLOP/s/dev {fmt_tflops(rates.tflops_per_device)}",
-        f"MFU {fmt_pct(rates.mfu)}",
+        f"tok/s {fmt_count(rates.tokens_per_second)}",
+        f"MFU {fmt_pct(rates.mfu)}"
+        if rates.mfu is not None
+        else f"TFLOP/s/dev {fmt_tflops(rates.tflops_per_device)}",
     ]
-    if metrics.mem_allocated_bytes is not None or metrics.mem_reserved_bytes is not None:
-        parts.append(
-            f"mem {_mem_text(metrics.mem_allocated_bytes, metrics.mem_device_bytes)}"
-            f" / reserved {_mem_text(metrics.mem_reserved_bytes, metrics.mem_device_bytes)}"
-        )
+    if metrics.mem_allocated_bytes is not None:
+        parts.append(f"mem {_mem_text(metrics.mem_allocated_bytes, metrics.mem_device_bytes)}")
     if metrics.comm_seconds is not None:
         parts.append(f"comm {fmt_seconds(metrics.comm_seconds)}")
-    if metrics.data_wait_ms is not None:
+    if metrics.data_wait_ms is not None and metrics.data_wait_ms >= DATA_WAIT_SHOWN_MS:
         parts.append(f"data wait {metrics.data_wait_ms:.1f} ms")
     if show_loss_scale and metrics.loss_scale is not None:
         parts.append(f"scale {metrics.loss_scale:g}")
     if skipped_total or metrics.skipped:
         parts.append(f"skipped {skipped_total}" + (" (this step)" if metrics.skipped else ""))
     parts.append(f"eta {fmt_eta(eta_seconds)}")
-    return " | ".join(parts)
+    return "  ".join(parts)
 
 
 class EtaEstimate:

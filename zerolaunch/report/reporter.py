@@ -189,11 +189,16 @@ class Reporter:
         if self.history:
             for line in render_curve([m.step for m in self.history], [m.loss for m in self.history]):
                 self.console.print(line, markup=False, highlight=False, soft_wrap=True)
-        (self.run_dir / "summary.json").write_text(
-            json.dumps({"zero_stage": zero_stage, "world_size": self.world_size, **asdict(summary)}, indent=2)
-            + "\n",
-            encoding="utf-8",
-        )
+        from zerolaunch.disk_errors import disk_errors
+
+        with disk_errors(self.run_dir / "summary.json", fix="give the run another --run-dir"):
+            (self.run_dir / "summary.json").write_text(
+                json.dumps(
+                    {"zero_stage": zero_stage, "world_size": self.world_size, **asdict(summary)}, indent=2
+                )
+                + "\n",
+                encoding="utf-8",
+            )
         return summary
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from rich.table import Table
 from zerolaunch.report.format import (
     NA,
     byte_unit,
+    fmt_bytes,
     fmt_count,
     fmt_decimal_bytes,
     fmt_pct,
@@ -150,7 +151,8 @@ def _unknown_note(memory_by_rank: Sequence[dict]) -> str:
 def memory_table(memory_by_rank: Sequence[dict], zero_stage: int) -> Table:
     """Per-rank memory: model states by kind, the rest of the peak, and the peaks against the device size.
 
-    All cells share one unit (in the title) so the columns line up and fit 100 columns.
+    All cells share one unit (in the title) and the headers take two lines, so the table fits 80 columns;
+    the peaks' share of the device is in the caption.
     """
     if zero_stage not in SHARDED_BY_STAGE:
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
@@ -163,21 +165,25 @@ def memory_table(memory_by_rank: Sequence[dict], zero_stage: int) -> Table:
     )
     table = Table(
         title=f"Memory per rank, {unit} (ZeRO stage {zero_stage})",
-        caption=sharding_text(zero_stage, len(rows)) + _unknown_note(memory_by_rank),
+        caption=sharding_text(zero_stage, len(rows)) + _device_share(shown) + _unknown_note(memory_by_rank),
         title_justify="left",
         caption_justify="left",
     )
-    headers = ("rank", "params", "grads", "optim state", "buffers", "act./other", "peak alloc", "peak resv")
+    headers = (
+        "rank",
+        "params",
+        "grads",
+        "optim\nstate",
+        "buffers",
+        "act./\nother",
+        "peak\nalloc",
+        "peak\nresv",
+    )
     for header in headers:
         table.add_column(header, justify="left" if header == "rank" else "right", no_wrap=True)
 
     def size(num_bytes: int | None) -> str:
         return NA if num_bytes is None else f"{num_bytes / unit_bytes:.2f}"
-
-    def with_share(num_bytes: int | None, device_bytes: int | None) -> str:
-        if num_bytes is None or not device_bytes:
-            return size(num_bytes)
-        return f"{size(num_bytes)} ({fmt_pct(num_bytes / device_bytes, 0)})"
 
     for row in shown:
         other = row.other
@@ -191,10 +197,26 @@ def memory_table(memory_by_rank: Sequence[dict], zero_stage: int) -> Table:
             size(row.optimizer_state),
             size(row.buffers),
             other_text,
-            with_share(row.peak_allocated, row.device),
-            with_share(row.peak_reserved, row.device),
+            size(row.peak_allocated),
+            size(row.peak_reserved),
         )
     return table
+
+
+def _device_share(rows) -> str:
+    """'; peaks of the 80.00 GiB device: alloc 20%, resv 25%' for the largest peaks, when known."""
+    device = max((r.device for r in rows if r.device), default=None)
+    if device is None:
+        return ""
+    shares = [
+        f"{name} {fmt_pct(peak / device, 0)}"
+        for name, peak in (
+            ("alloc", max((r.peak_allocated or 0 for r in rows), default=0)),
+            ("resv", max((r.peak_reserved or 0 for r in rows), default=0)),
+        )
+        if peak
+    ]
+    return f"; peaks of the {fmt_bytes(device)} device: {', '.join(shares)}" if shares else ""
 
 
 def throughput_table(

@@ -86,12 +86,16 @@ def build_data(recipe, rank: int, world_size: int):
 class BatchSource:
     """An endless supply of batches from the data iterable, re-iterating it when an epoch ends."""
 
-    def __init__(self, data, builder: str):
+    def __init__(self, data, builder: str, *, micro_batches_per_step: int = 1, steps: int | None = None):
+        """`micro_batches_per_step` (gradient accumulation) and `steps` (train.steps) only word the error of
+        a data iterable that runs out."""
         self.data = data
         self.builder = builder
         self.consumed = 0
         """Micro-batches handed out so far on this rank (the data position a checkpoint records)."""
         self._it: Iterator | None = None
+        self._micro_batches_per_step = micro_batches_per_step
+        self._steps = steps
 
     def next(self):
         if self._it is None:
@@ -103,9 +107,22 @@ class BatchSource:
             try:
                 batch = next(self._it)
             except StopIteration:
-                raise TrainError(f"data.builder {self.builder!r} yields no batches on this rank") from None
+                raise self._ran_out() from None
         self.consumed += 1
         return batch
+
+    def _ran_out(self) -> TrainError:
+        if self.consumed == 0:
+            return TrainError(f"data.builder {self.builder!r} yields no batches on this rank")
+        # a generator or iterator is spent after one pass: iter() hands back the same, empty object
+        full_steps = self.consumed // self._micro_batches_per_step
+        steps = f" (now {self._steps})" if self._steps is not None else ""
+        return TrainError(
+            f"data.builder {self.builder!r} ran out after {self.consumed} batches, at step {full_steps + 1}: it "
+            f"returned a {type(self.data).__name__}, which cannot start a second pass. Make it repeat (loop "
+            "inside the generator, or return a list or an object whose __iter__ starts a new pass), or lower "
+            f"train.steps{steps} to at most {full_steps}."
+        )
 
     def state(self) -> dict:
         state = {"consumed": self.consumed}

@@ -22,6 +22,20 @@ def checkpoint_root(recipe) -> Path:
     )
 
 
+def _other_checkpoint(path: Path) -> str:
+    """Where else to resume from when `path` cannot be loaded: the newest other complete checkpoint."""
+    from zerolaunch.checkpoint.save import complete_checkpoints, resolve_checkpoint
+
+    try:
+        folder = resolve_checkpoint(path)
+    except Exception:  # the path itself is what is broken: the error already says so
+        return ""
+    others = [p for _, p in complete_checkpoints(folder.parent) if p != folder]
+    if not others:
+        return ""
+    return f" The newest other complete checkpoint is {others[-1].name}: resume from it with --resume {others[-1]}."
+
+
 class CheckpointHook:
     def __init__(self, recipe, engine, ctx, source):
         self.root = checkpoint_root(recipe)
@@ -59,9 +73,17 @@ class CheckpointHook:
         path = self.resume_path()
         if path is None:
             return 0
-        from zerolaunch.checkpoint import load_checkpoint
+        from zerolaunch.checkpoint import CheckpointError, load_checkpoint
 
-        extra = load_checkpoint(self.engine, path, group=self.ctx.group, verify=self.ctx.verify_checkpoints)
+        try:
+            extra = load_checkpoint(
+                self.engine, path, group=self.ctx.group, verify=self.ctx.verify_checkpoints
+            )
+        except CheckpointError as err:
+            other = _other_checkpoint(path)
+            if not other:
+                raise
+            raise CheckpointError(err.message.rstrip(". ") + "." + other) from None
         step = int(extra.get("train_step", self.engine.global_steps))
         if "data" in extra:
             self.source.restore(extra["data"])

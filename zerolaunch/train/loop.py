@@ -97,7 +97,12 @@ class Trainer:
         )
         # batches drawn, pinned and copied ahead of the step; the checkpoint counts the consumed ones
         self.source = PrefetchingSource(
-            BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder),
+            BatchSource(
+                build_data(recipe, ctx.rank, ctx.world_size),
+                recipe.data.builder,
+                micro_batches_per_step=recipe.engine.gradient_accumulation_steps,
+                steps=recipe.train.steps,
+            ),
             ctx.device,
             mode=prefetch_mode(recipe.data.prefetch, ctx.device),
         )
@@ -320,10 +325,24 @@ class Trainer:
         self.engine.close()  # deletes an nvme swap file now rather than at interpreter exit
 
 
+def nothing_to_do(checkpoint_step: int, steps: int, where=None) -> str:
+    """What a resume of a finished run says instead of training (`where`: the checkpoint, when known)."""
+    checkpoint = f"the checkpoint {where}" if where is not None else "the checkpoint"
+    return (
+        f"nothing to do: {checkpoint} is at step {checkpoint_step} and train.steps is {steps}. To train "
+        f"further, raise it (--set train.steps={max(steps, checkpoint_step) * 2}) with --resume auto."
+    )
+
+
 def run_training(recipe, ctx: RunContext) -> list[float]:
     """Train `recipe.train.steps` optimizer steps; returns the per-step mean losses (every rank)."""
     trainer = Trainer(recipe, ctx)
     try:
+        if trainer.start_step >= recipe.train.steps:
+            # a finished run resumed: no step to take, so no final checkpoint and no end-of-run tables
+            if ctx.is_rank0:
+                print(nothing_to_do(trainer.start_step, recipe.train.steps), flush=True)
+            return trainer.losses
         for step in range(trainer.start_step + 1, recipe.train.steps + 1):
             trainer.train_step(step)
         trainer.finish()

@@ -41,8 +41,9 @@ class StepReporter:
             self._plain_file = MetricsFile(run_dir, resume_step=start_step if start_step > 0 else None)
             return
         self._metrics_cls = StepMetrics
-        # Workers write through torchelastic's pipes, never a terminal: plain lines, a fixed width.
-        console = Console(width=160, force_terminal=False, color_system=None)
+        # Workers write through torchelastic's pipes, never a terminal: plain lines, a fixed width, the
+        # narrowest terminal's, so the end-of-run tables fit it (step lines are never cut: soft-wrapped)
+        console = Console(width=80, force_terminal=False, color_system=None)
         self._reporter = Reporter(
             run_dir,
             console,
