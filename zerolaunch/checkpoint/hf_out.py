@@ -74,7 +74,28 @@ def output_config(config: dict, weights_dtype: torch.dtype | None, architecture:
     default_use_cache = getattr(config_class(), "use_cache", None)
     if default_use_cache is not None:
         fields["use_cache"] = default_use_cache
-    return json.loads(config_class(**fields).to_json_string(use_diff=True))
+    return _keys_older_transformers_read(
+        json.loads(config_class(**fields).to_json_string(use_diff=True)), config_class
+    )
+
+
+def _keys_older_transformers_read(out: dict, config_class) -> dict:
+    """config.json plus the keys under which transformers 4.x reads what 5.x stores under a new name, so a
+    4.x from_pretrained builds the same model: a field 5.x declares but stores through `attribute_map`
+    (Qwen3-MoE's num_experts -> num_local_experts; without it 4.57 builds 128 experts), and `rope_theta`,
+    which 5.x keeps only inside `rope_parameters` (4.x would fall back to its default theta). transformers
+    5 reads both spellings to the same values."""
+    import inspect
+
+    declared = set(getattr(config_class, "__dataclass_fields__", {}))
+    declared |= set(inspect.signature(config_class.__init__).parameters)
+    for alias, target in getattr(config_class, "attribute_map", {}).items():
+        if alias in declared and alias not in out and target in out:
+            out[alias] = out[target]
+    rope = out.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in out:
+        out["rope_theta"] = rope["rope_theta"]
+    return out
 
 
 def generation_config_dict(config: dict, live_model=None) -> dict | None:
