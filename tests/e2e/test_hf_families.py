@@ -17,6 +17,9 @@ Leaves out: GPUs, bf16 (test_convert_hf.py covers dtype), the CLI (test_hf_train
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -159,3 +162,84 @@ def test_stages_2_and_3_train_to_the_same_losses(matrix, family):
     for a, b in zip(seen[(family, 2)]["losses"], seen[(family, 3)]["losses"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert seen[(family, 2)]["losses"][0] != seen[(family, 2)]["losses"][1]  # the step changed the weights
+
+
+# ---- transformers 4.57 reads what 5.x code wrote ----------------------------------------------------------
+OLD_TRANSFORMERS = Path(os.environ.get("ZEROLAUNCH_OLD_TRANSFORMERS", REPO / ".hf-old"))
+"""A folder holding transformers 4.57 (+ its tokenizers and huggingface_hub), installed by `make hf-old`
+with pip --target: put first on PYTHONPATH it shadows 5.x for one subprocess, and nothing else sees it."""
+
+_OLD_SCRIPT = """
+import json, sys
+import torch
+from safetensors.torch import load_file
+import transformers
+from transformers import AutoModelForCausalLM
+
+cases = json.loads(sys.argv[1])
+ids = torch.load(sys.argv[2])
+report = {"version": transformers.__version__, "file": transformers.__file__, "cases": {}}
+for key, folder in cases.items():
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True, local_files_only=True)
+    except Exception as e:
+        report["cases"][key] = {"error": f"{type(e).__name__}: {e}"[-600:]}
+        continue
+    model.eval()
+    files = {}
+    for f in sorted(__import__("pathlib").Path(folder).glob("*.safetensors")):
+        files.update(load_file(f))
+    state = model.state_dict()
+    differ = [n for n, t in files.items() if n not in state or not torch.equal(state[n], t)]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    torch.save(logits, folder + "/logits-old.pt")
+    report["cases"][key] = {
+        "missing": sorted(info["missing_keys"]),
+        "unexpected": sorted(info["unexpected_keys"]),
+        "differ": differ,
+    }
+print(json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def old_transformers(matrix):
+    """One subprocess of transformers 4.57 loading every converted folder; its report and the 4.57 logits."""
+    import transformers
+
+    if not (OLD_TRANSFORMERS / "transformers").is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{OLD_TRANSFORMERS} holds no transformers 4.57: `make hf-old` installs it")
+        pytest.skip(f"no transformers 4.57 in {OLD_TRANSFORMERS} (`make hf-old` installs it)")
+    # the side folder must leave this environment's transformers alone
+    assert transformers.__version__.startswith("5.")
+    assert OLD_TRANSFORMERS.resolve() not in Path(transformers.__file__).resolve().parents
+    root, _ = matrix
+    cases = {f"{f}-stage{s}": str(root / f / f"stage{s}" / "converted") for f, s in CASES}
+    torch.save(_ids(0), root / "ids.pt")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(OLD_TRANSFORMERS))
+    proc = subprocess.run(
+        [sys.executable, "-c", _OLD_SCRIPT, json.dumps(cases), str(root / "ids.pt")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["version"].startswith("4.57."), report["version"]
+    assert OLD_TRANSFORMERS.resolve() in Path(report["file"]).resolve().parents
+    return report
+
+
+@pytest.mark.parametrize(("family", "stage"), CASES, ids=IDS)
+def test_transformers_4_57_loads_the_converted_folder(matrix, old_transformers, family, stage):
+    root, seen = matrix
+    case = old_transformers["cases"][f"{family}-stage{stage}"]
+    assert "error" not in case, case
+    assert case["missing"] == [] and case["unexpected"] == [], case
+    assert case["differ"] == [], case  # every tensor in the files is the model's, bit for bit
+    old_logits = torch.load(root / family / f"stage{stage}" / "converted" / "logits-old.pt")
+    # another implementation of the same math (attention, routing): equal up to float rounding
+    torch.testing.assert_close(old_logits, seen[(family, stage)]["after"], rtol=1e-5, atol=1e-5)
