@@ -6,8 +6,8 @@ up front that every persistent tensor is in the files (tied weights count once),
 that stage 3 calls as `init_fn(module)` for each module of one unit at a time: it reads just that module's
 tensors from the files (safetensors `get_tensor`, one group at a time: a tensor, or the per-expert tensors
 of one fused MoE tensor, mapped by transformers' own conversion mapping in models/hf_mapping.py, converted to
-the param's dtype) and recomputes non-persistent buffers (rotary tables) with the model's own `_init_weights`, never from the file.
-It does not know the engine; hf.py calls it.
+the param's dtype) and recomputes non-persistent buffers (rotary tables) with the model's own `_init_weights`,
+never from the file. It does not know the engine; hf.py calls it.
 """
 
 from __future__ import annotations
