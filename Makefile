@@ -2,13 +2,21 @@ PY ?= python3
 PIP ?= $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install test lint demo bench clean
+.PHONY: install hf-old test lint demo bench clean
 
 install:  ## CPU torch first (a plain `torch` requirement would pull a CUDA build), then the package
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
 	DS_BUILD_OPS=0 $(PIP) install -q -e ".[dev,hf,parity]"
 
-test: install
+# transformers 4.57 beside the main environment, for tests/e2e/test_hf_families.py (folders written under 5.x
+# must load in 4.x): --target keeps it out of site-packages, --no-deps takes numpy, safetensors, ... from the
+# main environment; only a subprocess with .hf-old first on PYTHONPATH sees it.
+HF_OLD ?= .hf-old
+hf-old:
+	$(PY) -c "import sys; sys.path.insert(0, '$(HF_OLD)'); import transformers as t; assert t.__version__.startswith('4.57.')" 2>/dev/null \
+	  || $(PIP) install -q --no-deps --upgrade --target $(HF_OLD) "transformers==4.57.*" "tokenizers>=0.22,<0.23" "huggingface_hub>=0.34,<1.0"
+
+test: install hf-old
 	$(PY) -m pytest -q -x -p no:cacheprovider tests
 
 lint:
@@ -22,4 +30,4 @@ bench:
 	$(PY) bench/run.py
 
 clean:
-	rm -rf runs build *.egg-info .pytest_cache
+	rm -rf runs build *.egg-info .pytest_cache .hf-old

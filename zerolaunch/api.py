@@ -25,8 +25,6 @@ from zerolaunch.models.hf import hf_config_dict, hf_stage3_units, meta_init_fn
 from zerolaunch.train.entrypoint import init_process_group
 from zerolaunch.zero import Engine, EngineOptions, comm
 
-DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
-
 
 # ---- config ---------------------------------------------------------------------------------------------
 def _decay_every_param(options: EngineOptions) -> EngineOptions:
@@ -415,17 +413,20 @@ def save_hf_pretrained(
     out_dir,
     *,
     dtype: torch.dtype | None = None,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    max_shard_bytes: int | None = None,
     tokenizer=None,
 ) -> Path:
-    """COLLECTIVE: write an HF model directory that `AutoModelForCausalLM.from_pretrained` loads.
+    """COLLECTIVE: write the HF model directory that `model.save_pretrained` writes.
 
-    Every rank iterates engine.full_state_dict (it gathers); rank 0 writes config.json and the weights:
-    model.safetensors, or shards of at most max_shard_bytes + model.safetensors.index.json. Host memory on
-    rank 0 stays under one shard. dtype: of the written weights (default: as the model holds them; fp32 from a
-    16-bit model gives the exact master weights). Tied weights are written once (HF re-ties them on load);
-    non-persistent buffers (rotary tables) are left out, as save_pretrained does. tokenizer: a local folder
-    written by tokenizer.save_pretrained; its tokenizer files are copied in (checkpoint/hf_folder.py).
+    Every rank iterates engine.full_state_dict (it gathers); rank 0 writes config.json and the weights under
+    save_pretrained's names and layout: transformers' conversion mapping reversed (per-expert MoE tensors,
+    GPT-NeoX's embed_out; models/hf_mapping.py), split into files by huggingface_hub's shard planner at
+    max_shard_bytes (default: save_pretrained's default). Each tensor is written at its place in its file
+    as it arrives, so rank 0 holds one conversion group (one fused tensor), not a shard. dtype: of the
+    written weights (default: as the model holds them; fp32 from a 16-bit model gives the exact master
+    weights). Tied weights are written once (HF re-ties them on load); non-persistent buffers (rotary tables)
+    are left out, as save_pretrained does. tokenizer: a tokenizer or processor, or a local folder holding
+    one; its own save_pretrained writes it in (checkpoint/hf_folder.py).
     """
     from zerolaunch.models.hf import is_hf_model
 
@@ -436,17 +437,38 @@ def save_hf_pretrained(
             f"save_hf_pretrained needs a transformers PreTrainedModel, got {type(model).__name__}; "
             "use zerolaunch convert-checkpoint for other models"
         )
+    from zerolaunch.checkpoint import hf_out
     from zerolaunch.checkpoint.hf_folder import HFFolderWriter
 
     rank = comm.rank(inner.group)
     persistent = set(model.state_dict().keys())  # tied aliases appear once, non-persistent buffers not at all
-    # the one HF writer (checkpoint/hf_folder.py, also convert-checkpoint's): rank 0 builds the folder under
-    # a temp name and renames it into place, so a crash leaves the previous folder (or none), never a mix.
-    writer = HFFolderWriter(Path(out_dir), max_shard_bytes=max_shard_bytes) if rank == 0 else None
+    writer = None
+    if rank == 0:
+        shapes = _full_shapes(inner, model, persistent, dtype)
+        plan = hf_out.save_plan(model, list(shapes))
+        outputs = plan.output_shapes(lambda n: shapes[n])
+        shards = [
+            [(n, tuple(outputs[n].shape), outputs[n].dtype) for n in names]
+            for names in hf_out.plan_shards(outputs, max_shard_bytes)
+        ]
+        # the one HF writer (checkpoint/hf_folder.py, also convert-checkpoint's): rank 0 builds the folder under
+        # a temp name and renames it into place, so a crash leaves the previous folder (or none), never a mix.
+        writer = HFFolderWriter(Path(out_dir))
+        pending: dict[str, dict[str, torch.Tensor]] = {}
     try:
+        if writer is not None:
+            writer.open_shards(shards)
         for name, tensor in inner.full_state_dict(dtype=dtype):
-            if writer is not None and name in persistent:
-                writer.add(name, tensor)
+            if writer is None or name not in shapes:
+                continue
+            group = plan.groups[plan.by_source[name]]
+            inputs = pending.setdefault(group.first, {})
+            # a copy: gathered tensors may be views of one bucket that the next gather overwrites
+            inputs[name] = tensor.detach().to("cpu", copy=True)
+            if len(inputs) == len(group.sources):
+                del pending[group.first]
+                for out_name, out in plan.convert(group, inputs.__getitem__).items():
+                    writer.put(out_name, out)
         if writer is not None:
             writer.finish(hf_config_dict(model), live_model=model, tokenizer_dir=tokenizer)
     except BaseException:
@@ -455,3 +477,19 @@ def save_hf_pretrained(
         raise
     comm.barrier(inner.group)
     return Path(out_dir)
+
+
+def _full_shapes(inner, model, persistent: set[str], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """{name: meta tensor} of what full_state_dict yields and the folder keeps (params once, persistent
+    buffers), with the shape and dtype it will have: the shard plan is made before anything is gathered."""
+    out = {}
+    for spec in inner.param_specs():
+        if spec.name in persistent:
+            d = getattr(torch, spec.dtype)
+            d = dtype if dtype is not None and d.is_floating_point else d
+            out[spec.name] = torch.empty(spec.shape, dtype=d, device="meta")
+    for name, b in model.named_buffers():
+        if name in persistent and name not in out:
+            d = dtype if dtype is not None and b.is_floating_point() else b.dtype
+            out[name] = torch.empty(b.shape, dtype=d, device="meta")
+    return out

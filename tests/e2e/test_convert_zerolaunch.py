@@ -146,6 +146,9 @@ import json, sys
 import torch
 from zerolaunch.checkpoint.convert import convert_checkpoint
 import zerolaunch.checkpoint.deepspeed  # noqa: F401 -- modules imported lazily are not the conversion's memory
+import huggingface_hub
+# the shard planner imports torch's symbolic-shapes machinery (sympy, ~40 MiB) on its first call: import cost
+huggingface_hub.split_torch_state_dict_into_shards({"w": torch.empty(1, device="meta")})
 
 def rss(field):
     for line in open("/proc/self/status"):

@@ -1,6 +1,7 @@
 """Tokenizer files in a Hugging Face output folder: the recipe's tokenizer (data.args.tokenizer, else a
-model.args.path folder holding one) is copied by convert-checkpoint (via rank 0's checkpoint extra) and by
-api.save_hf_pretrained(tokenizer=...), file for file as tokenizer.save_pretrained writes them. The tokenizer
+model.args.path folder holding one) is written by convert-checkpoint (via rank 0's checkpoint extra) and by
+api.save_hf_pretrained(tokenizer=...) through the tokenizer's own save_pretrained: file for file what
+`AutoTokenizer.from_pretrained(folder).save_pretrained(...)` writes. The tokenizer
 is built on the fly with the tokenizers library (no network). Leaves out: the CLI train loop itself."""
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ def tokdir(tmp_path):
     return out
 
 
+def _resaved(tokdir, tmp_path):
+    """The reference for a tokenizer folder: loaded and saved by transformers itself (a reload adds keys
+    such as is_local to tokenizer_config.json, so it is not the folder's bytes)."""
+    ref = tmp_path / "ref"
+    transformers.AutoTokenizer.from_pretrained(tokdir, local_files_only=True).save_pretrained(ref)
+    return ref
+
+
 def _engine():
     return trained_hf_engine(GPT2, seq_len=8)[0]
 
@@ -58,7 +67,7 @@ def _check(out, tokdir):
 def test_convert_copies_the_tokenizer_named_in_the_checkpoint(tmp_path, tokdir):
     engine = _engine()
     engine.save_checkpoint(tmp_path / "ck", extra={HF_TOKENIZER_KEY: str(tokdir)})
-    _check(convert_checkpoint(tmp_path / "ck", tmp_path / "out"), tokdir)
+    _check(convert_checkpoint(tmp_path / "ck", tmp_path / "out"), _resaved(tokdir, tmp_path))
 
 
 def test_convert_without_a_tokenizer_writes_none(tmp_path):
@@ -77,9 +86,9 @@ def test_convert_names_a_tokenizer_folder_that_is_gone(tmp_path, tokdir):
 
 @pytest.mark.parametrize("given", ["folder", "object"])
 def test_save_hf_pretrained_writes_the_tokenizer(tmp_path, tokdir, given):
-    tokenizer, ref = tokdir, tokdir
+    tokenizer, ref = tokdir, _resaved(tokdir, tmp_path)
     if given == "object":  # the reference: what this object's own save_pretrained writes
-        tokenizer, ref = transformers.AutoTokenizer.from_pretrained(tokdir), tmp_path / "ref"
+        tokenizer, ref = transformers.AutoTokenizer.from_pretrained(tokdir), tmp_path / "ref-object"
         tokenizer.save_pretrained(ref)
     _check(zerolaunch.api.save_hf_pretrained(_engine(), tmp_path / "out", tokenizer=tokenizer), ref)
 

@@ -7,10 +7,12 @@ tensor's header first and then write each as it arrives, so peak memory is about
 (measured: 10.7 MiB for a 64 MiB model of 4 MiB tensors; DeepSpeed sources add the mmapped file pages). Outputs: `model.safetensors`, Hugging Face shards +
 `model.safetensors.index.json` past `max_shard_bytes`, or the torch equivalents (`pytorch_model.bin`,
 shards + index; torch.save needs a shard's tensors in memory at once, so there memory is one shard).
-A folder output is written by checkpoint/hf_folder.py (the writer api.save_hf_pretrained uses too): it also
-gets config.json + generation_config.json when rank 0's extra holds an HF config (zerolaunch saves one) and
-the tokenizer files when the extra names a tokenizer folder, stores tied weights once, and leaves
-non-persistent buffers out, so `from_pretrained` loads it with no unexpected keys.
+A folder output is written by checkpoint/hf_folder.py (the writer api.save_hf_pretrained uses too) as
+save_pretrained lays it out: with an HF config in rank 0's extra (zerolaunch saves one), the names and layout
+go through transformers' reversed conversion mapping (per-expert MoE tensors, GPT-NeoX's embed_out), the
+files split where huggingface_hub's planner splits them, and config.json + generation_config.json and the
+tokenizer (when the extra names a tokenizer folder) are added; tied weights are stored once and
+non-persistent buffers left out, so `from_pretrained` loads it with no missing or unexpected keys.
 The output is built under a temp name and renamed into place ([Note: atomic save]); an existing output is
 replaced only with `force`.
 """
@@ -207,28 +209,44 @@ def _tensors(source) -> list[OutTensor]:
 
 
 def _write_folder(source, out: Path, fmt: str, dtype: torch.dtype, max_shard_bytes, progress: bool) -> None:
-    """A folder through the one HF writer (checkpoint/hf_folder.py): shards + index, and config.json,
-    generation_config.json and the tokenizer when the checkpoint carries an HF config / tokenizer folder."""
+    """A folder through the one HF writer (checkpoint/hf_folder.py), as save_pretrained lays it out: names
+    and layout reversed through transformers' conversion mapping (hf_out.save_plan), files split by
+    huggingface_hub's shard planner, config.json, generation_config.json and the tokenizer when the
+    checkpoint carries an HF config / tokenizer folder. One conversion group is in memory at a time."""
+    from zerolaunch.checkpoint import hf_out
     from zerolaunch.checkpoint.hf_folder import HFFolderWriter
 
     tensors = _tensors(source)
     config = getattr(source, "hf_config", lambda: None)()
     if config is not None:
-        from zerolaunch.checkpoint import hf_out
-
         # an HF folder stores a tied weight once, as save_pretrained does (from_pretrained re-ties it)
         drop = hf_out.tied_aliases_to_drop(config, [t.name for t in tensors if t.source != t.name])
         tensors = [t for t in tensors if t.name not in drop]
-    sizes = _sizes(tensors, dtype)
+    by_name = {t.name: t for t in tensors}
+    plan = hf_out.save_plan(hf_out.meta_model(config), list(by_name))
+    outputs = plan.output_shapes(
+        lambda n: torch.empty(by_name[n].shape, dtype=_out_dtype(by_name[n], dtype), device="meta")
+    )
+    shards = [
+        [(n, tuple(outputs[n].shape), outputs[n].dtype) for n in names]
+        for names in hf_out.plan_shards(outputs, max_shard_bytes, hf_model=config is not None)
+    ]
     writer = HFFolderWriter(out, fmt=fmt)
     try:
-        with ByteProgress(progress, sum(sizes), source.description) as bar:
-            for shard in plan_shards(sizes, max_shard_bytes):
-                items = [tensors[i] for i in shard]
-                writer.write_part(
-                    [(t.name, tuple(t.shape), _out_dtype(t, dtype)) for t in items],
-                    _stream(source, items, dtype, bar.advance, shared=fmt == "torch"),
-                )
+        with ByteProgress(progress, sum(_sizes(tensors, dtype)), source.description) as bar:
+            converted = _converted(source, plan, by_name, dtype, bar.advance, shared=fmt == "torch")
+            if fmt == "safetensors":
+                writer.open_shards(shards)
+                for name, tensor in converted:
+                    writer.put(name, tensor)
+            else:
+                # torch.save needs a part's tensors at once; groups arrive in shard order
+                pending: dict[str, torch.Tensor] = {}
+                for entries in shards:
+                    for name, _, _ in entries:
+                        while name not in pending:
+                            pending.update([next(converted)])
+                    writer.write_part(entries, [pending.pop(n) for n, _, _ in entries])
         tokenizer = getattr(source, "hf_tokenizer_dir", lambda: None)()
         writer.finish(config, tokenizer_dir=tokenizer)
     except BaseException:
@@ -236,18 +254,23 @@ def _write_folder(source, out: Path, fmt: str, dtype: torch.dtype, max_shard_byt
         raise
 
 
-def _stream(source, items: list[OutTensor], dtype: torch.dtype, advance, *, shared: bool):
-    """Each item's tensor, read when the writer asks for it; `shared` hands a tied alias the same tensor
-    (torch.save then stores it once, as it does for a model's state_dict)."""
+def _converted(source, plan, by_name: dict[str, OutTensor], dtype, advance, *, shared: bool):
+    """(saved name, tensor) of every output, one conversion group read and converted at a time; `shared`
+    hands a tied alias the very tensor of its source (torch.save then stores it once)."""
     by_source: dict[str, torch.Tensor] = {}
-    for t in items:
+
+    def read(name: str) -> torch.Tensor:
+        t = by_name[name]
         tensor = by_source.get(t.source) if shared else None
         if tensor is None:
             tensor = _read_as(source, t, dtype)
             if shared:
                 by_source[t.source] = tensor
         advance(tensor.numel() * tensor.element_size())
-        yield tensor
+        return tensor
+
+    for group in plan.groups.values():
+        yield from plan.convert(group, read).items()
 
 
 def _numel(shape) -> int:

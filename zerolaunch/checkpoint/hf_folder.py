@@ -4,15 +4,17 @@ Owns the folder's life, not where the tensors come from: the folder is built und
 final one, each weight file is written as a `.part-N` file and fsynced, and `finish()` names the parts as
 save_pretrained does (`model.safetensors`, or `model-0000i-of-0000n.safetensors` + an index with
 `total_parameters` and `total_size`), adds config.json / generation_config.json (checkpoint/hf_out.py) and
-the tokenizer files, fsyncs, and renames the folder into place ([Note: atomic save]). A reader sees the
-previous folder or the complete new one; a crash leaves only a `.tmp-*` folder, removed by the next write.
+the tokenizer or processor (saved by its own `save_pretrained`), fsyncs, and renames the folder into place
+([Note: atomic save]). A reader sees the previous folder or the complete new one; a crash leaves only a
+`.tmp-*` folder, removed by the next write.
 
-Two ways in, because the two callers hold their tensors differently:
-- `write_part(entries, tensors)`: the names, shapes and dtypes of one part are known up front (convert, from
-  the checkpoint's manifest), tensors arrive one at a time; peak memory is the largest tensor.
-- `add(name, tensor)`: tensors arrive from a gather whose shapes are not declared ahead
-  (engine.full_state_dict); the writer keeps one part in memory and writes it when the next tensor would
-  overflow `max_shard_bytes` -- the same greedy rule as convert's plan_shards.
+The shard plan is the caller's, made by huggingface_hub's `split_torch_state_dict_into_shards` over the
+tensors' sizes (hf_out.plan_shards), so the files split where save_pretrained's split. Two ways in:
+- `open_shards(shards)` + `put(name, tensor)`: safetensors files whose every name, shape and dtype is
+  declared up front; tensors arrive in any order (a gather, or a converted group) and are written at their
+  offsets, so host memory is the tensor in hand, not a shard.
+- `write_part(entries, tensors)`: one file at a time from a stream in declared order; torch.save's format
+  (`pytorch_model.bin`) goes this way, holding one part.
 Tied aliases are left out by the callers (hf_out.tied_aliases_to_drop) before they reach the writer.
 """
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,29 +30,39 @@ import torch
 from zerolaunch.checkpoint.atomic import TMP_PREFIX, fsync_path, publish, remove_path
 from zerolaunch.checkpoint.errors import CheckpointError
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
+TOKENIZER_MARKERS = (
     "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "vocab.json",
-    "merges.txt",
-    "vocab.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
+    "tokenizer.json",
+    "processor_config.json",
+    "preprocessor_config.json",
 )
-"""The files tokenizer.save_pretrained writes (whichever a tokenizer has); copied as they are."""
+"""Files whose presence says a folder holds a tokenizer or processor (what is copied is up to its own
+save_pretrained)."""
 
 STEMS = {"safetensors": ("model", "safetensors"), "torch": ("pytorch_model", "bin")}
 
 
-def tokenizer_files(folder: Path) -> list[Path]:
-    """The tokenizer files in `folder` (empty when it holds none, e.g. a model folder without a tokenizer)."""
-    folder = Path(folder)
-    return [folder / n for n in TOKENIZER_FILES if (folder / n).is_file()]
+def has_tokenizer(folder: Path) -> bool:
+    """True when `folder` holds a tokenizer or processor (a model folder may hold none)."""
+    return any((Path(folder) / n).is_file() for n in TOKENIZER_MARKERS)
+
+
+def load_tokenizer(folder: Path):
+    """The processor of `folder` (AutoProcessor), else its tokenizer (AutoTokenizer), offline; or a clear
+    error. Whatever loads is written back by its own save_pretrained, file names and all."""
+    from zerolaunch.models.hf import _transformers
+
+    transformers = _transformers()
+    errors = []
+    for cls in (transformers.AutoProcessor, transformers.AutoTokenizer):
+        try:
+            return cls.from_pretrained(str(folder), local_files_only=True)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            errors.append(f"{cls.__name__}: {e}")
+    raise CheckpointError(
+        f"tokenizer folder {folder} loads with neither AutoProcessor nor AutoTokenizer ({'; '.join(errors)}); "
+        "give a folder written by tokenizer.save_pretrained or processor.save_pretrained"
+    )
 
 
 def recipe_tokenizer_dir(model_args: dict, data_args: dict) -> Path | None:
@@ -62,33 +73,33 @@ def recipe_tokenizer_dir(model_args: dict, data_args: dict) -> Path | None:
     if isinstance(tokenizer, (str, os.PathLike)) and Path(tokenizer).is_dir():
         return Path(tokenizer).resolve()
     path = model_args.get("path")
-    if isinstance(path, (str, os.PathLike)) and Path(path).is_dir() and tokenizer_files(Path(path)):
+    if isinstance(path, (str, os.PathLike)) and Path(path).is_dir() and has_tokenizer(Path(path)):
         return Path(path).resolve()
     return None
 
 
 class HFFolderWriter:
-    def __init__(self, out: Path, *, fmt: str = "safetensors", max_shard_bytes: int | None = None):
+    def __init__(self, out: Path, *, fmt: str = "safetensors"):
         if fmt not in STEMS:
             raise CheckpointError(f"unknown format {fmt!r}: choose one of {', '.join(STEMS)}")
         self.out = Path(out)
         self.fmt = fmt
-        self.max_shard_bytes = max_shard_bytes
         self.tmp = self.out.with_name(f"{TMP_PREFIX}{self.out.name}")
         self.out.parent.mkdir(parents=True, exist_ok=True)
         remove_path(self.tmp)  # left by a killed writer
         self.tmp.mkdir()
         self._parts: list[list[str]] = []
-        self._pending: dict[str, torch.Tensor] = {}
-        self._pending_bytes = 0
+        self._open: list = []
+        """SafetensorsWriters of open_shards, one per shard, until finish closes them."""
+        self._shard_of: dict[str, int] = {}
         self.total_bytes = 0
         self.total_numel = 0
         self.weights_dtype: torch.dtype | None = None
         """dtype of the first floating-point tensor written: config.json's `dtype`."""
 
     # ---- weights ---------------------------------------------------------------------------------------
-    def _part_path(self) -> Path:
-        return self.tmp / f".part-{len(self._parts) + 1}.{STEMS[self.fmt][1]}"
+    def _part_path(self, i: int) -> Path:
+        return self.tmp / f".part-{i + 1}.{STEMS[self.fmt][1]}"
 
     def _count(self, shape, dtype: torch.dtype) -> None:
         numel = 1
@@ -102,7 +113,7 @@ class HFFolderWriter:
     def write_part(self, entries: list[tuple[str, tuple, torch.dtype]], tensors: Iterable[torch.Tensor]):
         """One weight file from declared (name, shape, dtype) entries and their tensors in that order;
         safetensors streams them, torch.save holds the part (and saves a tied alias as one shared tensor)."""
-        path = self._part_path()
+        path = self._part_path(len(self._parts))
         if self.fmt == "safetensors":
             from zerolaunch.checkpoint.tensorfile import SafetensorsWriter
 
@@ -122,21 +133,26 @@ class HFFolderWriter:
             self._count(shape, dtype)
         self._parts.append([e[0] for e in entries])
 
-    def add(self, name: str, tensor: torch.Tensor) -> None:
-        """Buffer one tensor (a private CPU copy); writes the buffered part first if this one overflows it."""
-        nbytes = tensor.numel() * tensor.element_size()
-        if self._pending and self.max_shard_bytes is not None:
-            if self._pending_bytes + nbytes > self.max_shard_bytes:
-                self._flush()
-        # a copy: gathered tensors may be views of one bucket that the next gather overwrites
-        self._pending[name] = tensor.detach().to("cpu", copy=True).contiguous()
-        self._pending_bytes += nbytes
+    def open_shards(self, shards: list[list[tuple[str, tuple, torch.dtype]]]) -> None:
+        """Declare every safetensors file at once (name, shape, dtype per tensor, shards in order); `put`
+        then fills them in any order."""
+        if self.fmt != "safetensors":
+            raise CheckpointError("open_shards writes safetensors files; torch files go through write_part")
+        from zerolaunch.checkpoint.tensorfile import SafetensorsWriter
 
-    def _flush(self) -> None:
-        if self._pending:
-            items = list(self._pending.items())
-            self._pending, self._pending_bytes = {}, 0
-            self.write_part([(n, tuple(t.shape), t.dtype) for n, t in items], (t for _, t in items))
+        for i, entries in enumerate(shards):
+            self._open.append(SafetensorsWriter(self._part_path(i), entries, metadata={"format": "pt"}))
+            self._shard_of.update(dict.fromkeys((e[0] for e in entries), i))
+            for _, shape, dtype in entries:
+                self._count(shape, dtype)
+            self._parts.append([e[0] for e in entries])
+
+    def put(self, name: str, tensor: torch.Tensor) -> None:
+        """Write one declared tensor into its shard (open_shards)."""
+        i = self._shard_of.get(name)
+        if i is None:
+            raise CheckpointError(f"tensor {name!r} is in no shard of {self.out}'s plan")
+        self._open[i].write_any(name, tensor)
 
     # ---- the rest of the folder ------------------------------------------------------------------------
     def finish(
@@ -148,9 +164,10 @@ class HFFolderWriter:
         tokenizer_dir=None,
     ) -> Path:
         """Name the parts, write the index, config files and tokenizer, and rename the folder into place.
-        tokenizer_dir: a folder written by tokenizer.save_pretrained (its tokenizer files are copied), or a
-        tokenizer object (its save_pretrained writes into the folder)."""
-        self._flush()
+        tokenizer_dir: a folder holding a tokenizer or processor, or such an object; either way the object's
+        own save_pretrained writes it into the folder."""
+        while self._open:
+            self._open.pop(0).close()  # checks every declared tensor came, flushes and fsyncs
         if not self._parts:
             raise CheckpointError(f"no tensors were written for {self.out}")
         stem, ext = STEMS[self.fmt]
@@ -172,12 +189,8 @@ class HFFolderWriter:
             write_side_files(
                 self.tmp, config, self.weights_dtype, architecture=architecture, live_model=live_model
             )
-        if hasattr(tokenizer_dir, "save_pretrained"):  # a tokenizer object: it writes its own files
-            tokenizer_dir.save_pretrained(self.tmp)
-            for path in tokenizer_files(self.tmp):
-                fsync_path(path)
-        elif tokenizer_dir is not None:
-            self._copy_tokenizer(Path(tokenizer_dir))
+        if tokenizer_dir is not None:
+            self._save_tokenizer(tokenizer_dir)
         publish(self.tmp, self.out)
         return self.out
 
@@ -188,24 +201,28 @@ class HFFolderWriter:
             f.flush()
             os.fsync(f.fileno())
 
-    def _copy_tokenizer(self, folder: Path) -> None:
-        if not folder.is_dir():
-            raise CheckpointError(
-                f"tokenizer folder {folder} does not exist (it was named when the checkpoint was saved); "
-                "restore it, or leave the tokenizer out"
-            )
-        files = tokenizer_files(folder)
-        if not files:
-            raise CheckpointError(
-                f"tokenizer folder {folder} holds none of {', '.join(TOKENIZER_FILES[:3])}, ...: "
-                "give a folder written by tokenizer.save_pretrained"
-            )
-        for src in files:
-            dst = self.tmp / src.name
-            shutil.copyfile(src, dst)
-            fsync_path(dst)
+    def _save_tokenizer(self, tokenizer) -> None:
+        if not hasattr(tokenizer, "save_pretrained"):
+            folder = Path(tokenizer)
+            if not folder.is_dir():
+                raise CheckpointError(
+                    f"tokenizer folder {folder} does not exist (it was named when the checkpoint was saved); "
+                    "restore it, or leave the tokenizer out"
+                )
+            if not has_tokenizer(folder):
+                raise CheckpointError(
+                    f"tokenizer folder {folder} holds none of {', '.join(TOKENIZER_MARKERS)}: "
+                    "give a folder written by tokenizer.save_pretrained or processor.save_pretrained"
+                )
+            tokenizer = load_tokenizer(folder)
+        before = set(self.tmp.iterdir())
+        tokenizer.save_pretrained(str(self.tmp))
+        for path in sorted(set(self.tmp.iterdir()) - before):
+            fsync_path(path)
 
     def abort(self) -> None:
         """Drop the temp folder (an exception while writing); the previous output, if any, stays."""
-        self._pending = {}
+        for w in self._open:
+            w.abort()
+        self._open = []
         remove_path(self.tmp)

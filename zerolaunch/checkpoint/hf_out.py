@@ -6,9 +6,11 @@ sets it for training) put back to the config class's default, generation_config.
 generate, which tied aliases to leave out (HF re-ties them on load, and save_pretrained stores them once), and
 the index's metadata. transformers is imported only when a folder is written.
 
-The weights are not written through huggingface_hub's `split_torch_state_dict_into_shards`: it needs every
-tensor in memory at once, while convert streams tensor by tensor (peak ~ the largest tensor); the shard plan
-is the same greedy rule (a new shard where the next tensor would overflow) and tied aliases are dropped here.
+Also the weights' names and files as save_pretrained writes them: `save_plan` reverses transformers'
+conversion mapping (fused MoE experts back to per-expert tensors, `lm_head` back to GPT-NeoX's `embed_out`;
+models/hf_mapping.py), and `plan_shards` runs huggingface_hub's `split_torch_state_dict_into_shards` (the
+function save_pretrained calls) over meta tensors of the output's shapes and dtypes, so the files split
+where save_pretrained's do without any tensor in memory; the default size is save_pretrained's own default.
 """
 
 from __future__ import annotations
@@ -72,7 +74,28 @@ def output_config(config: dict, weights_dtype: torch.dtype | None, architecture:
     default_use_cache = getattr(config_class(), "use_cache", None)
     if default_use_cache is not None:
         fields["use_cache"] = default_use_cache
-    return json.loads(config_class(**fields).to_json_string(use_diff=True))
+    return _keys_older_transformers_read(
+        json.loads(config_class(**fields).to_json_string(use_diff=True)), config_class
+    )
+
+
+def _keys_older_transformers_read(out: dict, config_class) -> dict:
+    """config.json plus the keys under which transformers 4.x reads what 5.x stores under a new name, so a
+    4.x from_pretrained builds the same model: a field 5.x declares but stores through `attribute_map`
+    (Qwen3-MoE's num_experts -> num_local_experts; without it 4.57 builds 128 experts), and `rope_theta`,
+    which 5.x keeps only inside `rope_parameters` (4.x would fall back to its default theta). transformers
+    5 reads both spellings to the same values."""
+    import inspect
+
+    declared = set(getattr(config_class, "__dataclass_fields__", {}))
+    declared |= set(inspect.signature(config_class.__init__).parameters)
+    for alias, target in getattr(config_class, "attribute_map", {}).items():
+        if alias in declared and alias not in out and target in out:
+            out[alias] = out[target]
+    rope = out.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in out:
+        out["rope_theta"] = rope["rope_theta"]
+    return out
 
 
 def generation_config_dict(config: dict, live_model=None) -> dict | None:
@@ -97,6 +120,59 @@ def tied_aliases_to_drop(config: dict | None, aliases: list[str]) -> set[str]:
     if config is None or not config.get("tie_word_embeddings", True):
         return set()
     return set(aliases)
+
+
+def meta_model(config: dict | None):
+    """The causal LM of an HF config dict on the meta device (no memory), to read its conversion mapping;
+    None for a config this transformers cannot build."""
+    if config is None:
+        return None
+    config_class, transformers = _config_object(config)
+    if config_class is None:
+        return None
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
+    try:
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(config_class(**fields))
+    except (ValueError, KeyError, TypeError):
+        return None  # not a causal LM: its names are written as they are
+
+
+def save_plan(model, names: list[str]):
+    """models/hf_mapping.SavePlan of `names` (in-memory names, tied aliases already dropped), listed in the
+    model's state_dict order as save_pretrained lists them; the identity for no model."""
+    from zerolaunch.models.hf_mapping import SavePlan
+
+    if model is None:
+        return SavePlan(None, names)
+    order = {n: i for i, n in enumerate(model.state_dict())}
+    return SavePlan(model, sorted(names, key=lambda n: order.get(n, len(order))))
+
+
+def default_max_shard_size(hf_model: bool) -> int | str:
+    """save_pretrained's default max_shard_size in the installed transformers ("50GB" in 5.x) for an HF
+    model; for other weights huggingface_hub's own default (no transformers import: convert of a plain
+    checkpoint stays light)."""
+    import inspect
+
+    if hf_model:
+        fn = _transformers().PreTrainedModel.save_pretrained
+    else:
+        from huggingface_hub import split_torch_state_dict_into_shards as fn
+    return inspect.signature(fn).parameters["max_shard_size"].default
+
+
+def plan_shards(
+    outputs: dict[str, torch.Tensor], max_shard_bytes: int | None, *, hf_model: bool = True
+) -> list[list[str]]:
+    """Names per weight file, as save_pretrained splits them: huggingface_hub's
+    split_torch_state_dict_into_shards over `outputs` (meta tensors: only sizes count), at
+    `max_shard_bytes` or the default (default_max_shard_size)."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    size = default_max_shard_size(hf_model) if max_shard_bytes is None else max_shard_bytes
+    split = split_torch_state_dict_into_shards(outputs, max_shard_size=size)
+    return [list(names) for names in split.filename_to_tensors.values()]
 
 
 def index_dict(weight_map: dict[str, str], total_bytes: int, total_numel: int) -> dict:

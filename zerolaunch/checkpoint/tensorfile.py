@@ -79,8 +79,10 @@ class SafetensorsWriter:
     """Writes a safetensors file whose tensor names, shapes and dtypes are all known up front.
 
     `write(name, tensor)` must then be called once per declared tensor, in declaration order; the header is
-    written first, so nothing but the current tensor is ever held. `close()` checks every tensor came, then
-    flushes and fsyncs (the caller renames the temp file into place).
+    written first, so nothing but the current tensor is ever held. `write_any(name, tensor)` takes them in
+    any order (it seeks to the tensor's offset), for callers whose tensors arrive in an order they do not
+    choose (a gather). `close()` checks every tensor came, then flushes and fsyncs (the caller renames the
+    temp file into place).
     """
 
     def __init__(
@@ -94,6 +96,8 @@ class SafetensorsWriter:
         if metadata:
             header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
         self._order: list[tuple[str, int, torch.dtype, tuple[int, ...]]] = []
+        self._offsets: dict[str, tuple[int, int]] = {}
+        """name -> (data offset, index in _order)."""
         offset = 0
         for name, shape, dtype in entries:
             if name in header or name == "__metadata__":
@@ -106,6 +110,7 @@ class SafetensorsWriter:
                 "shape": list(shape),
                 "data_offsets": [offset, offset + nbytes],
             }
+            self._offsets[name] = (offset, len(self._order))
             self._order.append((name, nbytes, dtype, tuple(shape)))
             offset += nbytes
         blob = json.dumps(header, separators=(",", ":")).encode()
@@ -113,6 +118,7 @@ class SafetensorsWriter:
         head = struct.pack("<Q", len(blob)) + blob
         self._file = open(self.path, "wb")  # noqa: SIM115 -- closed in close()
         self._file.write(head)
+        self._data_start = len(head)
         self._next = 0
         self.data_bytes = offset
         self.header_crc32 = zlib.crc32(head)
@@ -124,6 +130,20 @@ class SafetensorsWriter:
         want_name, nbytes, dtype, shape = self._order[self._next]
         if name != want_name:
             raise CheckpointError(f"expected tensor {want_name!r}, got {name!r} while writing {self.path}")
+        self._write(name, tensor, nbytes, dtype, shape)
+
+    def write_any(self, name: str, tensor: torch.Tensor) -> None:
+        """Write a declared tensor wherever it lies in the file, in any order, each once."""
+        if name not in self._offsets:
+            raise CheckpointError(f"tensor {name!r} was not declared for {self.path}")
+        if name in self.tensor_crc32:
+            raise CheckpointError(f"tensor {name!r} was written twice to {self.path}")
+        offset, i = self._offsets[name]
+        _, nbytes, dtype, shape = self._order[i]
+        self._file.seek(self._data_start + offset)
+        self._write(name, tensor, nbytes, dtype, shape)
+
+    def _write(self, name: str, tensor: torch.Tensor, nbytes: int, dtype: torch.dtype, shape) -> None:
         if tensor.dtype != dtype or tuple(tensor.shape) != shape:
             raise CheckpointError(
                 f"tensor {name!r}: declared {dtype} {list(shape)}, "
@@ -145,8 +165,8 @@ class SafetensorsWriter:
 
     def close(self) -> None:
         try:
-            if self._next != len(self._order):
-                missing = [n for n, *_ in self._order[self._next :]]
+            if len(self.tensor_crc32) != len(self._order):
+                missing = [n for n, *_ in self._order if n not in self.tensor_crc32]
                 raise CheckpointError(f"{len(missing)} tensors never written to {self.path}: {missing[:3]}")
             self._file.flush()
             os.fsync(self._file.fileno())

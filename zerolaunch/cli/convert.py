@@ -32,7 +32,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--max-shard-size",
             help="Split into HF-style shards + index past this size: 5GB, 200MB, 512MiB "
-            "(GB = 10^9 bytes, GiB = 2^30 bytes).",
+            "(GB = 10^9 bytes, GiB = 2^30 bytes). Default for a folder: save_pretrained's (50GB in "
+            "transformers 5), split where save_pretrained splits.",
         ),
         to_world_size: int = typer.Option(
             None, "--to-world-size", help="Write a zerolaunch checkpoint resharded for N ranks instead."

@@ -62,6 +62,26 @@ def detect_arch(model) -> Arch | None:
     return None
 
 
+def moe_note(model) -> str | None:
+    """What the estimate assumes for a mixture-of-experts model (an HF config with experts), shown with the
+    model's source; None for a dense model.
+
+    Weights: every expert is a parameter of every rank (no expert parallelism), so params, grads, master and
+    optimizer state count all experts, sharded by ZeRO like any weight; at stage 3 a decoder layer's unit
+    gathers all its experts at once (transformers 5 fuses them into 3-D tensors). Activations: modelled as
+    one dense MLP of `intermediate_size` per token, while top-k routing runs k experts per token, so the
+    MLP share is low by about k; router logits and dispatch indices are not counted."""
+    config = getattr(model, "config", None)
+    experts = _read(config, ("num_local_experts", "num_experts", "n_routed_experts")) if config else None
+    if not experts or experts < 2:
+        return None
+    top_k = _read(config, ("num_experts_per_tok", "moe_topk")) or 1
+    return (
+        f"MoE: {experts} experts, top-{top_k}; every expert's weights counted on every rank (ZeRO-sharded, "
+        f"no expert parallelism); activations as one dense MLP per token (low by about {top_k}x in the MLP)"
+    )
+
+
 def _loss_chunk_rows(model, vocab_size: int) -> int | None:
     """The built-in GPT's cross-entropy chunk (its own rule); None for other models (one unchunked loss)."""
     from zerolaunch.models.gpt import CE_CHUNK_ELEMENTS, GPT

@@ -224,7 +224,7 @@ def hf_model_on_meta(path: str):
 
 def from_module(model, *, source: str, stage3_units: tuple[str, ...] = ()) -> ModelShape:
     """Exact shape of a real module (typically built on meta)."""
-    from zerolaunch.memory.modules import detect_arch, detect_units, largest_layer_numel
+    from zerolaunch.memory.modules import detect_arch, detect_units, largest_layer_numel, moe_note
 
     specs, frozen = [], 0
     for name, p in model.named_parameters():  # named_parameters yields a shared tensor once
@@ -235,6 +235,8 @@ def from_module(model, *, source: str, stage3_units: tuple[str, ...] = ()) -> Mo
     if not specs:
         raise EstimateError(f"{source}: the model has no trainable parameters; nothing to estimate")
     units = detect_units(model, stage3_units)
+    note = moe_note(model)
+    source = source if note is None else f"{source}; {note}"
     return ModelShape(
         tuple(specs), units, largest_layer_numel(model), frozen, detect_arch(model), source, True
     )

@@ -4,13 +4,15 @@ This module owns: finding the weights files of a directory save_pretrained wrote
 named by model.safetensors.index.json), building the model on the meta device from its config.json, checking
 up front that every persistent tensor is in the files (tied weights count once), and the `CheckpointInit`
 that stage 3 calls as `init_fn(module)` for each module of one unit at a time: it reads just that module's
-tensors from the files (safetensors `get_tensor`, one tensor at a time, converted to the param's dtype) and
-recomputes non-persistent buffers (rotary tables) with the model's own `_init_weights`, never from the file.
-It does not know the engine; hf.py calls it.
+tensors from the files (safetensors `get_tensor`, one group at a time: a tensor, or the per-expert tensors
+of one fused MoE tensor, mapped by transformers' own conversion mapping in models/hf_mapping.py, converted to
+the param's dtype) and recomputes non-persistent buffers (rotary tables) with the model's own `_init_weights`,
+never from the file. It does not know the engine; hf.py calls it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -60,27 +62,35 @@ def tied_names(model: nn.Module) -> dict[str, list[str]]:
 
 
 class CheckpointInit:
-    """`init_fn(module)` for the stage 3 engine: fill the module's own tensors from the checkpoint files."""
+    """`init_fn(module)` for the stage 3 engine: fill the module's own tensors from the checkpoint files,
+    through transformers' conversion mapping (models/hf_mapping.py): a fused MoE tensor is built from its
+    per-expert file tensors when its module is materialized, the group's file tensors read just then."""
 
     def __init__(self, model: nn.Module, files: dict[str, Path]):
+        from zerolaunch.models.hf_mapping import LoadPlan
+
         self.files = files
+        self.plan = LoadPlan(model, files)
         self.aliases = tied_names(model)
         self.prefix = {id(m): f"{p}." if p else "" for p, m in model.named_modules(remove_duplicate=False)}
         # a bound method keeps the model alive; that is fine, the init lives as long as the model.
         self.init_weights = getattr(model, "_init_weights", None)
         self.loaded_names: list[str] = []
         """Every tensor name read so far, in order (tests check which unit's tensors were read when)."""
+        self._ready: dict[str, torch.Tensor] = {}
+        """Outputs of a one-to-many group that belong to a module not materialized yet."""
         missing = self.missing(model)
         if missing:
             raise ValueError(
-                f"model.args.path: the weights files lack {len(missing)} tensor(s) the model needs: "
-                f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}; is the directory from "
-                "another model or an older transformers version?"
+                f"model.args.path: the weights files lack {len(missing)} tensor(s) the model needs "
+                f"(names after transformers' conversion mapping): {', '.join(missing[:20])}"
+                f"{' ...' if len(missing) > 20 else ''}; is the directory from another model, or does "
+                "config.json not match the weights?"
             )
 
     def source(self, name: str) -> str | None:
-        """The name under which the file holds `name` (itself or a tied alias), None when absent."""
-        return next((n for n in self.aliases.get(name, [name]) if n in self.files), None)
+        """The model name whose file tensors fill `name` (itself or a tied alias), None when absent."""
+        return next((n for n in self.aliases.get(name, [name]) if n in self.plan.by_target), None)
 
     def missing(self, model: nn.Module) -> list[str]:
         return [n for n in model.state_dict() if self.source(n) is None]
@@ -93,30 +103,37 @@ class CheckpointInit:
         if module._non_persistent_buffers_set and self.init_weights is not None:
             # rotary inv_freq and the like: computed by the model's own init, not stored in the file.
             self.init_weights(module)
-        wanted: dict[Path, list[tuple[str, str, torch.Tensor]]] = {}
         tensors = [*module._parameters.items()]
         tensors += [(k, b) for k, b in module._buffers.items() if k not in module._non_persistent_buffers_set]
-        for key, t in tensors:
-            if t is None:
-                continue
-            name = prefix + key
-            src = self.source(name)
-            if src is None:
-                raise ValueError(f"model.args.path: the weights files lack tensor {name!r}")
-            wanted.setdefault(self.files[src], []).append((name, src, t))
         from safetensors import safe_open
 
-        for path, items in wanted.items():
-            with safe_open(str(path), framework="pt") as f:
-                for name, src, t in items:
-                    value = f.get_tensor(src)
-                    if tuple(value.shape) != tuple(t.shape):
-                        raise ValueError(
-                            f"model.args.path: {path.name} holds {src!r} with shape {tuple(value.shape)}, "
-                            f"the model built from config.json wants {tuple(t.shape)}"
-                        )
-                    t.copy_(value.to(t.dtype))
-                    self.loaded_names.append(name)
+        with contextlib.ExitStack() as stack:
+            opened: dict[Path, object] = {}
+
+            def read(file_name: str) -> torch.Tensor:
+                path = self.files[file_name]
+                if path not in opened:
+                    opened[path] = stack.enter_context(safe_open(str(path), framework="pt"))
+                return opened[path].get_tensor(file_name)
+
+            for key, t in tensors:
+                if t is None:
+                    continue
+                name = prefix + key
+                src = self.source(name)
+                if src is None:
+                    raise ValueError(f"model.args.path: the weights files lack tensor {name!r}")
+                if src not in self._ready:
+                    self._ready.update(self.plan.load(self.plan.group_of(src), read))
+                value = self._ready.pop(src)
+                if tuple(value.shape) != tuple(t.shape):
+                    files = sorted({self.files[f].name for f, _ in self.plan.group_of(src).sources})
+                    raise ValueError(
+                        f"model.args.path: {', '.join(files)} hold(s) {src!r} with shape "
+                        f"{tuple(value.shape)}, the model built from config.json wants {tuple(t.shape)}"
+                    )
+                t.copy_(value.to(t.dtype))
+                self.loaded_names.append(name)
 
 
 def build_meta(local: Path, transformers, dtype: torch.dtype, extra: dict) -> nn.Module:
@@ -127,5 +144,11 @@ def build_meta(local: Path, transformers, dtype: torch.dtype, extra: dict) -> nn
         model = transformers.AutoModelForCausalLM.from_config(config, **extra)
     model = model.to(dtype)
     # an instance attribute, not a submodule: nn.Module keeps plain callables in __dict__.
-    model.zerolaunch_init_fn = CheckpointInit(model, files)
+    init = CheckpointInit(model, files)
+    model.zerolaunch_init_fn = init
+    # as from_pretrained does: the transforms that matched are the ones save_pretrained reverses
+    from zerolaunch.models.hf_mapping import _core
+
+    if _core() is not None:
+        model._weight_conversions = init.plan.used_transforms()
     return model
