@@ -128,14 +128,23 @@ class _Shards:
         self.shards.append({"file": tok.name.rsplit("/", 1)[-1], "tokens": 0})
         self._files = (tok, mask)
 
-    def write(self, tokens: np.ndarray, mask: np.ndarray | None) -> None:
-        if self._files is None or self.shards[-1]["tokens"] >= self.shard_tokens:
-            self._open()
-        tok, mask_file = self._files
-        tok.write(tokens.astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes())
-        if mask_file is not None:
-            mask_file.write(mask.tobytes())
-        self.shards[-1]["tokens"] += int(tokens.size)
+    def write(self, tokens: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray) -> None:
+        """Append whole documents (`lengths` tokens each); a shard past `shard_tokens` ends at a document end."""
+        ends = np.cumsum(lengths)
+        done, doc = 0, 0
+        while doc < lengths.size:
+            if self._files is None or self.shards[-1]["tokens"] >= self.shard_tokens:
+                self._open()
+            room = self.shard_tokens - self.shards[-1]["tokens"]
+            # documents that still fit, at least one (a document longer than a shard is a shard of its own)
+            last = max(int(np.searchsorted(ends, done + room, side="right")), doc + 1)
+            stop = int(ends[last - 1])
+            tok, mask_file = self._files
+            tok.write(tokens[done:stop].astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes())
+            if mask_file is not None:
+                mask_file.write(mask[done:stop].tobytes())
+            self.shards[-1]["tokens"] += stop - done
+            done, doc = stop, last
 
     def close(self) -> None:
         if self._files is not None:
@@ -227,7 +236,7 @@ def prepare_data(
         with open(partial / "documents.idx", "wb") as idx:
             idx.write(np.zeros(1, dtype="<i8").tobytes())
             for enc in encoded:
-                shards.write(enc.tokens, enc.loss_mask)
+                shards.write(enc.tokens, enc.loss_mask, enc.lengths)
                 idx.write((tokens + np.cumsum(enc.lengths)).astype("<i8").tobytes())
                 docs += int(enc.lengths.size)
                 tokens += int(enc.tokens.size)

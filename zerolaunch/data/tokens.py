@@ -1,0 +1,263 @@
+"""Training from a prepared folder (`data.builder: zerolaunch.data.tokens:build`, `args: {path, seq_len}`).
+
+This module owns reading a `zerolaunch prepare-data` folder (prepare.py) and cutting it into batches:
+- Memory-mapped: the token shards, the loss masks and the document index are `np.memmap`s; a batch reads
+  only its windows, so a worker's memory does not grow with the corpus (bench/data_loader.py).
+- Packing: window w is tokens [w*T, w*T + T + 1) of the whole stream (T = seq_len; one token of overlap for the
+  shifted target), documents back to back, so no token is padding.
+- Ranks and epochs: one global order of the windows per epoch, shuffled by (seed, epoch); micro-batch i of
+  rank r takes global samples (i * world_size + r) * B ... + B - 1, so the ranks' samples are disjoint and
+  together consume the order front to back.
+- Resume: batch i is a pure function of i (stream.BatchStream). The state records the global samples
+  consumed; at another world size (or micro batch) the stream continues at that global sample, rounded down
+  to a whole global batch of the new shape, so no window is skipped and at most one global batch's worth is
+  seen twice.
+- `document_mask` (default true): `position_ids` restart at 0 at every document start (and at each window's
+  first token), which the built-in GPT turns into a block-diagonal causal mask and Hugging Face models into
+  per-document attention (transformers builds the mask from packed position_ids; flash-attention models run
+  varlen; these batches carry use_cache=False, without which transformers ignores packed position_ids);
+  targets that cross a document boundary carry no loss. A packed row then computes what its
+  documents would one by one. On by default because without it a window's later documents attend to
+  unrelated text, and SFT examples see each other; the cost is a masked attention kernel instead of the
+  plain causal one (set false for the fastest pre-training kernel).
+- Loss masks: in prompt-completion / chat folders only completion / assistant tokens carry loss (labels
+  -100 elsewhere).
+- `label_shift`: "data" (default) gives labels[t] = the target of position t (the built-in GPT, nanoGPT);
+  "model" gives labels aligned with input_ids for models that shift them themselves (Hugging Face).
+It knows nothing of models beyond those two conventions.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zerolaunch.data.prepare import read_manifest
+from zerolaunch.data.readers import DataError
+from zerolaunch.data.stream import Batch, BatchStream, mix_seed
+
+_EPOCH_SALT = 38
+LABEL_SHIFTS = ("data", "model")
+IGNORE = -100
+
+
+class TokenFolder:
+    """The memory-mapped token stream of a prepared folder: `read(start, n)` -> (tokens, loss mask or None)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.manifest = m = read_manifest(self.path)
+        dtype = np.dtype(m["dtype"]).newbyteorder("<")
+        self._tokens = []
+        self._masks = []
+        starts = [0]
+        for shard in m["shards"]:
+            f = self.path / shard["file"]
+            self._tokens.append(np.memmap(f, dtype=dtype, mode="r", shape=(shard["tokens"],)))
+            if m["loss_mask"]:
+                mf = self.path / shard["file"].replace("tokens-", "loss_mask-")
+                self._masks.append(np.memmap(mf, dtype=np.uint8, mode="r", shape=(shard["tokens"],)))
+            starts.append(starts[-1] + shard["tokens"])
+        self._starts = np.asarray(starts, dtype=np.int64)
+        self.tokens = int(starts[-1])
+        if self.tokens != m["tokens"]:
+            raise DataError(
+                f"{self.path}: the shards hold {self.tokens} tokens, the manifest says {m['tokens']}"
+            )
+        self.documents = int(m["documents"])
+        self.doc_offsets = np.memmap(
+            self.path / "documents.idx", dtype="<i8", mode="r", shape=(self.documents + 1,)
+        )
+        self.has_loss_mask = bool(m["loss_mask"])
+
+    def _read(self, arrays, start: int, n: int) -> np.ndarray:
+        first = int(np.searchsorted(self._starts, start, side="right")) - 1
+        local = start - int(self._starts[first])
+        piece = arrays[first][local : local + n]
+        if piece.size == n:
+            return np.asarray(piece)
+        parts, got, shard = [piece], piece.size, first + 1  # the window crosses into the next shard(s)
+        while got < n:
+            more = arrays[shard][: n - got]
+            parts.append(more)
+            got += more.size
+            shard += 1
+        return np.concatenate(parts)
+
+    def read(self, start: int, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        tokens = self._read(self._tokens, start, n)
+        return tokens, (self._read(self._masks, start, n) if self.has_loss_mask else None)
+
+    def segments(self, start: int, n: int) -> np.ndarray:
+        """Per token of [start, start+n): its document's number counted from the window (0, 0, 1, 1, 1, 2...)."""
+        lo = int(np.searchsorted(self.doc_offsets, start, side="right"))
+        hi = int(np.searchsorted(self.doc_offsets, start + n, side="left"))
+        seg = np.zeros(n, dtype=np.int64)
+        seg[np.asarray(self.doc_offsets[lo:hi]) - start] = 1
+        return np.cumsum(seg)
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"data.args.{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class _Windows:
+    """Batch i of one rank: the windows, their labels, position_ids (see the module docstring)."""
+
+    def __init__(
+        self,
+        folder: TokenFolder,
+        *,
+        seq_len,
+        rank,
+        world_size,
+        micro_batch_size,
+        seed,
+        document_mask,
+        label_shift,
+    ):
+        self.folder, self.T, self.rank, self.world, self.B = (
+            folder,
+            seq_len,
+            rank,
+            world_size,
+            micro_batch_size,
+        )
+        self.seed, self.document_mask, self.label_shift = seed, document_mask, label_shift
+        self.windows = (folder.tokens - 1) // seq_len
+        self._arange = np.arange(seq_len + 1)
+
+    @functools.lru_cache(maxsize=2)  # a batch spans at most two epochs  # noqa: B019 (one per stream)
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        rng = np.random.Generator(np.random.PCG64(mix_seed(self.seed, _EPOCH_SALT, epoch)))
+        return rng.permutation(self.windows)
+
+    def sample_ids(self, index: int) -> np.ndarray:
+        first = (index * self.world + self.rank) * self.B
+        out = np.empty(self.B, dtype=np.int64)
+        for j in range(self.B):
+            epoch, slot = divmod(first + j, self.windows)
+            out[j] = self.epoch_order(epoch)[slot]
+        return out
+
+    def batch(self, index: int) -> Batch:
+        T, span = self.T, self.T + 1
+        x = np.empty((self.B, span), dtype=np.int64)
+        mask = np.ones((self.B, span), dtype=bool) if self.folder.has_loss_mask else None
+        seg = np.zeros((self.B, span), dtype=np.int64) if self.document_mask else None
+        for row, w in enumerate(self.sample_ids(index)):
+            start = int(w) * T
+            tokens, loss_mask = self.folder.read(start, span)
+            x[row] = tokens
+            if mask is not None:
+                mask[row] = loss_mask.astype(bool)
+            if seg is not None:
+                seg[row] = self.folder.segments(start, span)
+        keep = mask.copy() if mask is not None else np.ones((self.B, span), dtype=bool)  # (B, T+1)
+        if seg is not None:
+            # the first token of each document is nobody's target: its predecessor belongs to another one
+            keep[:, 1:] &= seg[:, 1:] == seg[:, :-1]
+        batch: Batch = {"input_ids": torch.from_numpy(x[:, :T].copy())}
+        if self.label_shift == "data":
+            labels = np.where(keep[:, 1:], x[:, 1:], IGNORE)  # labels[t] = target of position t
+        else:
+            labels = np.where(
+                keep[:, :T], x[:, :T], IGNORE
+            )  # the model shifts: labels[t] is predicted at t-1
+        batch["labels"] = torch.from_numpy(labels)
+        if seg is not None:
+            s = seg[:, :T]
+            first = np.maximum.accumulate(
+                np.where(np.diff(s, prepend=-1, axis=1) != 0, self._arange[:T], 0), axis=1
+            )
+            batch["position_ids"] = torch.from_numpy(self._arange[:T] - first)
+            if self.label_shift == "model":
+                # transformers builds the per-document mask from position_ids only without a KV cache, and
+                # its models make one whenever use_cache is on (the config default), in training too
+                batch["use_cache"] = False
+        return batch
+
+
+class TokenStream(BatchStream):
+    """A BatchStream whose state is also the global sample position, so it resumes at another world size."""
+
+    def __init__(self, windows: _Windows, description: str):
+        super().__init__(windows.batch, description=description)
+        self._w = windows
+        self.label_shift = windows.label_shift
+        """How labels align with input_ids ("data": shifted already; "model": the model shifts them)."""
+
+    def state_dict(self) -> dict[str, int]:
+        w = self._w
+        return {
+            "position": self.position,
+            "samples": self.position * w.world * w.B,
+            "world_size": w.world,
+            "micro_batch_size": w.B,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        w = self._w
+        if isinstance(state, dict) and (state.get("world_size"), state.get("micro_batch_size")) not in (
+            (None, None),
+            (w.world, w.B),
+        ):
+            samples = state.get("samples")
+            if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+                raise ValueError(f"data state must hold 'samples': int >= 0, got {state!r}")
+            self.position = samples // (w.world * w.B)
+            return
+        super().load_state_dict({"position": state.get("position") if isinstance(state, dict) else None})
+
+
+def build(
+    *,
+    rank: int,
+    world_size: int,
+    micro_batch_size: int,
+    seed: int,
+    path: str,
+    seq_len: int,
+    document_mask: bool = True,
+    label_shift: str = "data",
+) -> TokenStream:
+    """Endless batches {input_ids, labels[, position_ids]} (micro_batch_size, seq_len) of a prepared folder."""
+    _positive_int("seq_len", seq_len)
+    _positive_int("micro_batch_size", micro_batch_size)
+    _positive_int("world_size", world_size)
+    if not isinstance(document_mask, bool):
+        raise ValueError(f"data.args.document_mask must be true or false, got {document_mask!r}")
+    if label_shift not in LABEL_SHIFTS:
+        raise ValueError(
+            f"data.args.label_shift must be one of {', '.join(LABEL_SHIFTS)} (data: labels already shifted, "
+            f"the built-in GPT; model: the model shifts them, Hugging Face), got {label_shift!r}"
+        )
+    if not 0 <= rank < world_size:
+        raise ValueError(f"tokens data: rank {rank} is outside world_size {world_size}")
+    folder = TokenFolder(path)
+    windows = _Windows(
+        folder,
+        seq_len=seq_len,
+        rank=rank,
+        world_size=world_size,
+        micro_batch_size=micro_batch_size,
+        seed=seed,
+        document_mask=document_mask,
+        label_shift=label_shift,
+    )
+    if windows.windows < world_size * micro_batch_size:
+        raise ValueError(
+            f"data.args.path {path}: {folder.tokens} tokens make {windows.windows} windows of seq_len {seq_len}, "
+            f"fewer than one global micro-batch ({world_size} ranks x {micro_batch_size}); give more data or "
+            "lower data.args.seq_len"
+        )
+    m = folder.manifest
+    return TokenStream(
+        windows,
+        description=f"tokens {path} {m['documents']} docs {m['tokens']} tokens windows={windows.windows} T={seq_len}",
+    )
