@@ -217,3 +217,24 @@ def test_errors_name_the_key(folders, tmp_path):
         _stream(folders / "text", seq_len=4096)
     with pytest.raises(Exception, match="no manifest.json"):
         _stream(tmp_path)
+
+
+def test_label_shift_must_match_the_model(folders):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from zerolaunch.models.gpt import build as gpt
+    from zerolaunch.train.batches import TrainError
+    from zerolaunch.train.loss_norm import check_label_shift
+
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+        )
+    )
+    tiny = gpt(size="tiny", vocab_size=300, seq_len=32)
+    check_label_shift(_stream(folders / "text"), tiny, "b")
+    check_label_shift(_stream(folders / "text", label_shift="model"), llama, "b")
+    with pytest.raises(TrainError, match="label_shift: model"):
+        check_label_shift(_stream(folders / "text"), llama, "b")
+    with pytest.raises(TrainError, match="label_shift: data"):
+        check_label_shift(_stream(folders / "text", label_shift="model"), tiny, "b")

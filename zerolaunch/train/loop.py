@@ -2,8 +2,8 @@
 
 Per optimizer step: for each of `gradient_accumulation_steps` micro-batches, `out = engine(**batch)`,
 `engine.backward(loss)`, `engine.step()`; then the step's mean loss over micro-batches and ranks is reduced
-with one small all-reduce queued on the device (the loop's only collective; the engine's go through
-zero/comm.py) and rank 0 reports it one step later, while the next step runs ([Note: deferred step reads]
+with one small all-reduce queued on the device (with the labelled-token count of loss_norm.py, the loop's
+only collectives; the engine's go through zero/comm.py) and rank 0 reports it one step later, while the next step runs ([Note: deferred step reads]
 in train_step, step_stats.py). Owns the order of things, not their details (batches.py, checkpointing.py,
 reporting.py, seeding.py, step_stats.py): `Trainer.__init__` builds the components, `train_step(step)` runs
 one optimizer step, `finish()` writes the final checkpoint and the end-of-run table, and `run_training` only
@@ -37,6 +37,7 @@ from zerolaunch.train.checkpointing import CheckpointHook
 from zerolaunch.train.compiling import compile_for
 from zerolaunch.train.context import RunContext
 from zerolaunch.train.init_weights import load_initial_weights
+from zerolaunch.train.loss_norm import GlobalLossNorm, check_label_shift
 from zerolaunch.train.nonfinite import NonFiniteGuard
 from zerolaunch.train.reporting import StepReporter
 from zerolaunch.zero.protocol import StepInfo
@@ -100,6 +101,10 @@ class Trainer:
             BatchSource(build_data(recipe, ctx.rank, ctx.world_size), recipe.data.builder),
             ctx.device,
             mode=prefetch_mode(recipe.data.prefetch, ctx.device),
+        )
+        check_label_shift(self.source.source.data, model, recipe.data.builder)
+        self.loss_norm = GlobalLossNorm(
+            model, world_size=ctx.world_size, gradient_accumulation_steps=self.gas, group=ctx.group
         )
         self.checkpoints = CheckpointHook(recipe, self.engine, ctx, self.source)
         self.start_step = self.checkpoints.resume()
@@ -213,8 +218,10 @@ class Trainer:
         start = step_stats.step_start(ctx.device)
         loss_sum = None
         info = None
-        for _ in range(self.gas):
-            loss = loss_of(forward(engine, self._next_batch()))
+        # drawn first: the loss is normalized over all of them ([Note: global loss normalization])
+        batches = self.loss_norm.with_items([self._next_batch() for _ in range(self.gas)])
+        for batch in batches:
+            loss = loss_of(forward(engine, batch))
             engine.backward(loss)
             info = engine.step()
             # detach().float() of an fp32 loss is the loss itself: clone so the sum never aliases it
