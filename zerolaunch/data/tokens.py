@@ -22,6 +22,8 @@ This module owns reading a `zerolaunch prepare-data` folder (prepare.py) and cut
   plain causal one (set false for the fastest pre-training kernel).
 - Loss masks: in prompt-completion / chat folders only completion / assistant tokens carry loss (labels
   -100 elsewhere).
+- `holdout` (a fraction) keeps the stream's last windows out of training; `split: eval` reads only them
+  (data.eval: {split: eval} in a recipe).
 - `label_shift`: "data" (default) gives labels[t] = the target of position t (the built-in GPT, nanoGPT);
   "model" gives labels aligned with input_ids for models that shift them themselves (Hugging Face).
 It knows nothing of models beyond those two conventions.
@@ -120,6 +122,8 @@ class _Windows:
         seed,
         document_mask,
         label_shift,
+        windows,
+        first_window,
     ):
         self.folder, self.T, self.rank, self.world, self.B = (
             folder,
@@ -129,7 +133,7 @@ class _Windows:
             micro_batch_size,
         )
         self.seed, self.document_mask, self.label_shift = seed, document_mask, label_shift
-        self.windows = (folder.tokens - 1) // seq_len
+        self.windows, self.first_window = windows, first_window
         self._arange = np.arange(seq_len + 1)
 
     @functools.lru_cache(maxsize=2)  # a batch spans at most two epochs  # noqa: B019 (one per stream)
@@ -143,7 +147,7 @@ class _Windows:
         for j in range(self.B):
             epoch, slot = divmod(first + j, self.windows)
             out[j] = self.epoch_order(epoch)[slot]
-        return out
+        return out + self.first_window
 
     def batch(self, index: int) -> Batch:
         T, span = self.T, self.T + 1
@@ -225,6 +229,8 @@ def build(
     seq_len: int,
     document_mask: bool = True,
     label_shift: str = "data",
+    holdout: float = 0.0,
+    split: str = "train",
 ) -> TokenStream:
     """Endless batches {input_ids, labels[, position_ids]} (micro_batch_size, seq_len) of a prepared folder."""
     _positive_int("seq_len", seq_len)
@@ -239,7 +245,20 @@ def build(
         )
     if not 0 <= rank < world_size:
         raise ValueError(f"tokens data: rank {rank} is outside world_size {world_size}")
+    if isinstance(holdout, bool) or not isinstance(holdout, int | float) or not 0 <= holdout < 1:
+        raise ValueError(f"data.args.holdout must be a fraction in [0, 1), got {holdout!r}")
+    if split not in ("train", "eval"):
+        raise ValueError(f"data split must be train or eval, got {split!r}")
+    if split == "eval" and not holdout:
+        raise ValueError(
+            "data.eval: {split: eval} reads the held-out windows, but data.args.holdout is 0; set "
+            "data.args.holdout (e.g. 0.01), or give data.eval: {path: DIR} for a second prepared folder"
+        )
     folder = TokenFolder(path)
+    total = (folder.tokens - 1) // seq_len
+    # the held-out windows are the stream's last ones (a document they cut is shared at that one boundary)
+    held = max(1, round(holdout * total)) if holdout else 0
+    first, count = (0, total - held) if split == "train" else (total - held, held)
     windows = _Windows(
         folder,
         seq_len=seq_len,
@@ -249,15 +268,17 @@ def build(
         seed=seed,
         document_mask=document_mask,
         label_shift=label_shift,
+        windows=count,
+        first_window=first,
     )
     if windows.windows < world_size * micro_batch_size:
         raise ValueError(
-            f"data.args.path {path}: {folder.tokens} tokens make {windows.windows} windows of seq_len {seq_len}, "
+            f"data.args.path {path}: {folder.tokens} tokens make {windows.windows} {split} windows of seq_len {seq_len}, "
             f"fewer than one global micro-batch ({world_size} ranks x {micro_batch_size}); give more data or "
             "lower data.args.seq_len"
         )
     m = folder.manifest
     return TokenStream(
         windows,
-        description=f"tokens {path} {m['documents']} docs {m['tokens']} tokens windows={windows.windows} T={seq_len}",
+        description=f"tokens {path} {m['documents']} docs {m['tokens']} tokens {split} windows={count} T={seq_len}",
     )

@@ -106,6 +106,11 @@ class Trainer:
         self.loss_norm = GlobalLossNorm(
             model, world_size=ctx.world_size, gradient_accumulation_steps=self.gas, group=ctx.group
         )
+        self.evaluator = None
+        if recipe.train.eval_every and recipe.data.eval:
+            from zerolaunch.train.evaluate import Evaluator
+
+            self.evaluator = Evaluator(recipe, ctx, self.engine, self.loss_norm)
         self.checkpoints = CheckpointHook(recipe, self.engine, ctx, self.source)
         self.start_step = self.checkpoints.resume()
         # the first batch is drawn now: its shape sizes the report (tokens per step, flops per token)
@@ -249,11 +254,30 @@ class Trainer:
         # info.skipped is a host bool the engine already decided (every rank alike): a non-finite loss on
         # any rank or grad makes the step skipped (zero/protocol.py StepInfo), so a step the guard would
         # call bad is always read now, and the guard stops the run at the same step as a synchronous loop.
+        eval_loss = None
+        if self.evaluator is not None and self.evaluator.due(step):
+            self._flush()  # the step's line comes before its evaluation's
+            eval_loss = self._evaluate(step)
         every = self.checkpoints.every  # maybe_save's rule
-        if info.skipped or (every and step % every == 0) or step == self.recipe.train.steps:
+        if (
+            info.skipped
+            or (every and step % every == 0)
+            or step == self.recipe.train.steps
+            or eval_loss is not None
+        ):
             self._flush()
             if not self.guard.open:
-                self.checkpoints.maybe_save(step)
+                self.checkpoints.maybe_save(step, eval_loss)
+
+    def _evaluate(self, step: int) -> float:
+        """COLLECTIVE: evaluate, report on rank 0 (progress line, metrics.jsonl, monitors); the eval loss."""
+        loss, perplexity = self.evaluator.run()
+        if self.reporter is not None:
+            self.reporter.log_eval(step, loss, perplexity)
+        if self.monitors is not None:
+            samples = step * self.recipe.train.global_batch_size
+            self.monitors.write(step, samples, eval_loss=loss, eval_perplexity=perplexity)
+        return loss
 
     def _flush(self) -> None:
         """Read and report the pending step, if any (rank 0 logs it; every rank records it in the guard)."""
