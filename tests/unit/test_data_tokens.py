@@ -238,3 +238,13 @@ def test_label_shift_must_match_the_model(folders):
         check_label_shift(_stream(folders / "text"), llama, "b")
     with pytest.raises(TrainError, match="label_shift: data"):
         check_label_shift(_stream(folders / "text", label_shift="model"), tiny, "b")
+
+
+def test_document_index_read_in_small_blocks_gives_the_same_batches(folders, monkeypatch):
+    from zerolaunch.data import tokens
+
+    want = _take(_stream(folders / "sft"), 10)
+    monkeypatch.setattr(tokens, "INDEX_BLOCK", 3)  # a window's documents span several blocks
+    got = _take(_stream(folders / "sft"), 10)
+    for a, b in zip(got, want, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)

@@ -1,8 +1,9 @@
 """Training from a prepared folder (`data.builder: zerolaunch.data.tokens:build`, `args: {path, seq_len}`).
 
 This module owns reading a `zerolaunch prepare-data` folder (prepare.py) and cutting it into batches:
-- Memory-mapped: the token shards, the loss masks and the document index are `np.memmap`s; a batch reads
-  only its windows, so a worker's memory does not grow with the corpus (bench/data_loader.py).
+- Read on demand: a batch reads only its windows (pread at their offsets, `_File`) and a block of the document
+  index; nothing else of the corpus is loaded or stays mapped, so a worker's memory does not grow with the
+  corpus or with how much of it a run has read (bench/data_loader.py).
 - Packing: window w is tokens [w*T, w*T + T + 1) of the whole stream (T = seq_len; one token of overlap for the
   shifted target), documents back to back, so no token is padding.
 - Ranks and epochs: one global order of the windows per epoch, shuffled by (seed, epoch); micro-batch i of
@@ -32,6 +33,7 @@ It knows nothing of models beyond those two conventions.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import numpy as np
@@ -46,22 +48,49 @@ LABEL_SHIFTS = ("data", "model")
 IGNORE = -100
 
 
+INDEX_BLOCK = 512
+"""Document offsets per block of documents.idx read at a time; every block's first offset stays in memory."""
+
+
+class _File:
+    """A file read with pread at absolute offsets: stateless, so a forked prefetch worker may share the
+    descriptor, and unlike a memory map nothing read stays mapped into the process (a map's touched pages,
+    and the kernel's fault-around neighbours, count in its RSS and grow with the corpus a run has read)."""
+
+    def __init__(self, path: Path, dtype, count: int):
+        self.path, self.dtype, self.count = path, np.dtype(dtype), count
+        self.fd = os.open(path, os.O_RDONLY)
+        size = os.fstat(self.fd).st_size
+        if size != count * self.dtype.itemsize:
+            os.close(self.fd)
+            raise DataError(
+                f"{path}: {size} bytes, expected {count} x {self.dtype.itemsize} (a damaged folder?)"
+            )
+
+    def read(self, first: int, n: int) -> np.ndarray:
+        n = max(0, min(n, self.count - first))
+        raw = os.pread(self.fd, n * self.dtype.itemsize, first * self.dtype.itemsize)
+        return np.frombuffer(raw, dtype=self.dtype)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class TokenFolder:
-    """The memory-mapped token stream of a prepared folder: `read(start, n)` -> (tokens, loss mask or None)."""
+    """The token stream of a prepared folder, read on demand: `read(start, n)` -> (tokens, loss mask or None),
+    `segments(start, n)` -> each token's document number within the range."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.manifest = m = read_manifest(self.path)
         dtype = np.dtype(m["dtype"]).newbyteorder("<")
-        self._tokens = []
-        self._masks = []
+        self._tokens, self._masks = [], []
         starts = [0]
         for shard in m["shards"]:
-            f = self.path / shard["file"]
-            self._tokens.append(np.memmap(f, dtype=dtype, mode="r", shape=(shard["tokens"],)))
+            self._tokens.append(_File(self.path / shard["file"], dtype, shard["tokens"]))
             if m["loss_mask"]:
-                mf = self.path / shard["file"].replace("tokens-", "loss_mask-")
-                self._masks.append(np.memmap(mf, dtype=np.uint8, mode="r", shape=(shard["tokens"],)))
+                mask_file = self.path / shard["file"].replace("tokens-", "loss_mask-")
+                self._masks.append(_File(mask_file, np.uint8, shard["tokens"]))
             starts.append(starts[-1] + shard["tokens"])
         self._starts = np.asarray(starts, dtype=np.int64)
         self.tokens = int(starts[-1])
@@ -70,35 +99,39 @@ class TokenFolder:
                 f"{self.path}: the shards hold {self.tokens} tokens, the manifest says {m['tokens']}"
             )
         self.documents = int(m["documents"])
-        self.doc_offsets = np.memmap(
-            self.path / "documents.idx", dtype="<i8", mode="r", shape=(self.documents + 1,)
+        self._index = _File(self.path / "documents.idx", "<i8", self.documents + 1)
+        # the first offset of every block: 16 KiB per million documents
+        self._sparse = np.concatenate(
+            [self._index.read(i, 1) for i in range(0, self._index.count, INDEX_BLOCK)]
         )
         self.has_loss_mask = bool(m["loss_mask"])
 
-    def _read(self, arrays, start: int, n: int) -> np.ndarray:
-        first = int(np.searchsorted(self._starts, start, side="right")) - 1
-        local = start - int(self._starts[first])
-        piece = arrays[first][local : local + n]
-        if piece.size == n:
-            return np.asarray(piece)
-        parts, got, shard = [piece], piece.size, first + 1  # the window crosses into the next shard(s)
-        while got < n:
-            more = arrays[shard][: n - got]
-            parts.append(more)
-            got += more.size
-            shard += 1
-        return np.concatenate(parts)
+    def _read(self, files: list[_File], start: int, n: int) -> np.ndarray:
+        shard = int(np.searchsorted(self._starts, start, side="right")) - 1
+        local = start - int(self._starts[shard])
+        parts, got = [], 0
+        while got < n:  # a window may cross into the next shard(s)
+            piece = files[shard].read(local, n - got)
+            parts.append(piece)
+            got += piece.size
+            shard, local = shard + 1, 0
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def read(self, start: int, n: int) -> tuple[np.ndarray, np.ndarray | None]:
         tokens = self._read(self._tokens, start, n)
         return tokens, (self._read(self._masks, start, n) if self.has_loss_mask else None)
 
     def segments(self, start: int, n: int) -> np.ndarray:
-        """Per token of [start, start+n): its document's number counted from the window (0, 0, 1, 1, 1, 2...)."""
-        lo = int(np.searchsorted(self.doc_offsets, start, side="right"))
-        hi = int(np.searchsorted(self.doc_offsets, start + n, side="left"))
+        """Per token of [start, start+n): its document's number counted from the range (0, 0, 1, 1, 1, 2...)."""
+        i = max(int(np.searchsorted(self._sparse, start, side="right")) - 1, 0) * INDEX_BLOCK
         seg = np.zeros(n, dtype=np.int64)
-        seg[np.asarray(self.doc_offsets[lo:hi]) - start] = 1
+        while i < self._index.count:
+            block = self._index.read(i, INDEX_BLOCK)
+            inside = block[(block > start) & (block < start + n)]
+            seg[inside - start] = 1
+            if block[-1] >= start + n:
+                break
+            i += INDEX_BLOCK
         return np.cumsum(seg)
 
 
