@@ -52,20 +52,24 @@ _TOKENIZER_FILES = (
 )
 
 
-def tokenizer_identity(tokenizer, path: Path) -> dict:
-    """What identifies the tokenizer: its folder, class, size, special ids and a hash of its files."""
+def tokenizer_files_sha256(path: Path) -> str:
     h = hashlib.sha256()
     for name in _TOKENIZER_FILES:
         f = path / name
         if f.is_file():
             h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def tokenizer_identity(tokenizer, path: Path) -> dict:
+    """What identifies the tokenizer: its folder, class, size, special ids and a hash of its files."""
     return {
         "path": str(path.resolve()),
         "class": type(tokenizer).__name__,
         "vocab_size": len(tokenizer),
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
-        "files_sha256": h.hexdigest(),
+        "files_sha256": tokenizer_files_sha256(path),
     }
 
 

@@ -27,8 +27,9 @@ _DATASETS_MARKERS = ("state.json", "dataset_info.json")
 _ARROW_ROWS = 1024
 
 
-class DataError(UserError):
-    """Input that prepare-data cannot use; the message names the file and the line (or item, or row)."""
+class DataError(UserError, ValueError):
+    """Input that prepare-data cannot use; the message names the file and the line (or item, or row). A
+    ValueError too, so a data builder that meets it in a worker is reported as the builder's error."""
 
 
 @dataclass(frozen=True)
