@@ -3,7 +3,8 @@ through the real CLI.
 
 Covers: the built-in GPT learns from data.tokens (loss falls); a resumed run sees the same batches (same
 losses as the uninterrupted run); validation on held-out windows (eval lines, metrics.jsonl records whose
-perplexity is exp(eval loss), the lowest eval loss's checkpoint kept beside the newest `keep`).
+perplexity is exp(eval loss), the lowest eval loss's checkpoint kept beside the newest `keep`); stage 3 with
+the document mask and eval, the loader in a forked prefetch process giving the same run as on a thread.
 Leaves out: several ranks (tests/dist/test_global_loss_norm.py), the loader's details (unit tests).
 """
 
@@ -49,7 +50,18 @@ def group(tmp_path):
     dist.destroy_process_group()
 
 
-def _recipe(run_dir, data_dir, steps=8, every=0, keep=3, eval_every=0, keep_best=None, lr=3e-3):
+def _recipe(
+    run_dir,
+    data_dir,
+    steps=8,
+    every=0,
+    keep=3,
+    eval_every=0,
+    keep_best=None,
+    lr=3e-3,
+    stage=2,
+    prefetch="auto",
+):
     raw = {
         "model": {
             "builder": "zerolaunch.models.gpt:build",
@@ -69,7 +81,9 @@ def _recipe(run_dir, data_dir, steps=8, every=0, keep=3, eval_every=0, keep_best
             "run_dir": str(run_dir),
         },
         "checkpoint": {"every": every, "keep": keep},
+        "deepspeed": {"zero_optimization": {"stage": stage}},
     }
+    raw["data"]["prefetch"] = prefetch
     if eval_every:
         raw["data"]["eval"] = {"split": "eval"}
         raw["train"].update(eval_every=eval_every, eval_batches=3)
@@ -119,3 +133,19 @@ def test_keep_best_keeps_the_lowest_eval_beside_the_newest(group, prepared, tmp_
     assert saved == {"step": 4, "eval_loss": 1.0}
     kept = sorted(p.name for p in (tmp_path / "run/checkpoints").glob("step_*"))
     assert kept == ["step_000004", "step_000008"]
+
+
+def test_stage3_and_a_prefetch_process(group, prepared, tmp_path):
+    """The document mask through stage 3's gathered blocks, eval without gradients at stage 3, and the loader
+    in a forked prefetch process (file descriptors shared with it): the same run as on a thread."""
+    runs = {}
+    for prefetch in ("thread", "process"):
+        run_dir = tmp_path / prefetch
+        losses = run_training(
+            _recipe(run_dir, prepared / "text", steps=4, eval_every=2, stage=3, prefetch=prefetch), _ctx()
+        )
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        runs[prefetch] = (losses, [json.loads(x)["eval_loss"] for x in lines if "eval_loss" in x])
+    assert runs["thread"] == runs["process"]
+    losses, evals = runs["thread"]
+    assert losses[-1] < losses[0] and len(evals) == 2 and evals[1] < evals[0]
