@@ -10,7 +10,8 @@ torch.distributed, and knows nothing of the engine beyond two promises the ZeRO 
   `init_weights(module)` is the same initialisation for one module's own parameters, ours or torch's.
 
 Labels follow nanoGPT: `labels[b, t]` is the target of position t (the data already shifted it by one);
--100 is ignored.
+-100 is ignored. Packed documents (data.tokens with document_mask) come with `position_ids` that restart at 0
+per document: they index the position table and make attention block-diagonal causal (document_causal_mask).
 
 Recipe: `model: {builder: zerolaunch.models.gpt:build, args: {size: tiny, vocab_size: 256, seq_len: 64}}`.
 """
