@@ -189,3 +189,23 @@ def test_existing_output_needs_force(tmp_path, tok_dir):
     assert code == 2 and "--force" in output
     code, output = _run(tmp_path / "a.txt", "--tokenizer", tok_dir, "--out", tmp_path / "out", "--force")
     assert code == 0 and (tmp_path / "out" / "manifest.json").is_file()
+
+
+def test_progress_reports_rates_and_an_eta_within_a_file(tmp_path, tok_dir, capsys, monkeypatch):
+    from zerolaunch.data import prepare
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 60))
+    seen = []
+    original = prepare._Progress.maybe
+
+    def every_chunk(self, docs, tokens, bytes_done, final=False):
+        seen.append(bytes_done)
+        self.every_s = 0.0
+        original(self, docs, tokens, bytes_done, final)
+
+    monkeypatch.setattr(prepare._Progress, "maybe", every_chunk)
+    prepare.prepare_data([tmp_path / "a.jsonl"], tokenizer=tok_dir, out=tmp_path / "out")
+    size = (tmp_path / "a.jsonl").stat().st_size
+    assert any(0 < b < size for b in seen[:-1]) and seen[-1] == size  # an ETA before the (only) file ends
+    err = capsys.readouterr().err
+    assert "docs/s" in err and "tokens/s" in err and "ETA" in err and "100% of input" in err

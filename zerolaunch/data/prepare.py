@@ -108,8 +108,8 @@ def _chunks(sources: list[Source], mode: str, text_key: str, counts: dict) -> It
                 chunk = []
         if n == 0:
             raise DataError(f"{src.path}: empty input (no documents)")
+        src.read_bytes[0] = src.size_bytes  # readers other than jsonl say nothing until the file ends
         counts[src.path] = n
-        counts["_bytes_done"] = counts.get("_bytes_done", 0) + src.size_bytes
     if chunk:
         yield chunk
 
@@ -244,7 +244,7 @@ def prepare_data(
                 idx.write((tokens + np.cumsum(enc.lengths)).astype("<i8").tobytes())
                 docs += int(enc.lengths.size)
                 tokens += int(enc.tokens.size)
-                report.maybe(docs, tokens, counts.get("_bytes_done", 0))
+                report.maybe(docs, tokens, sum(src.read_bytes[0] for src in sources))
             idx.flush()
             os.fsync(idx.fileno())
         shards.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerolaunch.config.errors import UserError
@@ -38,6 +38,8 @@ class Source:
 
     path: Path
     kind: str
+    read_bytes: list = field(default_factory=lambda: [0], compare=False)
+    """[bytes of the file read so far] (of the compressed file for .gz): the reader updates it, for the ETA."""
 
     @property
     def size_bytes(self) -> int:
@@ -169,10 +171,12 @@ def _decode(raw: bytes, where: str) -> str:
 
 
 def _read_jsonl(src: Source, mode: str, text_key: str) -> Iterator[Record]:
-    opener = gzip.open if src.path.name.lower().endswith(".gz") else open
+    gz = src.path.name.lower().endswith(".gz")
     try:
-        with opener(src.path, "rb") as f:
+        with open(src.path, "rb") as raw_file:
+            f = gzip.open(raw_file, "rb") if gz else raw_file
             for line_no, raw in enumerate(f, start=1):
+                src.read_bytes[0] = raw_file.tell()
                 where = f"{src.path}:{line_no}"
                 line = _decode(raw, where)
                 if not line.strip():
