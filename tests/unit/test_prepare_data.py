@@ -209,3 +209,33 @@ def test_progress_reports_rates_and_an_eta_within_a_file(tmp_path, tok_dir, caps
     assert any(0 < b < size for b in seen[:-1]) and seen[-1] == size  # an ETA before the (only) file ends
     err = capsys.readouterr().err
     assert "docs/s" in err and "tokens/s" in err and "ETA" in err and "100% of input" in err
+
+
+def test_a_killed_run_leaves_no_output_and_the_rerun_gives_the_same_bytes(tmp_path, tok_dir):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 300))
+    repo = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-c", "from zerolaunch.cli.app import main; main()", "prepare-data", "a.jsonl"]
+    cmd += ["--tokenizer", str(tok_dir), "--out", "out", "--num-proc", "2", "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / ".out.partial" / "documents.idx").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "prepare-data ended before it was killed"
+            )
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the run and its tokenizer processes, mid-write
+        proc.wait(timeout=30)
+    assert not (tmp_path / "out").exists()
+    assert _run(tmp_path / "a.jsonl", "--tokenizer", tok_dir, "--out", tmp_path / "out")[0] == 0
+    assert _run(tmp_path / "a.jsonl", "--tokenizer", tok_dir, "--out", tmp_path / "clean")[0] == 0
+    assert not (tmp_path / ".out.partial").exists()
+    for name in ("tokens-00000.bin", "documents.idx", "manifest.json"):
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
