@@ -14,6 +14,7 @@ import datetime
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,10 @@ def test_trains_and_resumes_exactly(group, prepared, tmp_path):
 
 
 def test_eval_records(group, prepared, tmp_path, capsys):
-    run_training(_recipe(tmp_path / "run", prepared / "text", steps=8, eval_every=3), _ctx())
+    recipe = _recipe(tmp_path / "run", prepared / "text", steps=8, eval_every=3)
+    csv_dir = tmp_path / "csv"
+    monitors = {"csv_monitor": {"dir": str(csv_dir)}}
+    run_training(replace(recipe, train=replace(recipe.train, monitors=monitors)), _ctx())
     out = capsys.readouterr().out
     assert "eval_loss" in out and "eval_ppl" in out
     records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
@@ -116,6 +120,9 @@ def test_eval_records(group, prepared, tmp_path, capsys):
     for r in evals:
         assert r["eval_perplexity"] == pytest.approx(math.exp(r["eval_loss"]))
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
+    rows = (csv_dir / "Train_Samples_eval_loss.csv").read_text().splitlines()
+    assert [float(r.split(",")[1]) for r in rows[1:]] == pytest.approx([r["eval_loss"] for r in evals])
+    assert (csv_dir / "Train_Samples_eval_perplexity.csv").is_file()
 
 
 def test_keep_best_keeps_the_lowest_eval_beside_the_newest(group, prepared, tmp_path, monkeypatch):
