@@ -3,8 +3,9 @@
 Per optimizer step: for each of `gradient_accumulation_steps` micro-batches, `out = engine(**batch)`,
 `engine.backward(loss)`, `engine.step()`; then the step's mean loss over micro-batches and ranks is reduced
 with one small all-reduce queued on the device (with the labelled-token count of loss_norm.py, the loop's
-only collectives; the engine's go through zero/comm.py) and rank 0 reports it one step later, while the next step runs ([Note: deferred step reads]
-in train_step, step_stats.py). Owns the order of things, not their details (batches.py, checkpointing.py,
+only collectives; the engine's go through zero/comm.py) and rank 0 reports it one step later, while the next
+step runs ([Note: deferred step reads] in train_step, step_stats.py). Validation is evaluate.py's, called
+at `train.eval_every`. Owns the order of things, not their details (batches.py, checkpointing.py,
 reporting.py, seeding.py, step_stats.py): `Trainer.__init__` builds the components, `train_step(step)` runs
 one optimizer step, `finish()` writes the final checkpoint and the end-of-run table, and `run_training` only
 sequences them (as torchtitan's trainer does).
