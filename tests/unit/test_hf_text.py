@@ -6,6 +6,7 @@ shares; reproducible and resumable streams; the errors for bad input. Leaves out
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -123,3 +124,34 @@ def test_local_tokenizer_directory(tmp_path):
     # each document is "hello world hello" + eos, so the stream is the period-4 sequence 2 3 2 0.
     assert sorted(set(batch["input_ids"].flatten().tolist())) == [0, 2, 3]
     assert batch["input_ids"][0].tolist() == [2, 3, 2, 0]
+
+
+def test_with_a_tokenizer_it_prepares_once_and_reads_through_data_tokens(tmp_path):
+    pytest.importorskip("transformers")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from _tiny_tokenizer import make_tokenizer
+    from transformers import AutoTokenizer
+
+    tok_dir = make_tokenizer(tmp_path / "tok")
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    texts = [f"hello world {i}" for i in range(30)]
+    f = _write(tmp_path, "t.jsonl", "\n".join(json.dumps({"text": t}) for t in texts) + "\n")
+    kw = dict(
+        rank=0, world_size=1, micro_batch_size=2, seed=0, path=str(f), seq_len=8, tokenizer=str(tok_dir)
+    )
+    a = hf_text.build(**kw, cache=str(tmp_path / "cache"))
+    folders = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    assert len(folders) == 1
+    stream = np.fromfile(folders[0] / "tokens-00000.bin", dtype=np.uint16).tolist()
+    want = [t for text in texts for t in tok(text)["input_ids"] + [tok.eos_token_id]]  # BOS rule + EOS
+    assert stream == want
+    mtime = (folders[0] / "manifest.json").stat().st_mtime_ns
+    b = hf_text.build(**kw, cache=str(tmp_path / "cache"))  # the second call reuses the folder
+    assert (folders[0] / "manifest.json").stat().st_mtime_ns == mtime
+    x, y = next(iter(a)), next(iter(b))
+    assert torch.equal(x["input_ids"], y["input_ids"])
+    kept = x["labels"] != -100  # HF labels: the inputs themselves, -100 where a document starts
+    assert torch.equal(x["labels"][kept], x["input_ids"][kept]) and kept.float().mean() > 0.5

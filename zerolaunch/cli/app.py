@@ -11,7 +11,7 @@ import typer
 
 from zerolaunch import __version__
 
-from . import convert, estimate, recipe, train
+from . import convert, estimate, prepare, recipe, train
 
 app = typer.Typer(
     name="zerolaunch",
@@ -38,7 +38,7 @@ def _root(
     """Train PyTorch models with ZeRO stage 1/2/3 (and offload) from a YAML/JSON or DeepSpeed recipe."""
 
 
-for _module in (train, estimate, convert, recipe):
+for _module in (train, estimate, convert, recipe, prepare):
     _module.register(app)
 
 

@@ -454,5 +454,9 @@ def resolve_train(
             DEFAULTS.max_nonfinite_steps,
             min=0,
         ),
+        eval_every=r.value("train.eval_every", T + ("eval_every",), "int", 0, default_note="never", min=0),
+        eval_batches=r.value(
+            "train.eval_batches", T + ("eval_batches",), "int", DEFAULTS.eval_batches, min=1
+        ),
         monitors=resolve_monitors(r, run_dir),
     )

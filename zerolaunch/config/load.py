@@ -345,7 +345,11 @@ def _sections(
         default_note="process on CUDA, thread on the CPU",
         choices=PREFETCH_MODES,
     )
-    data = DataSection(builder=built["data"][0], args=built["data"][1], prefetch=prefetch)
+    eval_path: Path = ("data", "eval")
+    eval_args = r.convert(eval_path, r.raw(eval_path), "mapping") if r.tree.has(eval_path) else {}
+    _record_leaves(r, "data.eval", eval_path, eval_args, default=not r.tree.has(eval_path))
+    eval_args = resolve_path_args(r, "data", built["data"][0], eval_args, base_dir, args_key="eval")
+    data = DataSection(builder=built["data"][0], args=built["data"][1], prefetch=prefetch, eval=eval_args)
     c: Path = ("checkpoint",)
     ckpt_dir = r.value("checkpoint.dir", c + ("dir",), "optional_str", None)
     if ckpt_dir is None:
@@ -355,7 +359,22 @@ def _sections(
         dir=ckpt_dir,
         every=r.value("checkpoint.every", c + ("every",), "int", 0, default_note="only at the end", min=0),
         keep=r.value("checkpoint.keep", c + ("keep",), "int", 3, min=0),
+        keep_best=r.value(
+            "checkpoint.keep_best", c + ("keep_best",), "optional_choice", None, choices=("eval_loss",)
+        ),
     )
+    if checkpoint.keep_best and not (train.eval_every and data.eval):
+        raise r.fail(
+            c + ("keep_best",),
+            "needs evaluations, but train.eval_every or data.eval is not set",
+            "Set train.eval_every: N and data.eval (e.g. {path: DIR} or {split: eval}), or drop keep_best",
+        )
+    if train.eval_every and not data.eval:
+        raise r.fail(
+            ("train", "eval_every"),
+            "is set but data.eval is empty, so there is nothing to evaluate on",
+            "Set data.eval: {path: PREPARED_DIR} or {split: eval} with data.args.holdout",
+        )
     entrypoint = _entrypoint(r, base_dir)
     return model, data, checkpoint, entrypoint
 

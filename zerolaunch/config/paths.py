@@ -28,7 +28,14 @@ from .tree import Path
 from .values import Resolver
 
 HF_MODEL_BUILDER = "zerolaunch.models.hf:build"
-OWN_BUILDERS = frozenset({HF_MODEL_BUILDER, "zerolaunch.data.text:build", "zerolaunch.data.hf_text:build"})
+OWN_BUILDERS = frozenset(
+    {
+        HF_MODEL_BUILDER,
+        "zerolaunch.data.text:build",
+        "zerolaunch.data.hf_text:build",
+        "zerolaunch.data.tokens:build",
+    }
+)
 """zerolaunch's builders that take path args: each one must exist now (nothing is created or downloaded)."""
 PATH_NAMES = frozenset({"path", "paths", "tokenizer"})
 PATH_SUFFIXES = ("_path", "_paths", "_dir", "_file", "_files")
@@ -39,13 +46,16 @@ def is_path_arg(name: str) -> bool:
     return name in PATH_NAMES or name.endswith(PATH_SUFFIXES)
 
 
-def resolve_path_args(r: Resolver, section: str, builder: str, args: dict, base_dir: FsPath) -> dict:
-    """`args` with every path-valued arg resolved by the rule above (a new dict; other args as given)."""
+def resolve_path_args(
+    r: Resolver, section: str, builder: str, args: dict, base_dir: FsPath, args_key: str = "args"
+) -> dict:
+    """`args` (at `section.args_key`) with every path-valued arg resolved by the rule above (a new dict;
+    other args as given)."""
     out = dict(args)
     for name, value in args.items():
         if not isinstance(name, str) or not is_path_arg(name):
             continue
-        key: Path = (section, "args", name)
+        key: Path = (section, args_key, name)
         base = FsPath.cwd() if r.tree.origin(key) == "--set" else base_dir
         hub_file = _hub_file(section, builder, name)
         if isinstance(value, str):

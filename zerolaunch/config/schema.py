@@ -55,6 +55,9 @@ class DataSection:
     prefetch: str = "auto"
     """Where batches are made ahead of the step: "thread", "process" (one forked worker, no GIL shared with
     the training thread) or "auto" (process on CUDA, thread on the CPU); train/batches.py prefetch_mode."""
+    eval: dict[str, Any] = field(default_factory=dict)
+    """Validation data: args that replace data.args for the eval stream, e.g. {path: DIR} (a second prepared
+    folder) or {split: eval} (data.args.holdout's held-out windows); empty = no validation."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,10 @@ class TrainSection:
     max_nonfinite_steps: int = 3
     """Stop the run (exit code 3) after this many optimizer steps in a row with a non-finite loss or grad
     norm; each such step is skipped, not applied. 0 = never stop (the steps are still skipped)."""
+    eval_every: int = 0
+    """Evaluate on data.eval every N optimizer steps (and after the last); 0 = never."""
+    eval_batches: int = 20
+    """Micro-batches per rank in one evaluation (the same ones every time)."""
     monitors: dict[str, dict] = field(default_factory=dict)
     """Monitors rank 0 writes besides metrics.jsonl, from the DeepSpeed blocks tensorboard / csv_monitor /
     wandb (config/monitors.py): {"csv_monitor": {"dir": ...}, "tensorboard": {"dir": ...}, "wandb": {...}}."""
@@ -122,6 +129,8 @@ class CheckpointSection:
     """Save every N optimizer steps; 0 = only at the end of the run."""
     keep: int = 3
     """Keep the newest N checkpoints; 0 = keep all."""
+    keep_best: str | None = None
+    """"eval_loss": also keep the checkpoint of the lowest eval loss (saved when a new best is measured)."""
 
 
 SECTION_CLASSES: dict[str, type] = {

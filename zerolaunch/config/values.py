@@ -254,6 +254,10 @@ def _choice(r: Resolver, path: Path, value: Any, limits: dict) -> str:
     return folded[value.lower()]
 
 
+def _optional_choice(r: Resolver, path: Path, value: Any, limits: dict) -> str | None:
+    return None if value is None else _choice(r, path, value, limits)
+
+
 def _betas(r: Resolver, path: Path, value: Any, limits: dict) -> tuple[float, float]:
     ok = isinstance(value, (list, tuple)) and len(value) == 2
     ok = ok and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in value)
@@ -286,6 +290,7 @@ _CONVERTERS: dict[str, Callable[[Resolver, Path, Any, dict], Any]] = {
     "str": _str,
     "optional_str": _optional_str,
     "choice": _choice,
+    "optional_choice": _optional_choice,
     "betas": _betas,
     "mapping": _mapping,
     "str_list": _str_list,

@@ -1,12 +1,17 @@
 """Text / JSONL files -> batches for Hugging Face causal LMs (`data.builder: zerolaunch.data.hf_text:build`).
 
-This module owns reading plain-text and JSONL files, tokenizing them with a tokenizer from a *local* directory
-(or byte-level, ids 0..255, when none is given), cutting the token stream into fixed windows and handing each
-rank its share of every epoch. It does not know the model: batches follow the Hugging Face convention
-`labels == input_ids` (the model shifts the labels itself), so they feed any `AutoModelForCausalLM` as is.
+With a `tokenizer` (a local directory) this is a thin path onto prepare-data and data.tokens: the files are
+tokenized once by `prepare_data` into a cached folder (`cache`, default ~/.cache/zerolaunch/tokens/<key>, the key
+a hash of the sources' paths, sizes and mtimes, the tokenizer's files and text_key; the first rank prepares
+it under a file lock, the others wait and reuse it), and `zerolaunch.data.tokens:build` reads it with
+`label_shift: model` (HF labels) and its defaults otherwise (document_mask on). The files are those
+prepare-data reads (.txt/.md/.jsonl/.jsonl.gz/.json/.parquet; a folder means its files). For a corpus of any
+size, run `zerolaunch prepare-data` yourself and use data.tokens directly (docs/data.md).
 
-Batches are resumable (stream.BatchStream: batch i is a pure function of i). Every rank tokenizes the whole corpus (deterministic, no communication) and keeps only its windows; that is
-fine for the corpora a launcher test or a fine-tune uses, not for pre-training-size data.
+Without a tokenizer it is byte-level (ids 0..255): every rank reads the files (.txt/.md/.text/.py/.jsonl)
+into memory and cuts the bytes into fixed windows; batches follow the Hugging Face convention
+`labels == input_ids` (the model shifts the labels itself). That is fine for the corpora a launcher test
+uses, not for pre-training-size data. Batches are resumable (stream.BatchStream: batch i is a pure function of i).
 """
 
 from __future__ import annotations
@@ -112,6 +117,37 @@ def tokenize(docs: list[str], tokenizer=None) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
+def prepared_folder(path, tokenizer, text_key: str, cache: str | None) -> Path:
+    """The prepare-data folder of these files and this tokenizer, made once (under a lock) and then reused."""
+    import fcntl
+    import hashlib
+
+    from zerolaunch.data.prepare import FORMAT, VERSION, prepare_data, tokenizer_files_sha256
+    from zerolaunch.data.readers import find_sources
+
+    paths = path if isinstance(path, list | tuple) else [path]
+    sources = find_sources(paths)
+    key = json.dumps(
+        {
+            "format": [FORMAT, VERSION],
+            "sources": [[str(s.path.resolve()), s.size_bytes, s.path.stat().st_mtime_ns] for s in sources],
+            "tokenizer": tokenizer_files_sha256(Path(tokenizer)),
+            "text_key": text_key,
+        },
+        sort_keys=True,
+    )
+    root = Path(cache) if cache is not None else Path.home() / ".cache" / "zerolaunch" / "tokens"
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / hashlib.sha256(key.encode()).hexdigest()[:20]
+    with open(root / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one rank prepares; the others wait for it, then reuse the folder
+        if not (folder / "manifest.json").is_file():
+            prepare_data(
+                paths, tokenizer=tokenizer, out=folder, text_key=text_key, progress=False, force=True
+            )
+    return folder
+
+
 def windows_stream(
     tokens: torch.Tensor,
     *,
@@ -165,8 +201,10 @@ def build(
     seq_len: int = 256,
     tokenizer: str | None = None,
     text_key: str = "text",
+    cache: str | None = None,
 ) -> BatchStream:
-    """The data builder: `path` (file, directory or list), `seq_len`, optional local `tokenizer` directory."""
+    """The data builder: `path` (file, directory or list), `seq_len`, optional local `tokenizer` directory
+    (then the files are prepared once into `cache` and read by data.tokens)."""
     for name, value in (
         ("seq_len", seq_len),
         ("micro_batch_size", micro_batch_size),
@@ -176,10 +214,22 @@ def build(
             raise ValueError(f"data.args.{name} must be a positive integer, got {value!r}")
     if seq_len < 2:
         raise ValueError(f"data.args.seq_len must be >= 2 (one token predicts the next), got {seq_len}")
+    if tokenizer is not None:
+        from zerolaunch.data.tokens import build as tokens_build
+
+        folder = prepared_folder(path, tokenizer, text_key, cache)
+        return tokens_build(
+            rank=rank,
+            world_size=world_size,
+            micro_batch_size=micro_batch_size,
+            seed=seed,
+            path=str(folder),
+            seq_len=seq_len,
+            label_shift="model",
+        )
     docs = read_documents(path, text_key=text_key)
-    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
-    tokens = tokenize(docs, tok)
-    kind = f"tokenizer {tokenizer}" if tok is not None else "byte-level"
+    tokens = tokenize(docs)
+    kind = "byte-level"
     return windows_stream(
         tokens,
         seq_len=seq_len,

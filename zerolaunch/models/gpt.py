@@ -10,7 +10,8 @@ torch.distributed, and knows nothing of the engine beyond two promises the ZeRO 
   `init_weights(module)` is the same initialisation for one module's own parameters, ours or torch's.
 
 Labels follow nanoGPT: `labels[b, t]` is the target of position t (the data already shifted it by one);
--100 is ignored.
+-100 is ignored. Packed documents (data.tokens with document_mask) come with `position_ids` that restart at 0
+per document: they index the position table and make attention block-diagonal causal (document_causal_mask).
 
 Recipe: `model: {builder: zerolaunch.models.gpt:build, args: {size: tiny, vocab_size: 256, seq_len: 64}}`.
 """
@@ -105,14 +106,19 @@ class CausalSelfAttention(nn.Module):
         self.proj = _residual_linear(cfg.d_model, cfg.d_model, cfg.bias, cfg.n_layer)
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (
             t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)
         )  # (B, H, T, D)
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,  # (B, 1, T, T) block-diagonal causal, or None for plain causal
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=attn_mask is None,
         )  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_drop(self.proj(y))
@@ -144,8 +150,8 @@ class Block(nn.Module):
         for m in self.modules():
             init_weights(m)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), attn_mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -190,25 +196,51 @@ class GPT(nn.Module):
         t = cfg.seq_len if seq_len is None else seq_len
         return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_head * cfg.d_head * t
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> GPTOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        num_items_in_batch: torch.Tensor | None = None,
+    ) -> GPTOutput:
+        """`position_ids` (B, T) that restart at 0 mark packed documents: positions count from each document's
+        start and attention stays inside it (a block-diagonal causal mask). `num_items_in_batch`: the loss is
+        the sum over labelled positions divided by it (the loop's global-batch normalization) instead of
+        their mean."""
         B, T = input_ids.shape
         if T > self.config.seq_len:
             raise ValueError(
                 f"GPT: input of {T} tokens is longer than model seq_len {self.config.seq_len}; "
                 f"build the model with seq_len >= {T}"
             )
-        pos = torch.arange(T, device=input_ids.device)  # (T,)
+        attn_mask = None
+        if position_ids is None:
+            pos = torch.arange(T, device=input_ids.device)  # (T,)
+        else:
+            pos = position_ids  # (B, T)
+            attn_mask = document_causal_mask(position_ids)
         x = self.transformer.drop(self.transformer.wte(input_ids) + self.transformer.wpe(pos))  # (B, T, C)
         for block in self.transformer.h:
             if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, attn_mask, use_reentrant=False)
             else:
-                x = block(x)
+                x = block(x, attn_mask)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
         loss = None
         if labels is not None:
-            loss = chunked_cross_entropy(logits.view(-1, logits.size(-1)), labels.reshape(-1))
+            loss = chunked_cross_entropy(
+                logits.view(-1, logits.size(-1)), labels.reshape(-1), divisor=num_items_in_batch
+            )
         return GPTOutput(logits=logits, loss=loss)
+
+
+def document_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool, True where query t may attend key s: s <= t and both in the same document (a
+    document starts where position_ids is 0). SDPA takes it on every device; the CPU runs it too."""
+    doc = (position_ids == 0).cumsum(dim=1)  # (B, T): document number of each token
+    T = position_ids.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=position_ids.device).tril()  # (T, T)
+    return ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]  # (B, 1, T, T)
 
 
 CE_CHUNK_ELEMENTS = 1 << 26
@@ -228,13 +260,13 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, rows: int) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, rows: int, divisor) -> torch.Tensor:
         total = logits.new_zeros((), dtype=torch.float32)
         for start in range(0, logits.shape[0], rows):
             chunk = logits[start : start + rows].float()
             total += F.cross_entropy(chunk, labels[start : start + rows], ignore_index=-100, reduction="sum")
             del chunk  # before the next chunk's copy exists
-        count = (labels != -100).sum()
+        count = (labels != -100).sum() if divisor is None else divisor.to(torch.float32)
         ctx.save_for_backward(logits, labels, count)
         ctx.rows = rows
         # 0 labelled rows give 0/0 = nan, as F.cross_entropy(reduction="mean") does
@@ -255,11 +287,13 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             probs.scatter_add_(1, safe[start:stop, None], minus_one[: probs.shape[0]])  # - one_hot
             torch.mul(probs, weight[start:stop], out=grad[start:stop])
             del probs
-        return grad, None, None
+        return grad, None, None, None
 
 
-def chunked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over labels != -100 of (N, V) logits, computed in fp32 a chunk of rows at a time.
+def chunked_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, divisor: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean cross-entropy (or its sum / `divisor` when given) over labels != -100 of (N, V) logits, computed in fp32 a chunk of rows at a time.
 
     Why: `F.cross_entropy(logits.float())` holds the fp32 copy of all N x V logits and its fp32 log-softmax
     (saved for backward) at once -- ~6.6 GB at micro batch 8, seq 2048, vocab 50304; here the fp32 extra is
@@ -268,7 +302,9 @@ def chunked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     """
     v = logits.shape[1]
     rows = max(1, CE_CHUNK_ELEMENTS // max(v, 1))
-    return _ChunkedCrossEntropy.apply(logits, labels, rows)
+    if divisor is not None and not torch.is_tensor(divisor):
+        divisor = torch.tensor(float(divisor), device=logits.device)
+    return _ChunkedCrossEntropy.apply(logits, labels, rows, divisor)
 
 
 def build(

@@ -107,6 +107,8 @@ class LiveProgress:
         """Draw every record appended since the last poll; returns how many there were."""
         records = self._follower.poll()
         for record in records:
+            if "eval_loss" in record:  # an evaluation, not a step (the workers print its line)
+                continue
             metrics, rates = record_to_step(record)
             self._skipped_total += metrics.skipped
             self._display.show(metrics, rates, skipped_total=self._skipped_total)

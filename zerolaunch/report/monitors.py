@@ -22,6 +22,8 @@ EVENTS = {
     "lr": "Train/Samples/lr",
     "grad_norm": "Train/Samples/grad_norm",
     "loss_scale": "Train/Samples/loss_scale",
+    "eval_loss": "Train/Samples/eval_loss",
+    "eval_perplexity": "Train/Samples/eval_perplexity",
 }
 
 

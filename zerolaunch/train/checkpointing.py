@@ -41,6 +41,11 @@ class CheckpointHook:
         self.root = checkpoint_root(recipe)
         self.every = recipe.checkpoint.every
         self.keep = recipe.checkpoint.keep or None  # 0 = keep all
+        self.best = None
+        if recipe.checkpoint.keep_best:
+            from zerolaunch.train.evaluate import BestTracker
+
+            self.best = BestTracker(self.root)
         self.engine = engine
         self.ctx = ctx
         self.source = source
@@ -96,8 +101,14 @@ class CheckpointHook:
             print(f"resumed from {path} at step {step}", flush=True)
         return step
 
-    def maybe_save(self, step: int) -> None:
-        if self.every and step % self.every == 0:
+    def maybe_save(self, step: int, eval_loss: float | None = None) -> None:
+        """Save every `checkpoint.every` steps, and (checkpoint.keep_best) at a new best eval loss."""
+        new_best = self.best is not None and eval_loss is not None and self.best.is_better(eval_loss)
+        if new_best and self.ctx.is_rank0:
+            self.best.record(step, eval_loss)
+        elif new_best:
+            self.best.step, self.best.eval_loss = step, eval_loss
+        if (self.every and step % self.every == 0) or new_best:
             self.save(step)
 
     def save(self, step: int) -> None:
@@ -123,5 +134,17 @@ class CheckpointHook:
                 extra[HF_TOKENIZER_KEY] = str(self.tokenizer_dir)
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
-        save_checkpoint(self.engine, self.root, step=step, extra=extra, keep=self.keep, group=self.ctx.group)
+        keep = self.keep if self.best is None else None  # keep_best prunes below, sparing the best
+        save_checkpoint(self.engine, self.root, step=step, extra=extra, keep=keep, group=self.ctx.group)
         self.last_saved_step = step
+        if self.best is not None and self.keep and self.ctx.is_rank0:
+            self._prune_sparing_best(step)
+
+    def _prune_sparing_best(self, step: int) -> None:
+        """The newest `keep` checkpoints stay, and the best one beside them."""
+        from zerolaunch.checkpoint.save import complete_checkpoints, remove_tree
+
+        spared = {step, self.best.step}
+        older = [p for s, p in complete_checkpoints(self.root) if s not in spared]
+        for path in older[: max(0, len(older) - (self.keep - 1))]:
+            remove_tree(path)

@@ -2,9 +2,10 @@
 
 Per optimizer step: for each of `gradient_accumulation_steps` micro-batches, `out = engine(**batch)`,
 `engine.backward(loss)`, `engine.step()`; then the step's mean loss over micro-batches and ranks is reduced
-with one small all-reduce queued on the device (the loop's only collective; the engine's go through
-zero/comm.py) and rank 0 reports it one step later, while the next step runs ([Note: deferred step reads]
-in train_step, step_stats.py). Owns the order of things, not their details (batches.py, checkpointing.py,
+with one small all-reduce queued on the device (with the labelled-token count of loss_norm.py, the loop's
+only collectives; the engine's go through zero/comm.py) and rank 0 reports it one step later, while the next
+step runs ([Note: deferred step reads] in train_step, step_stats.py). Validation is evaluate.py's, called
+at `train.eval_every`. Owns the order of things, not their details (batches.py, checkpointing.py,
 reporting.py, seeding.py, step_stats.py): `Trainer.__init__` builds the components, `train_step(step)` runs
 one optimizer step, `finish()` writes the final checkpoint and the end-of-run table, and `run_training` only
 sequences them (as torchtitan's trainer does).
@@ -37,6 +38,7 @@ from zerolaunch.train.checkpointing import CheckpointHook
 from zerolaunch.train.compiling import compile_for
 from zerolaunch.train.context import RunContext
 from zerolaunch.train.init_weights import load_initial_weights
+from zerolaunch.train.loss_norm import GlobalLossNorm, check_label_shift
 from zerolaunch.train.nonfinite import NonFiniteGuard
 from zerolaunch.train.reporting import StepReporter
 from zerolaunch.zero.protocol import StepInfo
@@ -106,6 +108,15 @@ class Trainer:
             ctx.device,
             mode=prefetch_mode(recipe.data.prefetch, ctx.device),
         )
+        check_label_shift(self.source.source.data, model, recipe.data.builder)
+        self.loss_norm = GlobalLossNorm(
+            model, world_size=ctx.world_size, gradient_accumulation_steps=self.gas, group=ctx.group
+        )
+        self.evaluator = None
+        if recipe.train.eval_every and recipe.data.eval:
+            from zerolaunch.train.evaluate import Evaluator
+
+            self.evaluator = Evaluator(recipe, ctx, self.engine, self.loss_norm)
         self.checkpoints = CheckpointHook(recipe, self.engine, ctx, self.source)
         self.start_step = self.checkpoints.resume()
         # the first batch is drawn now: its shape sizes the report (tokens per step, flops per token)
@@ -218,8 +229,10 @@ class Trainer:
         start = step_stats.step_start(ctx.device)
         loss_sum = None
         info = None
-        for _ in range(self.gas):
-            loss = loss_of(forward(engine, self._next_batch()))
+        # drawn first: the loss is normalized over all of them ([Note: global loss normalization])
+        batches = self.loss_norm.with_items([self._next_batch() for _ in range(self.gas)])
+        for batch in batches:
+            loss = loss_of(forward(engine, batch))
             engine.backward(loss)
             info = engine.step()
             # detach().float() of an fp32 loss is the loss itself: clone so the sum never aliases it
@@ -247,11 +260,30 @@ class Trainer:
         # info.skipped is a host bool the engine already decided (every rank alike): a non-finite loss on
         # any rank or grad makes the step skipped (zero/protocol.py StepInfo), so a step the guard would
         # call bad is always read now, and the guard stops the run at the same step as a synchronous loop.
+        eval_loss = None
+        if self.evaluator is not None and self.evaluator.due(step):
+            self._flush()  # the step's line comes before its evaluation's
+            eval_loss = self._evaluate(step)
         every = self.checkpoints.every  # maybe_save's rule
-        if info.skipped or (every and step % every == 0) or step == self.recipe.train.steps:
+        if (
+            info.skipped
+            or (every and step % every == 0)
+            or step == self.recipe.train.steps
+            or eval_loss is not None
+        ):
             self._flush()
             if not self.guard.open:
-                self.checkpoints.maybe_save(step)
+                self.checkpoints.maybe_save(step, eval_loss)
+
+    def _evaluate(self, step: int) -> float:
+        """COLLECTIVE: evaluate, report on rank 0 (progress line, metrics.jsonl, monitors); the eval loss."""
+        loss, perplexity = self.evaluator.run()
+        if self.reporter is not None:
+            self.reporter.log_eval(step, loss, perplexity)
+        if self.monitors is not None:
+            samples = step * self.recipe.train.global_batch_size
+            self.monitors.write(step, samples, eval_loss=loss, eval_perplexity=perplexity)
+        return loss
 
     def _flush(self) -> None:
         """Read and report the pending step, if any (rank 0 logs it; every rank records it in the guard)."""

@@ -79,6 +79,13 @@ class StepReporter:
                 flush=True,
             )
 
+    def log_eval(self, step: int, loss: float, perplexity: float) -> None:
+        """One evaluation: a line beside the step lines and a metrics.jsonl record {step, eval_loss, ...}."""
+        record = {"step": step, "eval_loss": loss, "eval_perplexity": perplexity}
+        file = self._reporter.metrics_file if self._reporter is not None else self._plain_file
+        file.write({k: (v if math.isfinite(v) else None) for k, v in record.items()})
+        print(f"step {step}/{self.total_steps} eval_loss {loss:.4f} eval_ppl {perplexity:.2f}", flush=True)
+
     def finish(self, memory_by_rank: list[dict], zero_stage: int, **kwargs) -> None:
         if self._reporter is not None:
             self._reporter.finish(memory_by_rank, zero_stage, **kwargs)

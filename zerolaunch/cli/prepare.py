@@ -1,0 +1,61 @@
+"""`zerolaunch prepare-data INPUT... --tokenizer DIR --out DIR`: tokenize a corpus once, for training.
+
+    zerolaunch prepare-data corpus/ --tokenizer tok/ --out data/corpus --num-proc 8
+    zerolaunch prepare-data sft.jsonl --tokenizer model/ --out data/sft --mode prompt-completion
+    zerolaunch prepare-data chats.parquet --tokenizer model/ --out data/chat --mode chat
+
+typer only at import; the work is zerolaunch.data.prepare. Bad input -> one red line naming the file and
+line, exit 2, and no OUT folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .errors import user_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("prepare-data")
+    def prepare_data_command(
+        inputs: list[Path] = typer.Argument(
+            ...,
+            help="Files or folders: .jsonl, .jsonl.gz, .json (an array), .parquet, .txt, .md, or a "
+            "datasets.save_to_disk folder. A folder means its files.",
+        ),
+        tokenizer: Path = typer.Option(
+            ..., "--tokenizer", help="A local tokenizer folder (save_pretrained)."
+        ),
+        out: Path = typer.Option(
+            ..., "--out", help="The folder to write; it appears complete or not at all."
+        ),
+        text_key: str = typer.Option("text", "--text-key", help="The field that holds the text (mode text)."),
+        num_proc: int = typer.Option(1, "--num-proc", help="Tokenizer processes."),
+        mode: str = typer.Option(
+            "text",
+            "--mode",
+            help="text | prompt-completion (fields prompt, completion) | chat (field messages).",
+        ),
+        force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Print docs/s, tokens/s, ETA."),
+    ) -> None:
+        """Tokenize files into memory-mappable token shards + a document index (data.builder zerolaunch.data.tokens:build)."""
+        with user_errors():
+            from zerolaunch.data.prepare import prepare_data
+
+            manifest = prepare_data(
+                [str(p) for p in inputs],
+                tokenizer=tokenizer,
+                out=out,
+                text_key=text_key,
+                num_proc=num_proc,
+                mode=mode,
+                force=force,
+                progress=progress,
+            )
+            typer.echo(
+                f"wrote {out}: {manifest['documents']:,} documents, {manifest['tokens']:,} tokens "
+                f"({manifest['dtype']}, {len(manifest['shards'])} shard(s))"
+            )

@@ -1,0 +1,292 @@
+"""Reading prepare-data's inputs: records from jsonl, jsonl.gz, JSON arrays, parquet, txt/md and
+`datasets.save_to_disk` folders, each with the place it came from (file and line, item or row).
+
+This module owns finding the input files (a folder means its files, sorted) and turning each into a stream of
+records (`Record`: the text, or prompt/completion, or chat messages, as the mode asks). It does not tokenize
+or write anything (prepare.py). Every problem in the input is a `DataError` naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zerolaunch.config.errors import UserError
+
+MODES = ("text", "prompt-completion", "chat")
+TEXT_SUFFIXES = (".txt", ".md")
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson")
+JSON_SUFFIXES = (".json",)
+PARQUET_SUFFIXES = (".parquet",)
+ARROW_SUFFIXES = (".arrow",)
+ALL_SUFFIXES = TEXT_SUFFIXES + JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES + ARROW_SUFFIXES
+_DATASETS_MARKERS = ("state.json", "dataset_info.json")
+_ARROW_ROWS = 1024
+
+
+class DataError(UserError, ValueError):
+    """Input that prepare-data cannot use; the message names the file and the line (or item, or row). A
+    ValueError too, so a data builder that meets it in a worker is reported as the builder's error."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input file: its path and kind ("text", "jsonl", "json", "parquet", "arrow")."""
+
+    path: Path
+    kind: str
+    read_bytes: list = field(default_factory=lambda: [0], compare=False)
+    """[bytes of the file read so far] (of the compressed file for .gz): the reader updates it, for the ETA."""
+
+    @property
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+
+def _kind(path: Path) -> str | None:
+    name = path.name.lower()
+    if name.endswith(TEXT_SUFFIXES):
+        return "text"
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(JSON_SUFFIXES):
+        return "json"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if name.endswith(ARROW_SUFFIXES):
+        return "arrow"
+    return None
+
+
+def _is_datasets_folder(path: Path) -> bool:
+    return all((path / m).is_file() for m in _DATASETS_MARKERS)
+
+
+def find_sources(inputs: list[str | Path]) -> list[Source]:
+    """The input files in order: each file as given, each folder's files sorted by path.
+
+    A `datasets.save_to_disk` folder (state.json + dataset_info.json) stands for its .arrow files in the
+    order its state.json lists them; other folders are searched recursively for the known suffixes.
+    """
+    if not inputs:
+        raise DataError(
+            "prepare-data: no INPUT given; name .jsonl/.jsonl.gz/.json/.parquet/.txt/.md files or folders"
+        )
+    found: list[Source] = []
+    for p in map(Path, inputs):
+        if not p.exists():
+            raise DataError(f"{p}: no such file or folder")
+        if p.is_dir():
+            if (p / "dataset_dict.json").is_file():
+                splits = json.loads((p / "dataset_dict.json").read_text()).get("splits", [])
+                raise DataError(
+                    f"{p}: a datasets DatasetDict ({', '.join(splits)}); give one split's folder, e.g. {p / 'train'}"
+                )
+            if _is_datasets_folder(p):
+                state = json.loads((p / "state.json").read_text())
+                files = [p / f["filename"] for f in state.get("_data_files", [])]
+                found.extend(Source(f, "arrow") for f in files)
+                continue
+            inside = sorted(f for f in p.rglob("*") if f.is_file() and _kind(f) is not None)
+            # a datasets folder inside a folder: its .json metadata files are not data
+            inside = [
+                f for f in inside if not (f.name in _DATASETS_MARKERS and _is_datasets_folder(f.parent))
+            ]
+            if not inside:
+                raise DataError(f"{p}: the folder holds no {'/'.join(ALL_SUFFIXES)} files")
+            found.extend(Source(f, _kind(f)) for f in inside)
+        else:
+            kind = _kind(p)
+            if kind is None:
+                raise DataError(f"{p}: unknown file type; expected one of {', '.join(ALL_SUFFIXES)}")
+            found.append(Source(p, kind))
+    return found
+
+
+@dataclass(frozen=True)
+class Record:
+    """One document as the mode needs it, and where it came from ("file:line", "file item 3", "file row 7")."""
+
+    where: str
+    text: str | None = None
+    prompt: str | None = None
+    completion: str | None = None
+    messages: list | None = None
+
+
+def _field(row, key: str, where: str, hint: str) -> str:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    if key not in row:
+        raise DataError(
+            f"{where}: no key {key!r} (keys: {', '.join(sorted(map(str, row))) or 'none'}); {hint}"
+        )
+    value = row[key]
+    if not isinstance(value, str):
+        raise DataError(f"{where}: {key!r} is {type(value).__name__}, expected a string")
+    return value
+
+
+def to_record(row, where: str, mode: str, text_key: str) -> Record:
+    """The record of one JSON object / table row in `mode`."""
+    if mode == "text":
+        return Record(
+            where, text=_field(row, text_key, where, "pass --text-key with the field that holds the text")
+        )
+    if mode == "prompt-completion":
+        hint = "prompt-completion rows need string fields 'prompt' and 'completion'"
+        return Record(
+            where,
+            prompt=_field(row, "prompt", where, hint),
+            completion=_field(row, "completion", where, hint),
+        )
+    if not isinstance(row, dict) or "messages" not in row:
+        keys = ", ".join(sorted(map(str, row))) if isinstance(row, dict) else type(row).__name__
+        raise DataError(
+            f"{where}: no key 'messages' (found {keys}); chat rows are {{'messages': [{{'role', 'content'}}, ...]}}"
+        )
+    messages = row["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
+    for i, m in enumerate(messages):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            raise DataError(f"{where}: messages[{i}] must be {{'role': str, 'content': str}}, got {m!r:.120}")
+    return Record(where, messages=messages)
+
+
+def _decode(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{where}: not UTF-8 (byte {e.start}: {raw[e.start : e.start + 1]!r}); re-encode the file as UTF-8"
+        ) from None
+
+
+def _read_jsonl(src: Source, mode: str, text_key: str) -> Iterator[Record]:
+    gz = src.path.name.lower().endswith(".gz")
+    try:
+        with open(src.path, "rb") as raw_file:
+            f = gzip.open(raw_file, "rb") if gz else raw_file
+            for line_no, raw in enumerate(f, start=1):
+                src.read_bytes[0] = raw_file.tell()
+                where = f"{src.path}:{line_no}"
+                line = _decode(raw, where)
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(
+                        f"{where}: broken JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
+                    ) from None
+                yield to_record(row, where, mode, text_key)
+    except (OSError, EOFError) as e:  # a truncated or corrupt .gz
+        raise DataError(f"{src.path}: cannot be read ({e})") from None
+
+
+def _line_of(raw: bytes, byte_offset: int) -> int:
+    return raw.count(b"\n", 0, byte_offset) + 1
+
+
+def _read_text(src: Source, mode: str) -> Iterator[Record]:
+    if mode != "text":
+        raise DataError(
+            f"{src.path}: a plain-text file has no {mode} fields; use .jsonl/.parquet for --mode {mode}"
+        )
+    raw = src.path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{src.path}:{_line_of(raw, e.start)}: not UTF-8 (byte {e.start}); re-encode the file as UTF-8"
+        ) from None
+    yield Record(f"{src.path}", text=text)
+
+
+def _read_json(src: Source, mode: str, text_key: str) -> Iterator[Record]:
+    raw = src.path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{src.path}:{_line_of(raw, e.start)}: not UTF-8 (byte {e.start}); re-encode the file as UTF-8"
+        ) from None
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{src.path}:{e.lineno}: broken JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(rows, list):
+        raise DataError(f"{src.path}: a .json input must be an array of objects, got a {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        yield to_record(row, f"{src.path} item {i}", mode, text_key)
+
+
+def _table_columns(mode: str, text_key: str) -> list[str]:
+    return {"text": [text_key], "prompt-completion": ["prompt", "completion"], "chat": ["messages"]}[mode]
+
+
+def _read_batches(
+    src: Source, batches, schema_names: list[str], mode: str, text_key: str
+) -> Iterator[Record]:
+    wanted = _table_columns(mode, text_key)
+    missing = [c for c in wanted if c not in schema_names]
+    if missing:
+        hint = " (pass --text-key)" if mode == "text" else ""
+        raise DataError(f"{src.path}: no column {missing[0]!r}{hint}; columns: {', '.join(schema_names)}")
+    row_no = 0
+    for batch in batches:
+        columns = {c: batch.column(c).to_pylist() for c in wanted}
+        for i in range(batch.num_rows):
+            yield to_record({c: columns[c][i] for c in wanted}, f"{src.path} row {row_no}", mode, text_key)
+            row_no += 1
+
+
+def _read_parquet(src: Source, mode: str, text_key: str) -> Iterator[Record]:
+    import pyarrow.parquet as pq
+
+    try:
+        f = pq.ParquetFile(src.path)
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError for a non-parquet file
+        raise DataError(f"{src.path}: not a readable parquet file ({e})") from None
+    names = f.schema_arrow.names
+    cols = [c for c in _table_columns(mode, text_key) if c in names]
+    yield from _read_batches(src, f.iter_batches(batch_size=_ARROW_ROWS, columns=cols), names, mode, text_key)
+
+
+def _read_arrow(src: Source, mode: str, text_key: str) -> Iterator[Record]:
+    import pyarrow as pa
+
+    try:
+        reader = pa.ipc.open_stream(pa.memory_map(str(src.path)))  # datasets writes the streaming format
+    except Exception:
+        try:
+            reader = pa.ipc.open_file(pa.memory_map(str(src.path)))
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            yield from _read_batches(src, batches, reader.schema.names, mode, text_key)
+            return
+        except Exception as e:
+            raise DataError(f"{src.path}: not a readable arrow file ({e})") from None
+    yield from _read_batches(src, reader, reader.schema.names, mode, text_key)
+
+
+def read_records(src: Source, mode: str, text_key: str = "text") -> Iterator[Record]:
+    """The records of one input file, in file order."""
+    if mode not in MODES:
+        raise DataError(f"--mode {mode!r} is unknown; choose one of {', '.join(MODES)}")
+    if src.kind == "text":
+        return _read_text(src, mode)
+    if src.kind == "jsonl":
+        return _read_jsonl(src, mode, text_key)
+    if src.kind == "json":
+        return _read_json(src, mode, text_key)
+    if src.kind == "parquet":
+        return _read_parquet(src, mode, text_key)
+    return _read_arrow(src, mode, text_key)
