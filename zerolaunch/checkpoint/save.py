@@ -98,7 +98,9 @@ def _intact(root: Path, final: Path) -> str:
     return f"The partial folder was removed; {done[-1]} is intact (--resume auto continues from it)."
 
 
-def _write_collectively(engine, root, tmp, final, step, extra, keep, group, exclude_frozen_parameters):
+def _write_collectively(
+    engine: CheckpointEngine, root, tmp, final, step, extra, keep, group, exclude_frozen_parameters
+):
     rank, world_size = comm.rank(group), comm.world_size(group)
     device = getattr(engine, "device", None) or torch.device("cpu")
     _collectively(lambda: prepare_folder(root, tmp) if rank == 0 else None, group, device, "prepare", rank)
