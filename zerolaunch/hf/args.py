@@ -45,6 +45,11 @@ class ZeroArgsMixin:
             # accelerate's DeepSpeed plugin adds the block the arguments ask for when the config has none
             if flag and block not in config:
                 config[block] = {"enabled": True}
+        # a key the config leaves out takes the arguments' value, as if "auto": the Trainer's own clipping
+        # (max_grad_norm) runs where DeepSpeed would fall back to its default of none
+        config.setdefault("gradient_clipping", self.max_grad_norm)
+        config.setdefault("train_micro_batch_size_per_gpu", self.per_device_train_batch_size)
+        config.setdefault("gradient_accumulation_steps", self.gradient_accumulation_steps)
         filled = TrainerDSConfig(config)
         filled.process(self)
         filled.raise_mismatches()

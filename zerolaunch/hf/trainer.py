@@ -394,6 +394,10 @@ class ZeroTrainerMixin:
         scheduler = Path(checkpoint) / "scheduler.pt"
         if scheduler.is_file() and not isinstance(self.lr_scheduler, EngineLRScheduler):
             self.lr_scheduler.load_state_dict(torch.load(scheduler, weights_only=True))
+            # a torch scheduler's state does not hold its optimizer's lrs (the stock Trainer restores them
+            # with optimizer.pt): set the groups' lrs the engine reads to where the schedule stands
+            for group, lr in zip(self._zero_holder.param_groups, self.lr_scheduler.get_last_lr(), strict=True):
+                group["lr"] = lr
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         if self.zero_engine is None:  # the weights go into the model the engine is built from
