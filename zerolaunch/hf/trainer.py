@@ -79,7 +79,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return self.holder.param_groups
 
     def step(self, closure=None):
-        return None
+        # the holder's params have no grads, so nothing moves; stepping it tells torch's scheduler that the
+        # optimizer stepped before it (its order check)
+        self.holder.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         return None
@@ -396,7 +398,9 @@ class ZeroTrainerMixin:
             self.lr_scheduler.load_state_dict(torch.load(scheduler, weights_only=True))
             # a torch scheduler's state does not hold its optimizer's lrs (the stock Trainer restores them
             # with optimizer.pt): set the groups' lrs the engine reads to where the schedule stands
-            for group, lr in zip(self._zero_holder.param_groups, self.lr_scheduler.get_last_lr(), strict=True):
+            for group, lr in zip(
+                self._zero_holder.param_groups, self.lr_scheduler.get_last_lr(), strict=True
+            ):
                 group["lr"] = lr
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
