@@ -163,3 +163,81 @@ def test_trains_in_one_process_without_deepspeed(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def test_stage3_pretrained_folder_built_on_meta_loads_unit_by_unit(tmp_path):
+    """The stage-3 way in for a pretrained model: zerolaunch.models.hf.build(path=..., meta=True) holds no
+    weights; the engine fills each unit from the folder's files. predict() must give the plain model's logits."""
+    script = textwrap.dedent(
+        """
+        import sys, torch
+        sys.path.insert(0, "tests/hf")
+        from _hf_run import TokenData, tiny_llama
+        from zerolaunch.hf import Trainer, TrainingArguments
+        from zerolaunch.models.hf import build
+        out = sys.argv[1]
+        plain = tiny_llama()
+        plain.save_pretrained(out + "/pre")
+        args = TrainingArguments(output_dir=out, report_to=[], use_cpu=True, per_device_eval_batch_size=4,
+                                 deepspeed={"zero_optimization": {"stage": 3}})
+        model = build(path=out + "/pre", meta=True)
+        assert all(p.is_meta for p in model.parameters())
+        pred = Trainer(model=model, args=args).predict(TokenData(4, seed=3))
+        with torch.no_grad():
+            ref = plain(input_ids=TokenData(4, seed=3).ids).logits
+        assert torch.equal(torch.as_tensor(pred.predictions), ref)
+        print("OK")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def test_fp16_skips_are_logged_and_hold_the_schedule_and_offload_runs(tmp_path):
+    """fp16 at a loss scale that overflows at first: the engine skips those steps, the Trainer logs their count
+    (skipped_steps) and its lr schedule does not advance on them; bf16 at stage 3 with the optimizer on the CPU
+    trains. One process; the exactness of the step itself is the side-by-side tests'."""
+    script = textwrap.dedent(
+        """
+        import sys, torch
+        sys.path.insert(0, "tests/hf")
+        from _hf_run import TokenData, tiny_llama
+        from zerolaunch.hf import Trainer, TrainingArguments
+        out = sys.argv[1]
+        ds = {"zero_optimization": {"stage": 2}, "fp16": {"enabled": "auto", "initial_scale_power": 19, "hysteresis": 1}}
+        args = TrainingArguments(output_dir=out + "/fp16", max_steps=8, per_device_train_batch_size=2, report_to=[],
+                                 use_cpu=True, save_strategy="no", logging_steps=1, fp16=True, deepspeed=ds)
+        t = Trainer(model=tiny_llama(), args=args, train_dataset=TokenData(16))
+        t.train()
+        skipped = [h["skipped_steps"] for h in t.state.log_history if "loss" in h]
+        assert 0 < skipped[-1] < 8, skipped
+        assert t.zero_engine.global_steps == 8 - skipped[-1]
+        assert t.lr_scheduler.last_epoch == t.zero_engine.global_steps
+        ds = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}, "bf16": {"enabled": "auto"}}
+        args = TrainingArguments(output_dir=out + "/bf16", max_steps=3, per_device_train_batch_size=2, report_to=[],
+                                 use_cpu=True, save_strategy="no", bf16=True, deepspeed=ds)
+        t = Trainer(model=tiny_llama(), args=args, train_dataset=TokenData(16))
+        t.train()
+        o = t.zero_engine.options
+        assert (o.precision.dtype, o.zero.offload_optimizer.device, t.zero_engine.global_steps) == ("bf16", "cpu", 3)
+        print("OK")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
