@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", minversion="5.0")  # zerolaunch.hf needs transformers 5
 
 from zerolaunch.config.errors import UserError  # noqa: E402
 from zerolaunch.hf import TrainingArguments, zero_args  # noqa: E402

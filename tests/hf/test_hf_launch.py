@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("accelerate")
+pytest.importorskip("transformers", minversion="5.0")  # zerolaunch.hf needs transformers 5
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]

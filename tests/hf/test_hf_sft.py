@@ -15,6 +15,7 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
+pytest.importorskip("transformers", minversion="5.0")  # zerolaunch.hf needs transformers 5
 
 
 @pytest.fixture(scope="module")
