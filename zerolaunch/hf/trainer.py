@@ -284,12 +284,13 @@ class ZeroTrainerMixin:
             self._zero_holder = _lr_holder(engine)
             self.lr_scheduler = EngineLRScheduler(engine)
         else:
+            # the holder starts at each group's own lr (a schedule of none), then the Trainer's schedule runs it
             engine.scheduler = LRSchedule(replace(options.scheduler, name="none"), options.optimizer.lr)
             self._zero_holder = _lr_holder(engine)
             self.lr_scheduler = None
             self.create_scheduler(num_training_steps, optimizer=self._zero_holder)
             engine.scheduler = HolderSchedule(self._zero_holder)
-        engine._lr = engine.lrs_at(engine.global_steps)[0]
+        engine._lr = engine.lrs_at(engine.global_steps)[0]  # what StepInfo reports until the next step
         self.optimizer = ZeroOptimizer(self._zero_holder)
 
     def _wrap_model(self, model, training: bool = True, dataloader=None):
