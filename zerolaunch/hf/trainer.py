@@ -403,6 +403,9 @@ class ZeroTrainerMixin:
                 self._zero_holder.param_groups, self.lr_scheduler.get_last_lr(), strict=True
             ):
                 group["lr"] = lr
+        # a subclass's own additions run (TRL's GRPOTrainer restores its entropy controller here); transformers'
+        # part finds no optimizer.pt in the folder and loads nothing
+        super()._load_optimizer_and_scheduler(checkpoint)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         if self.zero_engine is None:  # the weights go into the model the engine is built from
