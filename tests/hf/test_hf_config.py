@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("transformers", minversion="5.0")  # zerolaunch.hf needs transformers 5
+pytest.importorskip("transformers", minversion="5.17")  # the Trainer hooks zerolaunch.hf replaces
 
 from zerolaunch.config.errors import UserError  # noqa: E402
 from zerolaunch.hf import TrainingArguments, zero_args  # noqa: E402
@@ -241,3 +241,15 @@ def test_fp16_skips_are_logged_and_hold_the_schedule_and_offload_runs(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def test_trainer_without_the_hooks_is_refused_with_the_version():
+    import transformers
+
+    from zerolaunch.hf import zero_trainer
+
+    class OldTrainer:  # a Trainer from before _prepare_for_training (transformers 4.x, 5.0)
+        pass
+
+    with pytest.raises(UserError, match=rf"_prepare_for_training.*transformers {transformers.__version__}"):
+        zero_trainer(OldTrainer)

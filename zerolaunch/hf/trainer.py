@@ -17,8 +17,8 @@ Trainer's own `lr_scheduler_type` + warmup runs over a stand-in optimizer that h
 and the engine reads each group's lr from it at every step (the same steps: the Trainer steps the scheduler
 only after a step that was not skipped). Checkpoints: `checkpoint-N/` holds save_model's HF folder, the
 Trainer's own files (trainer_state.json, rng_state_*.pth, scheduler.pt) and the engine's sharded checkpoint
-in `checkpoint-N/zerolaunch/`. Supports transformers 5.x (the training loop's `_prepare_for_training`
-appeared in 5.0); 4.x is refused at class creation.
+in `checkpoint-N/zerolaunch/`. Needs a transformers whose Trainer has TRAINER_HOOKS (checked:
+5.17 and 5.25 have them, 5.0 and 4.x do not: refused at class creation, with the version).
 """
 
 from __future__ import annotations
@@ -431,12 +431,13 @@ def zero_trainer(cls: type) -> type:
     Applying it twice returns the same class."""
     if getattr(cls, "zerolaunch_trainer", False):
         return cls
-    if not hasattr(cls, "_prepare_for_training"):
+    missing = [name for name in TRAINER_HOOKS if not hasattr(cls, name)]
+    if missing:
         import transformers
 
         raise UserError(
-            f"zero_trainer needs transformers 5.x (its Trainer's _prepare_for_training); transformers "
-            f"{transformers.__version__} is installed: pip install 'transformers>=5'"
+            f"zero_trainer needs a Trainer with {', '.join(missing)} (transformers 5.17 and 5.25 have them, 5.0 "
+            f"does not); transformers {transformers.__version__} is installed: pip install 'transformers>=5.17'"
         )
     if cls not in _CLASSES:
         _CLASSES[cls] = type(cls.__name__, (ZeroTrainerMixin, cls), {"__module__": "zerolaunch.hf"})
@@ -444,3 +445,6 @@ def zero_trainer(cls: type) -> type:
 
 
 _CLASSES: dict[type, type] = {}
+
+TRAINER_HOOKS = ("_prepare_for_training", "_clip_grad_norm", "_get_grad_norm", "_get_learning_rate")
+"""The Trainer's methods this integration replaces that older releases do not have."""
