@@ -170,6 +170,26 @@ def _accelerator_class(base: type) -> type:
     return ZeroAccelerator
 
 
+@functools.cache
+def _release_group_at_exit() -> None:
+    """Leave the process group in step when the script ends (registered once per process).
+
+    A Trainer script ends without destroying the group, which DDP tolerates; the engine's gloo work torn down
+    at interpreter finalization, or ranks closing their connections unsynchronized, aborts a rank ("terminate
+    called without an active exception"; zero/comm.py destroy_default_group). At exit the group goes the way
+    zerolaunch's own workers leave it: collected, a barrier if the script did not fail, destroyed."""
+    import atexit
+    import sys
+
+    def release() -> None:
+        from zerolaunch.zero.comm import destroy_default_group
+
+        failed = hasattr(sys, "last_value") or hasattr(sys, "last_exc")  # an uncaught exception was printed
+        destroy_default_group(every_rank_finished=not failed)
+
+    atexit.register(release)
+
+
 def _synced_generate(generate, engine):
     """model.generate at stage 3: the root unit gathered around the whole generation, and synced_gpus on (a
     rank that finished keeps running forwards, so every rank joins every gather, as under DeepSpeed ZeRO-3)."""
@@ -274,6 +294,7 @@ class ZeroTrainerMixin:
                 model_parameters=self._trainer_groups() if own_optimizer else None,
             )
             self.zero_engine = engine
+            _release_group_at_exit()
             self.model = engine.module
             self._zero_model = ZeroModel(engine)
             if engine.stage == 3 and hasattr(self.model, "generate"):
