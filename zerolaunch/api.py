@@ -19,11 +19,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zerolaunch.build import build_engine
 from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
 from zerolaunch.launch import env
-from zerolaunch.models.hf import hf_config_dict, hf_stage3_units, meta_init_fn
+from zerolaunch.models.hf import hf_config_dict
 from zerolaunch.train.entrypoint import init_process_group
-from zerolaunch.zero import Engine, EngineOptions, comm
+from zerolaunch.zero import EngineOptions, comm
 
 
 # ---- config ---------------------------------------------------------------------------------------------
@@ -386,15 +387,8 @@ def initialize(
     init_process_group(timeout_s)
     world_size = comm.world_size(group)
     recipe, options = _resolve_config(config, overrides, world_size)
-    options = hf_stage3_units(model, options)
     device = torch.device(device) if device else _default_device()
-    param_groups = None
-    if model_parameters is not None:
-        from zerolaunch.zero.param_groups import client_groups, collect_params
-
-        param_groups = client_groups(collect_params(model), model_parameters, options.optimizer.weight_decay)
-    init_fn = meta_init_fn(model, options)  # None unless stage 3 on a meta-built model
-    engine = Engine(model, options, group=group, device=device, init_fn=init_fn, param_groups=param_groups)
+    engine = build_engine(model, options, group=group, device=device, model_parameters=model_parameters)
     return ZeroLaunchEngine(engine, recipe)
 
 

@@ -37,19 +37,21 @@ def test_every_test_folder_is_collected():
     }
     expected = _folders_with_tests()
     # the walk itself must see the known folders, or the check below would pass on an empty set.
-    assert {"tests/unit", "tests/dist", "tests/e2e"} <= expected
+    assert {"tests/unit", "tests/dist", "tests/e2e", "tests/hf"} <= expected
     missing = sorted(expected - collected)
     assert not missing, f"pytest collected no test from {missing}: check norecursedirs in pyproject.toml"
 
 
 def test_ci_has_the_peers_the_parity_tests_compare_against():
-    # the DeepSpeed and transformers side-by-side tests skip where their peer is not installed; in CI a skip
-    # would hide that they never ran, so CI (CI=true, as .ci/run's callers set it) must have both
+    # the DeepSpeed, transformers and Trainer (tests/hf: accelerate, datasets, trl) side-by-side tests skip
+    # where their peer is not installed; in CI a skip would hide that they never ran, so CI (CI=true, as
+    # .ci/run's callers set it) must have them all
     import importlib.util
 
     import pytest
 
     if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
         pytest.skip("not CI: the parity peers are optional here (pip install -e '.[hf,parity]')")
-    missing = [name for name in ("deepspeed", "transformers") if importlib.util.find_spec(name) is None]
+    peers = ("deepspeed", "transformers", "accelerate", "datasets", "trl")
+    missing = [name for name in peers if importlib.util.find_spec(name) is None]
     assert not missing, f"CI lacks {missing}: `make install` installs the hf and parity extras"

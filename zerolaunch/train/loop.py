@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zerolaunch.build import build_engine
 from zerolaunch.config import import_builder
-from zerolaunch.models.hf import meta_init_fn
 from zerolaunch.report.mfu import hf_flops_per_token
 from zerolaunch.train import seeding, step_stats
 from zerolaunch.train.batches import (
@@ -81,8 +81,6 @@ class Trainer:
     """One worker's training run: the components `run_training` sequences (built in __init__)."""
 
     def __init__(self, recipe, ctx: RunContext):
-        from zerolaunch.zero import Engine
-
         self.recipe, self.ctx = recipe, ctx
         self.gas = recipe.engine.gradient_accumulation_steps
         seeding.seed_all(recipe.train.seed, ctx.device)
@@ -90,13 +88,7 @@ class Trainer:
         self.params_numel = sum(
             p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values()
         )
-        self.engine = Engine(
-            model,
-            recipe.engine,
-            group=ctx.group,
-            device=ctx.device,
-            init_fn=meta_init_fn(model, recipe.engine),
-        )
+        self.engine = build_engine(model, recipe.engine, group=ctx.group, device=ctx.device)
         # batches drawn, pinned and copied ahead of the step; the checkpoint counts the consumed ones
         self.source = PrefetchingSource(
             BatchSource(
