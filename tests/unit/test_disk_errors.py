@@ -115,6 +115,7 @@ def test_convert_to_a_full_or_forbidden_folder_is_one_paragraph_and_leaves_no_te
     if real:
         _fill(disk, leave_bytes=64 << 10)
     else:
+        monkeypatch.setattr("zerolaunch.checkpoint.hf_folder.HFFolderWriter.open_shards", _no_space)
         monkeypatch.setattr("zerolaunch.checkpoint.hf_folder.HFFolderWriter.write_part", _no_space)
     with pytest.raises(DiskError) as err:
         convert_checkpoint(src, disk / "out")
@@ -128,6 +129,8 @@ def test_convert_to_a_full_or_forbidden_folder_is_one_paragraph_and_leaves_no_te
     def denied(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "forbidden" / "out"))
 
+    # safetensors output goes through open_shards + put, torch's format through write_part
+    monkeypatch.setattr("zerolaunch.checkpoint.hf_folder.HFFolderWriter.open_shards", denied)
     monkeypatch.setattr("zerolaunch.checkpoint.hf_folder.HFFolderWriter.write_part", denied)
     with pytest.raises(
         DiskError, match=r"cannot write the converted checkpoint .*forbidden/out: permission denied"
