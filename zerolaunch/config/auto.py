@@ -4,7 +4,7 @@ The recipe's `train.*` keys and the DeepSpeed block's keys are two spellings of 
 optimizer.params.lr, train.micro_batch_size and train_micro_batch_size_per_gpu, ...): either may be given,
 both must agree, and a DeepSpeed "auto" takes the train value. The batch rule is DeepSpeed's:
 global = micro * accum * world_size, any two derive the third. Hidden-size "auto" (bucket sizes) follows
-Hugging Face. This module owns those rules; the engine options are assembled in engine.py.
+Hugging Face. This module owns those rules; the engine options are assembled in config/engine_options.py.
 """
 
 from __future__ import annotations
@@ -298,8 +298,7 @@ def resolve_compile_optimizer(
 ) -> tuple[TrainSection, EngineOptions]:
     """train.compile_optimizer -> engine.optimizer.fused_step ([Note: fused step], zero/optim/fused_step.py),
     read once the engine options are built: its default depends on them. On by default with train.compile
-    and the inductor backend (the run compiles anyway: a few seconds more bought 1.3% of the compiled 1.3B step,
-    bench/RESULTS.md 2026-12-05 s33) where the optimizer can run fused (zero/option_rules.py why_not_fused);
+    and the inductor backend (the run compiles anyway: a few seconds more buy about 1% of a compiled step) where the optimizer can run fused (zero/option_rules.py why_not_fused);
     off otherwise, so an eager run never starts compiling unasked. Set true where it cannot run: the engine's
     rule names why, at the key's line."""
     from zerolaunch.config.engine_options import check_engine_options

@@ -10,7 +10,7 @@ each is re-allocated by its own first write of the next window. Backward writes 
 layer order while it frees the activations of those layers, so the grads grow as the activations shrink
 and the backward peak (at the loss, where the fewest activations are freed yet) holds one segment, not the
 whole shard: FSDP2 allocates its sharded grads per layer in backward the same way. (One segment for the
-whole shard, the first version, held all 4.90 GiB of GPT-1.3B's fp32 grads under that peak on one H200.)
+whole shard would hold all of it under that peak: 4.90 GiB of fp32 grads for GPT-1.3B.)
 Views into a segment (the reducers' slices, stage 3's grad views) stay valid: they share the storage
 object, whose data pointer is read at each use.
 
@@ -30,8 +30,8 @@ master]), a window's grads are nobody's sum: each element is one gradient autogr
 and its fp32 copy is that value's exact upcast. Then each device segment starts the window in the compute
 dtype (`narrow_dtype`): the grad hooks copy 2 bytes per element instead of writing 4, the norm reads 2, and the
 fused step reads 2 and upcasts in its kernel (fused_step.adam_chunk), so the weights are the fp32 path's bit
-for bit. GPT-1.3B: 40 -> 34 bytes of optimizer-side traffic per param a step (the probe's
-fused rows in bench/RESULTS.md, 2026-12-05), half the grad shard's 4.90 GiB held at the step.
+for bit. GPT-1.3B: 40 -> 34 bytes of optimizer-side traffic per param a step, and half the grad shard's
+4.90 GiB held at the step.
 A second gradient into a segment in the same window (a caller-set boundary with several backwards) must be
 summed in fp32, as the other paths do: `write` then promotes the segment to fp32 first (its 16-bit values
 copied up, exactly) for the rest of the window; `release` returns it to the compute dtype. So the values never
