@@ -113,7 +113,7 @@ class Engine(EngineStateMixin):
                 "reduce it first (e.g. loss.mean())"
             )
         self._refuse_failed_window("backward")
-        self.settle()
+        self.wait_for_step()
         self.sharding.begin_backward()
         self._loss_nonfinite = note_nonfinite_loss(self._loss_nonfinite, loss)
         self._window_backwards += 1
@@ -131,7 +131,7 @@ class Engine(EngineStateMixin):
         gradient_accumulation_steps-th call, or when `boundary` says so (DeepSpeed's
         set_gradient_accumulation_boundary: the caller decides; any number of backwards per window)."""
         self._refuse_failed_window("step")
-        self.settle()
+        self.wait_for_step()
         self.micro_steps += 1
         if boundary is None:
             boundary = self.micro_steps % self.options.gradient_accumulation_steps == 0
@@ -171,7 +171,7 @@ class Engine(EngineStateMixin):
         count as never run, and the next backward starts the window afresh (the micro-step count returns to
         the last boundary). What a caller does after catching an error raised by backward (an out-of-memory
         error, say) before going on; see [Note: failed backward]. Params and optimizer state are untouched."""
-        self.settle()
+        self.wait_for_step()
         self.sharding.discard_window()
         self._window_backwards = 0
         self._loss_nonfinite = None
@@ -212,10 +212,10 @@ class Engine(EngineStateMixin):
         self.sharding.fused_step = self.shards.fused_step = True
         return True
 
-    def settle(self) -> None:
+    def wait_for_step(self) -> None:
         """Wait for an overlapped step to finish and publish every param (a no-op without overlap_step).
         Call it before reading params outside a forward after step() (e.g. model.state_dict())."""
-        self.sharding.settle()
+        self.sharding.wait_for_step()
 
     def close(self) -> None:
         """Finish a step in flight, release the nvme swap files now (they are also removed at garbage
@@ -225,7 +225,7 @@ class Engine(EngineStateMixin):
     # ---- accounting -----------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds per kind (model states and engine buffers; activations not included)."""
-        self.settle()
+        self.wait_for_step()
         return self.sharding.memory_bytes()
 
     # ---- checkpoint contract: collective-free unless noted ---------------------------------------------
@@ -237,7 +237,7 @@ class Engine(EngineStateMixin):
         """read(kind, name, start, stop) -> flat fp32 tensor. Loads master + optimizer state of the owned
         fragments and the params they fill. The optimizer step count comes from load_state_meta, not from
         "step" fragments."""
-        self.settle()
+        self.wait_for_step()
         self.sharding.load_fragment_state(read)
 
     def full_state_dict(self, dtype: torch.dtype | None = None):
@@ -246,7 +246,7 @@ class Engine(EngineStateMixin):
         dtype=None gives the params as the model holds them. Asking fp32 from a 16-bit model gives the fp32
         master, so the values are the exact optimizer weights, not rounded copies.
         """
-        self.settle()
+        self.wait_for_step()
         yield from self.sharding.full_params(dtype)
         for name, b in self._buffers:
             yield name, b.detach() if dtype is None or not b.is_floating_point() else b.detach().to(dtype)

@@ -54,19 +54,19 @@ class Sharding:
         self.fused_step = engine.options.optimizer.fused_step
         self.master_dtype = engine.master_dtype
 
-    def _narrow_grad_dtype(self, direct: bool) -> torch.dtype | None:
+    def _compute_grad_dtype(self, direct: bool) -> torch.dtype | None:
         """The dtype a window's grad shards start in when it is not fp32 ([Note: compute-dtype grads] in
-        grad_shards.py; plan.grads_in_compute_dtype decides), for GradShards(narrow_dtype=...); `direct`: the
+        grad_shards.py; plan.grads_in_compute_dtype decides), for GradShards(compute_dtype=...); `direct`: the
         strategy takes the world-size-1 direct path."""
-        o = self.options
-        narrow = plan.grads_in_compute_dtype(
+        options = self.options
+        in_compute_dtype = plan.grads_in_compute_dtype(
             direct,
-            o.precision.dtype,
-            o.gradient_accumulation_steps,
+            options.precision.dtype,
+            options.gradient_accumulation_steps,
             self.fused_step,
-            o.precision.master_dtype,
+            options.precision.master_dtype,
         )
-        return self.dtype if narrow else None
+        return self.dtype if in_compute_dtype else None
 
     # ---- hooks around forward and backward (no-ops unless a strategy needs them) ---------------------
     def begin_forward(self) -> None:
@@ -129,7 +129,7 @@ class Sharding:
         re-allocates at its first write ([Note: released grad shards] in grad_shards.py)."""
         self.grad_shards.release()
 
-    def settle(self) -> None:
+    def wait_for_step(self) -> None:
         """Finish a step still running in the background (only an overlapped step has one)."""
 
     def close(self) -> None:

@@ -78,7 +78,7 @@ class FlatSharding(Sharding):
             self.master_device,
             pin=pin,
             releasable=offload_device == "none",
-            narrow_dtype=self._narrow_grad_dtype(direct),
+            compute_dtype=self._compute_grad_dtype(direct),
         )
         # the sum of squares for the norm is taken from the reduced grads on the device while they are
         # still there, when those are the window's final values: saves a pass over the host shards.
@@ -140,7 +140,7 @@ class FlatSharding(Sharding):
         self.grad_shards.release()
 
         self._in_flight: OverlappedStep | None = None
-        """The step running in the background ([Note: overlapped step]); None when settled."""
+        """The step running in the background ([Note: overlapped step]); None when none runs."""
         self._step_executor: ThreadPoolExecutor | None = None
         if options.zero.offload_optimizer.overlap_step:
             self._step_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerolaunch-step")
@@ -189,7 +189,7 @@ class FlatSharding(Sharding):
     def close(self) -> None:
         """Finish a step in flight, release the nvme swap file now (it is also removed at garbage collection
         and at exit)."""
-        self.settle()
+        self.wait_for_step()
         if self._step_executor is not None:
             self._step_executor.shutdown(wait=True)
         self.shards.close()
@@ -197,7 +197,7 @@ class FlatSharding(Sharding):
     def _register_publish_hooks(self) -> None:
         """overlap_step: before a module's forward, publish the buckets of its own params; after the root's
         forward, everything ([Note: overlapped step]). A state_dict() of any module holding params (the root's
-        reaches each of them) settles first, so a checkpoint the user writes with torch holds this step's
+        reaches each of them) waits for the step first, so a checkpoint the user writes with torch holds this step's
         weights, not the previous one's."""
         slot_by_param = {id(self._named[s.name]): s for s in self.layout.params}
         for module in self.module.modules():
@@ -208,17 +208,17 @@ class FlatSharding(Sharding):
             ]
             if buckets:
                 module.register_forward_pre_hook(partial(self._publish_before_forward, min(buckets)))
-                module.register_state_dict_pre_hook(lambda *_: self.settle())
-        self.module.register_forward_hook(lambda *_: self.settle())
+                module.register_state_dict_pre_hook(lambda *_: self.wait_for_step())
+        self.module.register_forward_hook(lambda *_: self.wait_for_step())
 
     def _publish_before_forward(self, bucket: int, *_) -> None:
         if self._in_flight is not None:
             self._in_flight.publish_through(bucket)
 
-    def settle(self) -> None:
+    def wait_for_step(self) -> None:
         if self._in_flight is not None:
             in_flight, self._in_flight = self._in_flight, None
-            in_flight.settle()
+            in_flight.wait_for_step()
 
     def _broadcast_initial_state(self) -> None:
         """Every rank starts from rank 0's weights and buffers (builders may seed differently per rank)."""
@@ -283,7 +283,7 @@ class FlatSharding(Sharding):
                 # stage 0 all-reduces no norm: a bad loss travels as an inf in the grads it all-reduces
                 first = self.full_grads[0][:1]
                 first.add_(torch.where(loss_nonfinite, float("inf"), 0.0).to(first.dtype))
-            self.grad_shards.ensure_all()  # every shard element is written by the reduction below
+            self.grad_shards.prepare_all_writes()  # every shard element is written by the reduction below
             device_sq = reducer.reduce_full_grads(
                 self.layout,
                 self.full_grads,
@@ -299,7 +299,7 @@ class FlatSharding(Sharding):
             for g in self.full_grads:
                 g.zero_()
         self._await_host_grads()
-        self.grad_shards.ensure_zeroed()  # segments no gradient reached in this window (e.g. no backward)
+        self.grad_shards.zero_unwritten()  # segments no gradient reached in this window (e.g. no backward)
         # stage 0 put a bad loss into its grads above, unless they went straight to the shards
         return device_sq, loss_nonfinite if self.stage > 0 or not self.full_grads else None
 

@@ -201,7 +201,7 @@ class BackwardReducer:
             bucket = self.layout.buckets[slot.bucket]
             # here, on the compute stream, not in _accumulate (which may run on the reduce stream): the
             # block then belongs to the stream that frees it after the step.
-            self.shards.ensure(self._segment[bucket.index])
+            self.shards.prepare_write(self._segment[bucket.index])
             staging = self._staging_for(bucket)
             with torch.no_grad():
                 staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
@@ -273,7 +273,7 @@ class BackwardReducer:
 
     def finish_backward(self) -> None:
         """Issue every bucket not yet issued (grads missing this micro-step count as zero), await all."""
-        self.shards.ensure_all()
+        self.shards.prepare_all_writes()
         for index in self.pool.unissued():
             self._issue(self.layout.buckets[index])
         while self.pool.in_flight:

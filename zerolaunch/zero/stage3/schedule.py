@@ -168,7 +168,7 @@ class Stage3Schedule:
             flat.gather(self.group, stream=self.gather_stream, stats=self.stats)
             self.peak_live_numel = max(self.peak_live_numel, self.live_numel())
 
-    def ensure(self, k: int) -> None:
+    def gather_and_wait(self, k: int) -> None:
         """Unit k is gathered and readable on the compute stream."""
         flat = self.flats[k]
         if flat is None:
@@ -201,7 +201,7 @@ class Stage3Schedule:
         if self.phase is not SchedulePhase.BACKWARD:
             self.phase = SchedulePhase.FORWARD
             self.calls = [ROOT]
-            self.ensure(ROOT)
+            self.gather_and_wait(ROOT)
             self._prefetch(self.predicted[1:])
 
     def end_forward(self) -> None:
@@ -217,10 +217,10 @@ class Stage3Schedule:
 
     def _pre_forward(self, k: int, module, args) -> None:
         if self.phase is SchedulePhase.BACKWARD:  # activation-checkpoint recompute: pre_backward gathered it
-            self.ensure(k)
+            self.gather_and_wait(k)
             return
         self.calls.append(k)
-        self.ensure(k)
+        self.gather_and_wait(k)
         self._prefetch(self.predicted[len(self.calls) :])
 
     def _post_forward(self, k: int, module, args, output):
@@ -270,10 +270,10 @@ class Stage3Schedule:
         self.phase = SchedulePhase.BACKWARD
         self._bwd_seq = list(reversed(self.calls))
         self._bwd_pos = 0
-        self.ensure(ROOT)
+        self.gather_and_wait(ROOT)
 
     def _pre_backward(self, k: int, grad):
-        self.ensure(k)
+        self.gather_and_wait(k)
         while self._bwd_pos < len(self._bwd_seq) and self._bwd_seq[self._bwd_pos] != k:
             self._bwd_pos += 1
         self._prefetch(self._bwd_seq[self._bwd_pos + 1 :])
@@ -305,10 +305,10 @@ class Stage3Schedule:
             else:
                 self._issue_ready()
 
-    def _ensure_grad_segments(self, flat: UnitFlat) -> None:
+    def _prepare_grad_writes(self, flat: UnitFlat) -> None:
         """Before a write into the unit's grad shard, on the compute stream (which writes and later frees it)."""
         for segment in flat.grad_segments:
-            self.grad_shards.ensure(segment)
+            self.grad_shards.prepare_write(segment)
 
     def _issue_ready(self) -> None:
         while self.next_issue < len(self.reduce_order) and self.ready[self.reduce_order[self.next_issue]]:
@@ -330,7 +330,7 @@ class Stage3Schedule:
         flat, work = self.inflight.popleft()
         k = flat.index
         accumulate = self._window[k] is GradWindow.ACCUMULATING
-        self._ensure_grad_segments(flat)
+        self._prepare_grad_writes(flat)
         if accumulate and self._host_staging is None and flat.grad_views[0].device != self.device:
             numel = max(f.shard_numel for f in self.flats if f is not None)
             self._host_staging = host.zeros(numel, flat.grad_views[0].device, pin=True)

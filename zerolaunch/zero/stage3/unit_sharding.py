@@ -166,7 +166,7 @@ class UnitSharding(UnitStateMixin, Sharding):
             self.master_device,
             pin=z.offload_optimizer.pin_memory,
             releasable=z.offload_optimizer.device == "none",
-            narrow_dtype=self._narrow_grad_dtype(direct),
+            compute_dtype=self._compute_grad_dtype(direct),
         )
         self.shards = ShardOptimizer(
             self.options.optimizer,
@@ -315,7 +315,7 @@ class UnitSharding(UnitStateMixin, Sharding):
 
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
         self._await_host_grads()
-        self.grad_shards.ensure_zeroed()  # segments no grad reached in this window (e.g. no backward)
+        self.grad_shards.zero_unwritten()  # segments no grad reached in this window (e.g. no backward)
         device_sq = self.schedule.take_grad_sq()
         # summed per unit reduce, i.e. per backward (asked for at accumulation 1 only): the window's norm
         # only when the window is one backward; a caller-set boundary can make it several.
