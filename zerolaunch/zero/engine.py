@@ -25,7 +25,7 @@ from .option_rules import why_not_fused
 from .options import EngineOptions
 from .protocol import DTYPES, StepInfo, validate_options
 from .sched import LRSchedule, groups_description
-from .sharding import Sharding
+from .sharding import Sharding, StrategyContext
 
 
 def sharding_for(stage: int) -> type[Sharding]:
@@ -70,15 +70,25 @@ class Engine(EngineStateMixin):
         self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
         self.master_device = host.master_device(options.zero.offload_optimizer, self.device)
 
-        self.sharding: Sharding = sharding_for(self.stage)(
-            self, model, init_fn=init_fn, param_groups=param_groups
+        context = StrategyContext(
+            options=options,
+            group=group,
+            device=self.device,
+            rank=self.rank,
+            world_size=self.world_size,
+            dtype=self.dtype,
+            comm_dtype=self.comm_dtype,
+            master_device=self.master_device,
+            master_dtype=self.master_dtype,
+            comm=self.comm_context,
+            stats=self.comm_stats,
         )
-        s = self.sharding
-        self.module = s.module
-        # what the checkpoint side (engine_state.py) reads, set up by either strategy
-        self._named, self._aliases, self._frozen, self._buffers = s._named, s._aliases, s._frozen, s._buffers
-        self.shards = s.shards
-        self.num_groups = s.num_groups
+        self.sharding: Sharding = sharding_for(self.stage)(
+            context, model, init_fn=init_fn, param_groups=param_groups
+        )
+        self.module = self.sharding.module
+        self.shards = self.sharding.shards
+        self.num_groups = self.sharding.num_groups
 
         self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
         self.scheduler.check_groups(
@@ -143,9 +153,7 @@ class Engine(EngineStateMixin):
         device_sq, loss_nonfinite = self.sharding.finish_window(loss_nonfinite, backwards)
         loss_scale = self.scaler.scale
         scaling = check_and_scale(
-            device_sq
-            if device_sq is not None
-            else sum_of_squares(self.sharding.grad_shards.window_tensors()),
+            device_sq if device_sq is not None else sum_of_squares(self.sharding.window_grad_tensors()),
             self.group,
             sharded=self.stage > 0,
             loss_scale=loss_scale,
@@ -209,7 +217,7 @@ class Engine(EngineStateMixin):
         if why_not_fused(self.options) is not None:
             return False
         self.options = replace(self.options, optimizer=replace(self.options.optimizer, fused_step=True))
-        self.sharding.fused_step = self.shards.fused_step = True
+        self.shards.fused_step = True  # the strategy read the option once, at construction
         return True
 
     def wait_for_step(self) -> None:
@@ -248,5 +256,5 @@ class Engine(EngineStateMixin):
         """
         self.wait_for_step()
         yield from self.sharding.full_params(dtype)
-        for name, b in self._buffers:
+        for name, b in self.sharding.model_buffers:
             yield name, b.detach() if dtype is None or not b.is_floating_point() else b.detach().to(dtype)

@@ -22,17 +22,17 @@ class EngineStateMixin:
                 tuple(p.shape),
                 str(p.dtype).removeprefix("torch.") if not p.requires_grad else dtype_name,
                 p.requires_grad,
-                self._aliases.get(name, ()),
+                self.sharding.aliases.get(name, ()),
             )
-            for name, p in self._named.items()
+            for name, p in self.sharding.named_params.items()
         ]
 
     def replicated_state(self) -> dict[str, torch.Tensor]:
-        return {name: t.detach() for name, t in self._frozen + self._buffers}
+        return {name: t.detach() for name, t in self.sharding.frozen_params + self.sharding.model_buffers}
 
     @torch.no_grad()
     def load_replicated_state(self, state: dict[str, torch.Tensor]) -> None:
-        expected = {name: t for name, t in self._frozen + self._buffers}
+        expected = {name: t for name, t in self.sharding.frozen_params + self.sharding.model_buffers}
         missing = sorted(set(expected) - set(state))
         unknown = sorted(set(state) - set(expected))
         if missing or unknown:

@@ -22,6 +22,7 @@ It does not own the optimizer, the step or the checkpoint contract (engine.py).
 from __future__ import annotations
 
 from collections import deque
+from typing import Protocol
 
 import torch
 
@@ -133,6 +134,34 @@ def reduce_full_grads(
     while issued:
         complete_oldest()
     return grad_sq
+
+
+class GradReducer(Protocol):
+    """What FlatSharding drives in backward, whichever way grads reach the fp32 shards: `BackwardReducer`
+    (stage 2) or `DirectAccumulator` (world size 1)."""
+
+    issued_count: int
+    """Reduce-scatters issued since construction (tests read it from inside backward)."""
+
+    @property
+    def staging_bytes(self) -> int: ...
+
+    @property
+    def busy(self) -> bool:
+        """A backward of this micro-step has written grads that finish_backward has not drained yet."""
+        ...
+
+    def hook_for(self, slot: ParamSlot):
+        """The post-accumulate-grad hook of the param in `slot`."""
+        ...
+
+    def finish_backward(self) -> None: ...
+
+    def take_grad_sq(self) -> torch.Tensor | None: ...
+
+    def reset_accumulation(self) -> None: ...
+
+    def discard(self) -> None: ...
 
 
 class BackwardReducer:
@@ -313,7 +342,7 @@ class DirectAccumulator:
     dtype; the engine takes this path for stages 0/1 only where that is exact: fp32 or one micro-step.)
     It needs the shards on the compute device (no offload): per-param host copies would be slow. With one
     micro-step per window a 16-bit model's grads stay in the compute dtype (GradShards.write, [Note:
-    compute-dtype grads] in ../grad_shards.py). The interface is BackwardReducer's.
+    compute-dtype grads] in ../grad_shards.py). A GradReducer.
     """
 
     def __init__(self, layout: Layout, shards: GradShards):
@@ -328,7 +357,7 @@ class DirectAccumulator:
         self._window = [GradWindow.FRESH] * len(layout.params)
         self._seen_this_backward = False
         self.issued_count = 0
-        """Always 0: nothing is reduced (kept for BackwardReducer's interface)."""
+        """Always 0: nothing is reduced."""
 
     staging_bytes = 0
 
