@@ -30,6 +30,7 @@ from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
 from ..param_groups import collect_aliases, collect_params, optimizer_groups
 from ..sharding import Sharding, StrategyContext, nbytes
 from . import reducer
+from .full_grads import FullGrads
 
 
 class FlatSharding(Sharding):
@@ -111,32 +112,7 @@ class FlatSharding(Sharding):
         buffers = self.flat_params.buffers
         self.shards.initialize(lambda c, master: master.copy_(self._chunk_of_params(buffers, c)))
 
-        self.full_grads: list[torch.Tensor] = []
-        self.reducer: reducer.GradReducer | None = None
-        if direct:
-            self.reducer = reducer.DirectAccumulator(self.layout, self.grad_shards)
-            self._hook_handles = [
-                self.named_params[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
-                for slot in self.layout.params
-            ]
-        elif self.ctx.stage in (0, 1):
-            # autograd accumulates in place into an existing .grad of matching shape: the views persist.
-            self.full_grads = [torch.zeros_like(b) for b in self.flat_params.buffers]
-            for slot in self.layout.params:
-                self.named_params[slot.name].grad = self.flat_params.param_view(self.full_grads, slot)
-        else:
-            self.reducer = reducer.BackwardReducer(
-                self.layout,
-                self.grad_shards,
-                self.ctx.comm,
-                comm_dtype=self.ctx.comm_dtype,
-                stats=self.ctx.stats,
-                track_grad_sq=self._device_grad_sq,
-            )
-            self._hook_handles = [
-                self.named_params[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
-                for slot in self.layout.params
-            ]
+        self.reducer = self._build_grad_path(direct)
         # not held before the first backward either (the reducers' views above are taken): the first
         # forward's peak is then every step's peak
         self.grad_shards.release()
@@ -153,6 +129,36 @@ class FlatSharding(Sharding):
             self._register_publish_hooks()
 
     # ---- init -----------------------------------------------------------------------------------------
+    def _build_grad_path(self, direct: bool) -> reducer.GradPath:
+        """How grads reach the fp32 shards, chosen once: straight from their hooks at world size 1, reduced
+        from their hooks per bucket in stage 2, through full-size grad buffers reduced at the boundary in
+        stages 0/1."""
+        if direct:
+            path = reducer.DirectAccumulator(self.layout, self.grad_shards)
+        elif self.ctx.stage in (0, 1):
+            return FullGrads(
+                self.layout,
+                self.flat_params,
+                self.named_params,
+                self.grad_shards,
+                self.ctx,
+                track_grad_sq=self._device_grad_sq,
+            )
+        else:
+            path = reducer.BackwardReducer(
+                self.layout,
+                self.grad_shards,
+                self.ctx.comm,
+                comm_dtype=self.ctx.comm_dtype,
+                stats=self.ctx.stats,
+                track_grad_sq=self._device_grad_sq,
+            )
+        self._hook_handles = [
+            self.named_params[slot.name].register_post_accumulate_grad_hook(path.hook_for(slot))
+            for slot in self.layout.params
+        ]
+        return path
+
     def _master_is_params(self, options) -> bool:
         """[Note: master is params]
         Where this rank steps whole buckets (stage 0, or one rank: `_params_written_directly`) and the master
@@ -225,79 +231,28 @@ class FlatSharding(Sharding):
 
     # ---- training step --------------------------------------------------------------------------------
     def begin_backward(self) -> None:
-        self._reattach_grad_views()
+        self.reducer.begin_backward()
 
     def finish_backward(self) -> None:
         """Stage 2 reduces as grads arrive: wait for the last buckets."""
-        if self.reducer is not None:
-            self.reducer.finish_backward()
-
-    @torch.no_grad()
-    def _reattach_grad_views(self) -> None:
-        """Stages 0/1: param.grad must be the view into the flat grad buffer; model.zero_grad() (set_to_none)
-        or code that assigns .grad would otherwise make autograd write grads the engine never reduces."""
-        if not self.full_grads:
-            return
-        for slot in self.layout.params:
-            param = self.named_params[slot.name]
-            view = self.flat_params.param_view(self.full_grads, slot)
-            grad = param.grad
-            if grad is not None and grad.data_ptr() == view.data_ptr():
-                continue
-            if grad is None:
-                view.zero_()  # set_to_none meant "no gradient so far"
-            else:
-                view.copy_(grad)
-            param.grad = view
+        self.reducer.finish_backward()
 
     @torch.no_grad()
     def discard_window(self) -> None:
-        if self.reducer is not None:
-            self.reducer.discard()
         self._drop_param_grads()
-        self._reattach_grad_views()  # stages 0/1: every param.grad is its flat view again, zeroed
+        self.reducer.discard()
         self.grad_shards.release()
 
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
-        if self.reducer is not None:
-            if self.reducer.busy:
-                self.reducer.finish_backward()
-            device_sq = self.reducer.take_grad_sq()
-            if backwards != 1:
-                # stage 2 sums squares per backward (asked for at accumulation 1 only): the window's norm
-                # only when the window is one backward; a caller-set boundary can make it several.
-                device_sq = None
-        else:
-            self._reattach_grad_views()
-            if self.ctx.stage == 0 and loss_nonfinite is not None:
-                # stage 0 all-reduces no norm: a bad loss travels as an inf in the grads it all-reduces
-                first = self.full_grads[0][:1]
-                first.add_(torch.where(loss_nonfinite, float("inf"), 0.0).to(first.dtype))
-            self.grad_shards.prepare_all_writes()  # every shard element is written by the reduction below
-            device_sq = reducer.reduce_full_grads(
-                self.layout,
-                self.full_grads,
-                self.grad_shards,
-                self.ctx.group,
-                rank=self.ctx.rank,
-                sharded=self.ctx.stage == 1,
-                comm_dtype=self.ctx.comm_dtype,
-                comm_device=self.ctx.device,
-                stats=self.ctx.stats,
-                track_grad_sq=self._device_grad_sq,
-            )
-            for g in self.full_grads:
-                g.zero_()
+        device_sq, loss_nonfinite = self.reducer.finish_window(loss_nonfinite, backwards)
         self._await_host_grads()
         self.grad_shards.zero_unwritten()  # segments no gradient reached in this window (e.g. no backward)
-        # stage 0 put a bad loss into its grads above, unless they went straight to the shards
-        return device_sq, loss_nonfinite if self.ctx.stage > 0 or not self.full_grads else None
+        return device_sq, loss_nonfinite
 
     def reset_accumulation(self) -> None:
         # every grad shard element is overwritten by the next window's first reduction (stages 0/1 at the
         # boundary, stage 2 on its first micro-step): no zeroing pass over the shards.
-        if self.reducer is not None:
-            self.reducer.reset_accumulation()
+        self.reducer.reset_accumulation()
 
     def step_and_publish(self, grad_multiplier: torch.Tensor | None, lr: float) -> None:
         if self._step_executor is not None:
@@ -431,8 +386,8 @@ class FlatSharding(Sharding):
     def memory_bytes(self) -> dict[str, int]:
         out = {
             "params": nbytes(self.flat_params.buffers) + nbytes([p for _, p in self.frozen_params]),
-            "grads": nbytes(self.full_grads) + self.grad_shards.capacity_bytes,
-            "buckets": self.reducer.staging_bytes if self.reducer is not None else 0,
+            "grads": self.reducer.full_grad_bytes + self.grad_shards.capacity_bytes,
+            "buckets": self.reducer.staging_bytes,
         }
         # under nvme "optimizer" is the host staging buffers and "nvme" the bytes on disk.
         return {**out, **self.shards.memory_bytes()}

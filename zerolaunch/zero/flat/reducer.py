@@ -5,7 +5,7 @@ whose slices are the model's parameters (`FlatParams`), the arithmetic from a bu
 whole bucket, the slice a rank owns, the matching piece of the rank's flat shard), and the two ways
 gradients reach the fp32 shards:
 
-- `reduce_full_grads` (stages 0/1): at the accumulation boundary, every bucket of the full gradient
+- full_grads.py `FullGrads` (stages 0/1): at the accumulation boundary, every bucket of the full gradient
   buffer is reduce-scattered (stage 1) or all-reduced (stage 0) and averaged over the ranks.
 - `BackwardReducer` (stage 2): during backward, a bucket's reduce-scatter is issued the moment its last
   gradient is ready (post-accumulate-grad hooks); the full gradient is copied into a staging buffer and
@@ -82,69 +82,40 @@ class FlatParams:
         return flats[slot.group][start : start + slot.numel].view(slot.shape)
 
 
-def reduce_full_grads(
-    layout: Layout,
-    full_grads: list[torch.Tensor],
-    shards: GradShards,
-    group,
-    *,
-    rank: int,
-    sharded: bool,
-    comm_dtype: torch.dtype,
-    comm_device: torch.device,
-    stats: comm.CommStats,
-    max_in_flight: int = 2,
-    track_grad_sq: bool = False,
-) -> torch.Tensor | None:
-    """Stages 0/1, at the boundary: shards (fp32) <- the rank's averaged slice of every bucket (overwritten;
-    the caller ensured every segment is allocated).
-
-    sharded=True reduce-scatters (stage 1); sharded=False all-reduces the whole bucket (stage 0, where the
-    layout was planned for one rank, so the "slice" is the bucket). At most `max_in_flight` buckets are
-    outstanding, which bounds the comm-dtype copies (e.g. fp32 copies of bf16 grads) to that many buckets.
-    track_grad_sq: also return the sum of squares of what this rank received, taken on comm_device before
-    the copy to the shards (saves the norm a pass over offloaded shards).
-    """
-    world = comm.world_size(group)
-    issued: deque = deque()
-    grad_sq = torch.zeros((), dtype=torch.float32, device=comm_device) if track_grad_sq else None
-
-    def complete_oldest() -> None:
-        bucket, out, pending = issued.popleft()
-        pending.wait()
-        if not sharded and world > 1:
-            out.div_(world)
-        if grad_sq is not None:
-            grad_sq.add_(sum_of_squares([out]))
-        host.to_host(grad_shard_view(layout, shards, bucket), out, accumulate=False)
-
-    for bucket in layout.buckets:
-        src = bucket_view(full_grads, bucket)
-        if src.dtype != comm_dtype or src.device != comm_device:
-            src = src.to(comm_device, dtype=comm_dtype)
-        if sharded:
-            out = torch.empty(bucket.shard_numel, dtype=comm_dtype, device=comm_device)
-            pending = comm.reduce_scatter(out, src, group, stats=stats, async_op=True, average=True)
-        else:
-            out = src
-            pending = comm.all_reduce(out, group, op="sum", stats=stats, async_op=True)
-        issued.append((bucket, out, pending))
-        if len(issued) > max_in_flight:
-            complete_oldest()
-    while issued:
-        complete_oldest()
-    return grad_sq
-
-
-class GradReducer(Protocol):
-    """What FlatSharding drives in backward, whichever way grads reach the fp32 shards: `BackwardReducer`
-    (stage 2) or `DirectAccumulator` (world size 1)."""
+class GradPath(Protocol):
+    """How grads reach the fp32 shards in stages 0-2, chosen once at construction (FlatSharding): a
+    `BackwardReducer` (stage 2), a `DirectAccumulator` (world size 1) or full_grads.FullGrads (stages 0/1)."""
 
     issued_count: int
-    """Reduce-scatters issued since construction (tests read it from inside backward)."""
+    """Reduce-scatters issued from backward since construction (tests read it from inside backward)."""
 
     @property
     def staging_bytes(self) -> int: ...
+
+    @property
+    def full_grad_bytes(self) -> int:
+        """Bytes of full-size grad buffers held between backward and the boundary (stages 0/1)."""
+        ...
+
+    def begin_backward(self) -> None: ...
+
+    def finish_backward(self) -> None: ...
+
+    def finish_window(
+        self, loss_nonfinite: torch.Tensor | None, backwards: int
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """At the boundary, the window's grads into the shards: Sharding.finish_window's answer, before the
+        host sync and the zeroing of unwritten segments."""
+        ...
+
+    def reset_accumulation(self) -> None: ...
+
+    def discard(self) -> None: ...
+
+
+class GradReducer(GradPath, Protocol):
+    """A GradPath whose post-accumulate-grad hooks take each grad as it arrives: `BackwardReducer` (stage 2)
+    or `DirectAccumulator` (world size 1)."""
 
     @property
     def busy(self) -> bool:
@@ -155,16 +126,27 @@ class GradReducer(Protocol):
         """The post-accumulate-grad hook of the param in `slot`."""
         ...
 
-    def finish_backward(self) -> None: ...
-
     def take_grad_sq(self) -> torch.Tensor | None: ...
 
-    def reset_accumulation(self) -> None: ...
 
-    def discard(self) -> None: ...
+class _HookedReducer:
+    """What both hooked reducers do the same way at the boundary and outside backward."""
+
+    full_grad_bytes = 0
+
+    def begin_backward(self) -> None:
+        pass
+
+    def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
+        if self.busy:
+            self.finish_backward()
+        device_sq = self.take_grad_sq()
+        # summed per backward (asked for at accumulation 1 only): the window's norm only when the window is
+        # one backward; a caller-set boundary can make it several.
+        return (device_sq if backwards == 1 else None), loss_nonfinite
 
 
-class BackwardReducer:
+class BackwardReducer(_HookedReducer):
     """Stage 2: per-bucket reduce-scatter issued from post-accumulate-grad hooks during backward.
 
     [Note: stage-2 buffers] A bucket takes a staging buffer (comm dtype, the bucket's padded size, zeroed, so
@@ -328,7 +310,7 @@ class BackwardReducer:
         return self.pool.busy
 
 
-class DirectAccumulator:
+class DirectAccumulator(_HookedReducer):
     """World size 1: every gradient goes straight into its slice of the fp32 shard, from its hook.
 
     [Note: world size 1] With one rank a reduce-scatter or all-reduce is the identity, so the staging
