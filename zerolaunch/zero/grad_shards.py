@@ -42,11 +42,26 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from .optim import host
 from .plan import GradSegment
+
+
+@dataclass(slots=True)
+class SegmentState:
+    """Where one segment stands between two steps (`GradShards.state`)."""
+
+    fp32_held: bool
+    """The fp32 tensor's storage is allocated."""
+    compute_held: bool
+    """Compute-dtype mode: the compute-dtype tensor's storage is allocated."""
+    in_fp32: bool
+    """This window's grads are in the fp32 tensor (else in the compute-dtype one)."""
+    written: bool = False
+    """prepare_write() was called since the last step's release()."""
 
 
 class GradSlice:
@@ -101,18 +116,20 @@ class GradShards:
         self.compute_tensors: list[torch.Tensor] | None = None
         """Compute-dtype mode: one tensor per segment in compute_dtype."""
         self._nbytes = [4 * s.numel for s in self.segments]
-        self._held = [True] * len(self.segments)
+        self._compute_nbytes = [0] * len(self.segments)
         self._fp32_from_start = compute_dtype is None
-        self._in_fp32 = [self._fp32_from_start] * len(self.segments)
-        """Per segment: this window's grads are in the fp32 tensor (else in the compute-dtype one)."""
         if compute_dtype is not None:
             self.compute_tensors = [
                 torch.empty(s.numel, dtype=compute_dtype, device=device) for s in self.segments
             ]
             self._compute_nbytes = [t.numel() * t.element_size() for t in self.compute_tensors]
-            self._compute_held = [True] * len(self.segments)
-        self._written = [False] * len(self.segments)
-        """Written (prepare_write() called) since the last step's release()."""
+        self.state = [
+            SegmentState(
+                fp32_held=True, compute_held=compute_dtype is not None, in_fp32=self._fp32_from_start
+            )
+            for _ in self.segments
+        ]
+        """One record per segment."""
 
     # ---- where an element lives ----------------------------------------------------------------------
     def index_of(self, group: int, offset: int) -> int:
@@ -157,7 +174,7 @@ class GradShards:
         return self._window_tensor(i)[start : start + numel]
 
     def _window_tensor(self, index: int) -> torch.Tensor:
-        return self.tensors[index] if self._in_fp32[index] else self.compute_tensors[index]
+        return self.tensors[index] if self.state[index].in_fp32 else self.compute_tensors[index]
 
     # ---- writes ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -165,9 +182,9 @@ class GradShards:
         """`where` <- grad (accumulate=False: its exact copy or upcast) or += grad (in fp32: a compute-dtype
         segment is promoted first, [Note: compute-dtype grads]). grad: flat, where's numel, any float dtype."""
         self.prepare_write(where.segment)
-        if accumulate and not self._in_fp32[where.segment]:
+        if accumulate and not self.state[where.segment].in_fp32:
             self._promote(where.segment)
-        dst = where.fp32 if self._in_fp32[where.segment] else where.compute
+        dst = where.fp32 if self.state[where.segment].in_fp32 else where.compute
         if accumulate:
             dst.add_(grad)
         else:
@@ -177,7 +194,7 @@ class GradShards:
     def zero(self, where: GradSlice) -> None:
         """`where` reads zeros in this window (a param that got no gradient)."""
         self.prepare_write(where.segment)
-        (where.fp32 if self._in_fp32[where.segment] else where.compute).zero_()
+        (where.fp32 if self.state[where.segment].in_fp32 else where.compute).zero_()
 
     def _promote(self, index: int) -> None:
         """Segment `index` holds this window's grads in fp32 from now on: its compute-dtype values, copied up
@@ -185,8 +202,8 @@ class GradShards:
         self._hold_fp32(index)
         self.tensors[index].copy_(self.compute_tensors[index])
         self.compute_tensors[index].untyped_storage().resize_(0)
-        self._compute_held[index] = False
-        self._in_fp32[index] = True
+        self.state[index].compute_held = False
+        self.state[index].in_fp32 = True
 
     # ---- memory --------------------------------------------------------------------------------------
     def prepare_write(self, index: int) -> None:
@@ -194,17 +211,17 @@ class GradShards:
         it written in this window. Call on the compute stream, which frees it after the step, so the block
         belongs to that stream's pool; a write on a side stream (stage 2's reduce stream) is ordered after
         this by comm's waits ([Note: comm streams])."""
-        if self._in_fp32[index]:
+        if self.state[index].in_fp32:
             self._hold_fp32(index)
-        elif not self._compute_held[index]:
+        elif not self.state[index].compute_held:
             self.compute_tensors[index].untyped_storage().resize_(self._compute_nbytes[index])
-            self._compute_held[index] = True
-        self._written[index] = True
+            self.state[index].compute_held = True
+        self.state[index].written = True
 
     def _hold_fp32(self, index: int) -> None:
-        if not self._held[index]:
+        if not self.state[index].fp32_held:
             self.tensors[index].untyped_storage().resize_(self._nbytes[index])
-            self._held[index] = True
+            self.state[index].fp32_held = True
 
     def prepare_all_writes(self) -> None:
         for i in range(len(self.segments)):
@@ -213,8 +230,8 @@ class GradShards:
     def zero_unwritten(self) -> None:
         """Before the step reads the shards: a segment no write reached this window reads zeros (a released
         one instead of freed memory, a host one instead of the last window's grads)."""
-        for i, written in enumerate(self._written):
-            if not written:
+        for i, state in enumerate(self.state):
+            if not state.written:
                 self.prepare_write(i)
                 self._window_tensor(i).zero_()
 
@@ -223,17 +240,18 @@ class GradShards:
         unwritten, and device segments are freed (the step's kernels are queued on the current stream, whose
         allocator pool gets the blocks back: later work on that stream is ordered after them). Host segments
         stay allocated, also while an overlapped step still reads them."""
-        self._written = [False] * len(self.segments)
-        self._in_fp32 = [self._fp32_from_start] * len(self.segments)
+        for state in self.state:
+            state.written = False
+            state.in_fp32 = self._fp32_from_start
         if not self.releasable:
             return
         for i, t in enumerate(self.tensors):
-            if self._held[i]:
+            if self.state[i].fp32_held:
                 t.untyped_storage().resize_(0)
-                self._held[i] = False
-            if self.compute_tensors is not None and self._compute_held[i]:
+                self.state[i].fp32_held = False
+            if self.compute_tensors is not None and self.state[i].compute_held:
                 self.compute_tensors[i].untyped_storage().resize_(0)
-                self._compute_held[i] = False
+                self.state[i].compute_held = False
 
     @property
     def capacity_bytes(self) -> int:
@@ -244,7 +262,7 @@ class GradShards:
 
     @property
     def held_bytes(self) -> int:
-        held = sum(n for n, h in zip(self._nbytes, self._held, strict=True) if h)
-        if self.compute_tensors is not None:
-            held += sum(n for n, h in zip(self._compute_nbytes, self._compute_held, strict=True) if h)
-        return held
+        return sum(
+            fp32 * s.fp32_held + compute * s.compute_held
+            for fp32, compute, s in zip(self._nbytes, self._compute_nbytes, self.state, strict=True)
+        )

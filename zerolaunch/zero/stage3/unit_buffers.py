@@ -44,7 +44,7 @@ import enum
 import torch
 
 from .. import comm
-from ..grad_shards import GradSlice
+from ..grad_shards import GradShards, GradSlice
 from ..layout import Fragment, ParamSpec
 from ..optim import host
 from ..optim.nvme_store import SwapStore
@@ -147,6 +147,36 @@ class UnitFlat:
 
     def bucket_shard(self, shard: torch.Tensor, i: int) -> torch.Tensor:
         return shard[self.shard_offsets[i] : self.shard_offsets[i] + self.buckets[i].shard_numel]
+
+    # ---- where this unit's shards sit in the per-group master and grad shards --------------------------
+    def place_in_master(self, cursor: list[int]) -> None:
+        """Each bucket's shard goes at `cursor[group]` of its group's fp32 master (and grad shard), which
+        advances past it."""
+        self.master_offsets = []
+        for b in self.buckets:
+            self.master_offsets.append(cursor[b.group])
+            cursor[b.group] += b.shard_numel
+
+    def attach_grad_shards(self, grad_shards: GradShards, *, per_param: bool) -> None:
+        """Take this unit's views into the fp32 grad shards (after place_in_master, while the segments are
+        held): each bucket's view and segment, and with `per_param` (world size 1, where a bucket's shard is
+        the whole bucket: [Note: direct grads] in schedule.py) each param's slice."""
+        self.grad_views = [
+            grad_shards.view(b.group, self.master_offsets[i], b.shard_numel)
+            for i, b in enumerate(self.buckets)
+        ]
+        self.grad_segments = [
+            grad_shards.index_of(b.group, self.master_offsets[i]) for i, b in enumerate(self.buckets)
+        ]
+        if per_param:
+            self.grad_slices = {
+                name: grad_shards.slice(
+                    self.buckets[slot.bucket].group,
+                    self.master_offsets[slot.bucket] + slot.offset,
+                    slot.numel,
+                )
+                for name, slot in self.slots.items()
+            }
 
     # ---- this rank's shard, resident or swapped ------------------------------------------------------------
     def attach_swap(self, store: SwapStore, chunk: int) -> None:

@@ -141,11 +141,12 @@ class UnitSharding(UnitStateMixin, Sharding):
         for flat in self.flats:
             if flat is None:
                 continue
+            flat.place_in_master(cursor)
             for i, b in enumerate(flat.buckets):
-                flat.master_offsets.append(cursor[b.group])
-                pieces.append(Chunk(b.group, cursor[b.group], b.shard_numel, owner=len(self._bucket_refs)))
+                pieces.append(
+                    Chunk(b.group, flat.master_offsets[i], b.shard_numel, owner=len(self._bucket_refs))
+                )
                 self._bucket_refs.append((flat, i))
-                cursor[b.group] += b.shard_numel
         # on the compute device each unit bucket's grad shard is allocated by its first reduce of a window
         # and freed after the step ([Note: released grad shards] in ../grad_shards.py)
         direct = self._accumulates_directly(self.ctx.options)
@@ -175,18 +176,7 @@ class UnitSharding(UnitStateMixin, Sharding):
         for flat in self.flats:
             if flat is None:
                 continue
-            for i, b in enumerate(flat.buckets):
-                flat.grad_views.append(self.grad_shards.view(b.group, flat.master_offsets[i], b.shard_numel))
-                flat.grad_segments.append(self.grad_shards.index_of(b.group, flat.master_offsets[i]))
-            if direct:  # world size 1 (a bucket's shard is the whole bucket): each param's slice
-                flat.grad_slices = {
-                    name: self.grad_shards.slice(
-                        flat.buckets[slot.bucket].group,
-                        flat.master_offsets[slot.bucket] + slot.offset,
-                        slot.numel,
-                    )
-                    for name, slot in flat.slots.items()
-                }
+            flat.attach_grad_shards(self.grad_shards, per_param=direct)
             if self.gathers_from_master:  # views into the device-resident master (offload_optimizer none)
                 flat.attach_master(
                     [
