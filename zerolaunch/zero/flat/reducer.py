@@ -21,7 +21,6 @@ It does not own the optimizer, the step or the checkpoint contract (engine.py).
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Protocol
 
 import torch
@@ -30,8 +29,7 @@ from .. import comm, plan
 from ..grad_shards import GradShards
 from ..layout import BucketPlan, Layout, ParamSlot
 from ..optim import host
-from ..optim.torch_optim import sum_of_squares
-from ..sharding import GradWindow
+from ..reduce import DirectWrites, ReducePipeline, ReduceWork
 
 
 def bucket_view(flats: list[torch.Tensor], bucket: BucketPlan) -> torch.Tensor:
@@ -190,14 +188,23 @@ class BackwardReducer(_HookedReducer):
         self.stream = context.reduce_stream
         self._buffer_numel = max((b.padded_numel for b in layout.buckets), default=0)
         self._free: list[torch.Tensor] = []
-        self._staging: dict[int, torch.Tensor] = {}
-        self._inflight: deque = deque()
-        self._window = [GradWindow.FRESH] * len(layout.buckets)
-        self._host_staging: torch.Tensor | None = None
-        self._track_grad_sq = track_grad_sq
-        self._grad_sq: torch.Tensor | None = None
-        self.issued_count = 0
+        self._staging: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        """bucket index -> (the staging buffer, the bucket's view of it) while the bucket is staged."""
+        self.pipeline = ReducePipeline(
+            len(layout.buckets),
+            self._write_shard,
+            device=self.device,
+            shard_device=shards.tensors[0].device if shards.tensors else self.device,
+            host_staging_numel=max((b.shard_numel for b in layout.buckets), default=0),
+            track_grad_sq=track_grad_sq,
+            # the reduced slice is added into the shard on the reduce stream (see above)
+            write_on_reduce_stream=True,
+        )
+
+    @property
+    def issued_count(self) -> int:
         """Reduce-scatters issued since construction (tests read it from inside backward)."""
+        return self.pipeline.issued_count
 
     @property
     def staging_bytes(self) -> int:
@@ -210,7 +217,7 @@ class BackwardReducer(_HookedReducer):
             if param.grad is None:
                 return
             bucket = self.layout.buckets[slot.bucket]
-            # here, on the compute stream, not in _accumulate (which may run on the reduce stream): the
+            # here, on the compute stream, not in _write_shard (which may run on the reduce stream): the
             # block then belongs to the stream that frees it after the step.
             self.shards.prepare_write(self._segment[bucket.index])
             staging = self._staging_for(bucket)
@@ -244,43 +251,28 @@ class BackwardReducer(_HookedReducer):
         pending = comm.reduce_scatter(
             out, src, self.group, stats=self.stats, async_op=True, average=True, stream=self.stream
         )
-        self.issued_count += 1
-        self._inflight.append((bucket, base, out, pending))
+        self.pipeline.issued(ReduceWork(bucket.index, out, pending, keep=base))
         if self.pool.issue(bucket.index):
             self._complete_oldest()
 
     def _complete_oldest(self) -> None:
         """The pool's oldest in-flight bucket (the pool has just counted it completed): its reduced slice is
-        added into the shard on the reduce stream, after which the compute stream may overwrite `base` (the
-        next bucket's staging copies)."""
-        bucket, base, out, pending = self._inflight.popleft()
-        pending.wait(then=lambda: self._accumulate(bucket, out))
-        self._free.append(base)
+        added into the shard on the reduce stream, after which the compute stream may overwrite its staging
+        buffer (the next bucket's staging copies)."""
+        self._free.append(self.pipeline.complete_oldest().keep)
 
-    def _accumulate(self, bucket: BucketPlan, out: torch.Tensor) -> None:
-        """The bucket's fp32 shard <- (first micro-step of the window) or += the reduced slice."""
-        dst = grad_shard_view(self.layout, self.shards, bucket)
-        fresh = self._window[bucket.index] is GradWindow.FRESH
-        if self._track_grad_sq:
-            # only meaningful when a window is one micro-step (the engine asks for it only then).
-            sq = sum_of_squares([out])
-            self._grad_sq = sq if self._grad_sq is None else self._grad_sq + sq
-        if not fresh and dst.device != out.device and self._host_staging is None:
-            numel = max(b.shard_numel for b in self.layout.buckets)
-            self._host_staging = host.zeros(numel, dst.device, pin=True)
-        host.to_host(dst, out, accumulate=not fresh, staging=self._host_staging)
-        self._window[bucket.index] = GradWindow.ACCUMULATING
+    def _write_shard(self, index: int, out: torch.Tensor, accumulate: bool, host_staging) -> None:
+        """Bucket `index`'s fp32 shard <- (first micro-step of the window) or += the reduced slice."""
+        dst = grad_shard_view(self.layout, self.shards, self.layout.buckets[index])
+        host.to_host(dst, out, accumulate=accumulate, staging=host_staging)
 
     def take_grad_sq(self) -> torch.Tensor | None:
         """The sum of squares of the reduced grads since the last call (track_grad_sq), on the device."""
-        if not self._track_grad_sq:
-            return None
-        sq, self._grad_sq = self._grad_sq, None
-        return sq if sq is not None else torch.zeros((), dtype=torch.float32, device=self.device)
+        return self.pipeline.take_grad_sq()
 
     def reset_accumulation(self) -> None:
         """After a step: the next micro-step's reduced grads overwrite the shards (no zeroing pass needed)."""
-        self._window = [GradWindow.FRESH] * len(self.layout.buckets)
+        self.pipeline.reset_accumulation()
 
     def finish_backward(self) -> None:
         """Issue every bucket not yet issued (grads missing this micro-step count as zero), await all."""
@@ -295,22 +287,17 @@ class BackwardReducer(_HookedReducer):
     def discard(self) -> None:
         """The window is dropped: await the reduce-scatters in flight (their buffers are reused), drop the
         staged grads, every bucket FRESH again."""
-        while self._inflight:
-            _bucket, base, _out, pending = self._inflight.popleft()
-            pending.wait()
-            self._free.append(base)
+        self._free.extend(work.keep for work in self.pipeline.discard())
         self._free.extend(base for base, _view in self._staging.values())
         self._staging.clear()
         self.pool.discard()
-        self.reset_accumulation()
-        self._grad_sq = None
 
     @property
     def busy(self) -> bool:
         return self.pool.busy
 
 
-class DirectAccumulator(_HookedReducer):
+class DirectAccumulator(_HookedReducer, DirectWrites):
     """World size 1: every gradient goes straight into its slice of the fp32 shard, from its hook.
 
     [Note: world size 1] With one rank a reduce-scatter or all-reduce is the identity, so the staging
@@ -324,60 +311,24 @@ class DirectAccumulator(_HookedReducer):
     dtype; the engine takes this path for stages 0/1 only where that is exact: fp32 or one micro-step.)
     It needs the shards on the compute device (no offload): per-param host copies would be slow. With one
     micro-step per window a 16-bit model's grads stay in the compute dtype (GradShards.write, [Note:
-    compute-dtype grads] in ../grad_shards.py). A GradReducer.
+    compute-dtype grads] in ../grad_shards.py). A GradReducer over reduce.DirectWrites.
     """
 
     def __init__(self, layout: Layout, shards: GradShards):
+        # a param's segment is (re-)allocated before its first write ([Note: released grad shards]):
+        # backward then allocates them one segment at a time, in the order it frees activations.
         self.layout = layout
-        self.shards = shards
-        """The fp32 grad shards; a param's segment is (re-)allocated before its first write ([Note: released
-        grad shards]): backward then allocates them one segment at a time, in the order it frees
-        activations."""
         starts = [layout.bucket_shard_offset(layout.buckets[s.bucket]) + s.offset for s in layout.params]
-        self._slices = [shards.slice(s.group, a, s.numel) for s, a in zip(layout.params, starts, strict=True)]
-        self._index = {slot.name: i for i, slot in enumerate(layout.params)}
-        self._window = [GradWindow.FRESH] * len(layout.params)
-        self._seen_this_backward = False
-        self.issued_count = 0
-        """Always 0: nothing is reduced."""
-
-    staging_bytes = 0
+        super().__init__(
+            shards,
+            {s.name: shards.slice(s.group, a, s.numel) for s, a in zip(layout.params, starts, strict=True)},
+        )
 
     def hook_for(self, slot: ParamSlot):
-        index = self._index[slot.name]
-        dst = self._slices[index]
-
         def on_grad_ready(param: torch.Tensor) -> None:
             if param.grad is None:
                 return
-            self._seen_this_backward = True
-            accumulate = self._window[index] is GradWindow.ACCUMULATING
-            self.shards.write(dst, param.grad.reshape(-1), accumulate=accumulate)
-            self._window[index] = GradWindow.ACCUMULATING
+            self.write(slot.name, param.grad)
             param.grad = None  # released: the shard holds it now
 
         return on_grad_ready
-
-    def finish_backward(self) -> None:
-        """A param without a gradient in the window so far counts as zero (its slice may hold the last
-        window's values: the shards are not zeroed after a step)."""
-        for index, window in enumerate(self._window):
-            if window is GradWindow.FRESH:
-                self.shards.zero(self._slices[index])
-                self._window[index] = GradWindow.ACCUMULATING
-        self._seen_this_backward = False
-
-    def take_grad_sq(self) -> None:
-        return None
-
-    def reset_accumulation(self) -> None:
-        self._window = [GradWindow.FRESH] * len(self.layout.params)
-
-    def discard(self) -> None:
-        """The window is dropped: every param's slice FRESH again (nothing is in flight)."""
-        self.reset_accumulation()
-        self._seen_this_backward = False
-
-    @property
-    def busy(self) -> bool:
-        return self._seen_this_backward

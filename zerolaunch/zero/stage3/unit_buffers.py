@@ -20,7 +20,7 @@ dropped; once the unit is issued, one reduce-scatter per bucket averages it into
 
 On CUDA the all-gathers (with the copy of an offloaded shard to the device) and the reduce-scatters run on
 side streams with comm.py's waits ([Note: comm streams]): each waits for the compute stream before the
-unit's collectives are issued, and the compute stream waits for it in `wait_gathered()` / `complete_reduce()`.
+unit's collectives are issued, and the compute stream waits for it in `wait_gathered()` / the reduce pipeline's wait (../reduce.py).
 Inputs stay alive by reference until then (no record_stream).
 
 [Note: gather from master]
@@ -48,7 +48,6 @@ from ..grad_shards import GradShards, GradSlice
 from ..layout import Fragment, ParamSpec
 from ..optim import host
 from ..optim.nvme_store import SwapStore
-from ..optim.torch_optim import sum_of_squares
 from ..plan import unit_layout
 
 
@@ -326,8 +325,11 @@ class UnitFlat:
         with torch.no_grad():
             self.param_view(self.staging, name).copy_(grad)
 
-    def issue_reduce(self, group, *, comm_dtype: torch.dtype, stream, stats: comm.CommStats) -> list:
-        """Reduce-scatter (average) the staged grads; returns in-flight work for `complete_reduce`."""
+    def issue_reduce(
+        self, group, *, comm_dtype: torch.dtype, stream, stats: comm.CommStats
+    ) -> tuple[torch.Tensor, torch.Tensor, comm.Pending]:
+        """Reduce-scatter (average) the staged grads: (the staging buffer, kept alive until the work
+        completes; the output, this rank's shard of every bucket back to back; the pending work)."""
         if self.staging is None:  # no grad reached this unit this micro-step: it contributes zeros.
             self.staging = torch.zeros(self.padded_numel, dtype=comm_dtype, device=self.device)
         staging, self.staging = self.staging, None
@@ -337,23 +339,14 @@ class UnitFlat:
         pending = comm.reduce_scatter(
             out, fulls, group, stats=stats, async_op=True, average=True, stream=stream
         )
-        return [staging, out, pending]
+        return staging, out, pending
 
-    def complete_reduce(
-        self,
-        work: list,
-        *,
-        accumulate: bool,
-        host_staging: torch.Tensor | None = None,
-        grad_sq: torch.Tensor | None = None,
+    def write_reduced(
+        self, out: torch.Tensor, *, accumulate: bool, host_staging: torch.Tensor | None = None
     ) -> None:
-        """The fp32 grad shard <- (accumulate=False: the window's first micro-step) or += the reduced grads.
-        host_staging: a reusable pinned buffer for the accumulating copy to the host; grad_sq: a device
-        scalar the sum of squares of the reduced grads is added to."""
-        _staging, out, pending = work
-        pending.wait()
-        if grad_sq is not None:
-            grad_sq.add_(sum_of_squares([out]))
+        """The fp32 grad shard <- (accumulate=False: the window's first micro-step) or += the completed
+        reduce-scatter's output. host_staging: a reusable pinned buffer for the accumulating copy to the
+        host."""
         for i in range(len(self.buckets)):
             host.to_host(
                 self.grad_views[i], self.bucket_shard(out, i), accumulate=accumulate, staging=host_staging
