@@ -53,8 +53,10 @@ class FlatSharding(Sharding):
         self.aliases = collect_aliases(self.module)
         self.frozen_params = [(n, p) for n, p in named if not p.requires_grad]
         self.model_buffers = list(self.module.named_buffers())
-        o = options.optimizer
-        self._groups = optimizer_groups(named, o.weight_decay, o.decay_1d, param_groups)
+        optimizer_options = options.optimizer
+        self._groups = optimizer_groups(
+            named, optimizer_options.weight_decay, optimizer_options.decay_1d, param_groups
+        )
         specs = [
             ParamSpec(name, tuple(p.shape), g)
             for g, grp in enumerate(self._groups)

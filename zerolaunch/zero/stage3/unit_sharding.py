@@ -46,12 +46,16 @@ class UnitSharding(UnitStateMixin, Sharding):
         param_groups as in FlatSharding."""
         super().__init__(ctx)
         options = self.ctx.options
-        z = options.zero
-        self.gathers_from_master = gathers_from_master(z.offload_optimizer.device, z.offload_param.device)
+        zero_options = options.zero
+        self.gathers_from_master = gathers_from_master(
+            zero_options.offload_optimizer.device, zero_options.offload_param.device
+        )
         """No compute-dtype shard: each unit gathers from its fp32 master ([Note: gather from master])."""
         # offload_param nvme: the shards of the units (not the small persistent params) live in a swap file.
-        param_nvme = z.offload_param.device == "nvme"
-        shard_device = {"cpu": torch.device("cpu"), "nvme": None}.get(z.offload_param.device, self.ctx.device)
+        param_nvme = zero_options.offload_param.device == "nvme"
+        shard_device = {"cpu": torch.device("cpu"), "nvme": None}.get(
+            zero_options.offload_param.device, self.ctx.device
+        )
         if self.gathers_from_master:
             shard_device = None  # the unit reads its master's views, attached in _allocate_shards
         self.module = model
@@ -59,11 +63,13 @@ class UnitSharding(UnitStateMixin, Sharding):
         self.aliases = collect_aliases(model)
         named = dict(collect_params(model))
         group_of = {}
-        o = options.optimizer
-        groups = optimizer_groups(list(named.items()), o.weight_decay, o.decay_1d, param_groups)
+        optimizer_options = options.optimizer
+        groups = optimizer_groups(
+            list(named.items()), optimizer_options.weight_decay, optimizer_options.decay_1d, param_groups
+        )
         for g, grp in enumerate(groups):
             group_of.update(dict.fromkeys(grp["names"], g))
-        part = partition(model, z.stage3_units, z.stage3_param_persistence_threshold)
+        part = partition(model, zero_options.stage3_units, zero_options.stage3_param_persistence_threshold)
         self.units = part.units
 
         def make_flat(index, names, resident):
@@ -79,7 +85,7 @@ class UnitSharding(UnitStateMixin, Sharding):
                 device=self.ctx.device,
                 shard_device=torch.device("cpu") if resident and param_nvme else shard_device,
                 resident=resident,
-                pin=z.offload_param.pin_memory,
+                pin=zero_options.offload_param.pin_memory,
             )
 
         self.flats = [make_flat(u.index, [n for n, _ in u.params], False) for u in part.units]
@@ -90,12 +96,12 @@ class UnitSharding(UnitStateMixin, Sharding):
         if param_nvme:  # nvme_path given: zero/option_rules.py
             swapped = [f for f in self.flats if f is not None and f.shard is None]
             self.param_swap = nvme_store.SwapStore(
-                z.offload_param.nvme_path,
+                zero_options.offload_param.nvme_path,
                 [f.shard_numel for f in swapped],
                 ("param",),
                 0,
                 rank=self.ctx.rank,
-                pin=z.offload_param.pin_memory,
+                pin=zero_options.offload_param.pin_memory,
                 dtype=self.ctx.dtype,
                 option="offload_param",
             )
@@ -116,13 +122,14 @@ class UnitSharding(UnitStateMixin, Sharding):
             unit_params,
             self.ctx.comm,
             comm_dtype=self.ctx.comm_dtype,
-            prefetch_numel=z.stage3_prefetch_bucket_size,
-            max_live_numel=z.stage3_max_live_parameters,
-            max_reuse_numel=z.stage3_max_reuse_distance,
+            prefetch_numel=zero_options.stage3_prefetch_bucket_size,
+            max_live_numel=zero_options.stage3_max_live_parameters,
+            max_reuse_numel=zero_options.stage3_max_reuse_distance,
             stats=self.ctx.stats,
             # the norm's sum of squares is taken on the device from each unit's reduced grads when they
             # are the window's final values and would otherwise be summed again on the host.
-            track_grad_sq=z.offload_optimizer.device != "none" and options.gradient_accumulation_steps == 1,
+            track_grad_sq=zero_options.offload_optimizer.device != "none"
+            and options.gradient_accumulation_steps == 1,
             grad_shards=self.grad_shards,
             direct=self._accumulates_directly(options),
         )
@@ -133,7 +140,7 @@ class UnitSharding(UnitStateMixin, Sharding):
         """Per param group one fp32 grad shard and (shard_optimizer) master + optimizer state: the
         concatenation of every unit bucket's shard. One grad segment and one step chunk per unit bucket (the
         chunk cut smaller for a cpu-offloaded step)."""
-        z = self.ctx.options.zero
+        zero_options = self.ctx.options.zero
         cursor = [0] * self.num_groups
         self._bucket_refs: list[tuple[UnitFlat, int]] = []
         """(unit, bucket) of each step chunk's `owner` index."""
@@ -154,17 +161,18 @@ class UnitSharding(UnitStateMixin, Sharding):
             cursor,
             [GradSegment(p.group, p.offset, p.numel, p.owner) for p in pieces],
             self.ctx.master_device,
-            pin=z.offload_optimizer.pin_memory,
-            releasable=z.offload_optimizer.device == "none",
+            pin=zero_options.offload_optimizer.pin_memory,
+            releasable=zero_options.offload_optimizer.device == "none",
             compute_dtype=self._compute_grad_dtype(direct),
         )
         self.shards = ShardOptimizer(
             self.ctx.options.optimizer,
-            z.offload_optimizer,
+            zero_options.offload_optimizer,
             cursor,
             groups,
             split_chunks(
-                pieces, shard_optimizer.HOST_CHUNK_NUMEL if z.offload_optimizer.device == "cpu" else None
+                pieces,
+                shard_optimizer.HOST_CHUNK_NUMEL if zero_options.offload_optimizer.device == "cpu" else None,
             ),
             device=self.ctx.master_device,
             rank=self.ctx.rank,
