@@ -289,6 +289,11 @@ class Stage3Schedule:
         self._bwd_pos = 0
         self.gather_and_wait(ROOT)
 
+    def abort_backward(self) -> None:
+        """backward() raised: the hooks treat the next call as a forward again (the units it gathered and
+        the grads it staged stay until discard_window)."""
+        self.phase = SchedulePhase.IDLE
+
     def _pre_backward(self, k: int, grad):
         self.gather_and_wait(k)
         while self._bwd_pos < len(self._bwd_seq) and self._bwd_seq[self._bwd_pos] != k:

@@ -34,7 +34,7 @@ from ..sharding import Sharding, StrategyContext, nbytes
 from .fragments import UnitStateMixin
 from .materialize import materialize, param_sites, unit_seed
 from .partition import partition
-from .schedule import SchedulePhase, Stage3Schedule
+from .schedule import Stage3Schedule
 from .unit_buffers import UnitFlat
 
 
@@ -291,7 +291,7 @@ class UnitSharding(UnitStateMixin, Sharding):
         self.schedule.begin_backward()
 
     def abort_backward(self) -> None:
-        self.schedule.phase = SchedulePhase.IDLE
+        self.schedule.abort_backward()
 
     def finish_backward(self) -> None:
         """Units reduce-scatter as they finish; wait for the last ones."""
