@@ -1,10 +1,11 @@
 """The backward reduce pipeline of stages 2 and 3, over "reduce units", and the world-size-1 direct path.
 
 A reduce unit is what one reduce-scatter averages into this rank's fp32 grad shard: a stage-2 bucket
-(flat/reducer.py BackwardReducer) or a stage-3 unit (stage3/schedule.py Stage3Schedule). The callers decide
-when a unit is issued (the fixed order every rank keeps, and how many may be in flight: stage 2's
-plan.StagingPool, stage 3's ready units in reverse module order) and own the staging tensors; this module
-owns what is the same for both, as FSDP2's one `foreach_reduce` serves every group:
+(flat/reducer.py BackwardReducer) or a stage-3 unit (stage3/schedule.py Stage3Schedule). Both issue in the
+one fixed order of plan.IssueOrder (every rank the same, a complete unit waiting for the ones before it);
+the callers decide how many may be in flight (stage 2's plan.StagingPool, stage 3's max_in_flight) and own
+the staging tensors; this module owns what is the same for both, as FSDP2's one `foreach_reduce` serves
+every group:
 
 - `ReducePipeline`: the in-flight reduce-scatters in issue order, each completed into the shard --
   overwritten by the unit's first reduce of the window, added to after it (`GradWindow`) --, the one pinned

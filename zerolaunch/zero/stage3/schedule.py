@@ -55,6 +55,7 @@ from torch.utils._pytree import tree_leaves
 
 from .. import comm
 from ..grad_shards import GradShards
+from ..plan import IssueOrder
 from ..reduce import DirectWrites, ReducePipeline, ReduceWork
 from .partition import ROOT
 from .unit_buffers import UnitFlat
@@ -123,9 +124,11 @@ class Stage3Schedule:
         self.reduce_stream = context.reduce_stream
         n = len(flats)
         self.n_trainable = [len(p) for p in params]
-        self.reduce_order = [k for k in range(n - 2, -1, -1) if flats[k] is not None]
+        reduce_order = [k for k in range(n - 2, -1, -1) if flats[k] is not None]
         if flats[-1] is not None:
-            self.reduce_order.append(n - 1)
+            reduce_order.append(n - 1)
+        self.issue_order = IssueOrder(reduce_order, self.n_trainable)
+        """Units are reduced in reverse module order, the resident unit last (the Note)."""
         self.phase = SchedulePhase.IDLE
         units = [f for f in flats if f is not None]
         self.pipeline = ReducePipeline(
@@ -164,10 +167,7 @@ class Stage3Schedule:
                 self._handles.append(p.register_post_accumulate_grad_hook(partial(self._on_grad, k, name)))
 
     def _reset_backward_state(self) -> None:
-        n = len(self.flats)
-        self.grad_count = [0] * n
-        self.ready = [False] * n
-        self.next_issue = 0
+        self.issue_order.reset()
         self.pipeline.reset_issued()
 
     @property
@@ -312,9 +312,7 @@ class Stage3Schedule:
         else:
             flat.add_grad(name, param.grad, self.comm_dtype)
         param.grad = None  # the full gradient is released: this rank keeps only its shard
-        self.grad_count[k] += 1
-        if self.grad_count[k] == self.n_trainable[k]:
-            self.ready[k] = True
+        if self.issue_order.arrive(k):
             self._held.discard(k)
             flat.free()
             if self.direct_writes is None:
@@ -326,8 +324,8 @@ class Stage3Schedule:
             self.grad_shards.prepare_write(segment)
 
     def _issue_ready(self) -> None:
-        while self.next_issue < len(self.reduce_order) and self.ready[self.reduce_order[self.next_issue]]:
-            self._issue(self.reduce_order[self.next_issue])
+        for k in self.issue_order.issuable():
+            self._issue(k)
 
     def _issue(self, k: int) -> None:
         flat = self.flats[k]
@@ -335,7 +333,7 @@ class Stage3Schedule:
             self.group, comm_dtype=self.comm_dtype, stream=self.reduce_stream, stats=self.stats
         )
         self.pipeline.issued(ReduceWork(k, out, pending, keep=staging))
-        self.next_issue += 1
+        self.issue_order.issued(k)
         # without overlap each reduce-scatter is awaited at once; with it, up to max_in_flight stay queued.
         while len(self.pipeline.in_flight) > (self.max_in_flight if self.overlap else 0):
             self.pipeline.complete_oldest()
@@ -351,8 +349,8 @@ class Stage3Schedule:
         if self.direct_writes is not None:
             self.direct_writes.finish_backward()
         else:
-            while self.next_issue < len(self.reduce_order):
-                self._issue(self.reduce_order[self.next_issue])
+            for k in self.issue_order.unissued():
+                self._issue(k)
             self.pipeline.drain()
         for flat in self.flats:
             if flat is not None:
