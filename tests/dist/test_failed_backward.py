@@ -141,7 +141,7 @@ def train_with_failures(engine, model, rank: int, world_size: int) -> dict:
         for micro in range(GAS):
             _forward_backward(engine, model, step, micro, rank, world_size, False)
             seen["stepped"].append(engine.step().stepped)
-    engine.settle()
+    engine.wait_for_step()
     seen["final"] = {n: t.clone() for n, t in engine.full_state_dict()}
     return seen
 

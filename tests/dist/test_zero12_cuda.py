@@ -66,7 +66,7 @@ def _cuda_cases(rank, world_size):
                     F.mse_loss(engine(rank_rows(x, rank).to(device)), rank_rows(y, rank).to(device))
                 )
                 infos.append(engine.step())
-        engine.settle()  # params are read below outside any forward
+        engine.wait_for_step()  # params are read below outside any forward
         out[name] = {n: p.detach().cpu() for n, p in engine.module.named_parameters()}
         if engine.master_device.type == "cpu":
             assert engine.shards.master[0].is_pinned()
@@ -97,11 +97,13 @@ def _cuda_cases(rank, world_size):
     )
     # [Note: compute-dtype grads]: at world size 1 that engine kept its grads in bf16 and the compiled kernel
     # upcast them; the same run with fp32 grad shards forced must give the same master
-    out["compute_dtype_grads"] = engine.sharding.grad_shards.narrow_dtype is not None
+    out["compute_dtype_grads"] = engine.sharding.grad_shards.compute_dtype is not None
     if world_size == 1:
         plan.grads_in_compute_dtype, kept = (lambda *a: False), plan.grads_in_compute_dtype
         try:
-            wide = Engine(Net(0), replace(bf16, optimizer=replace(bf16.optimizer, fused_step=True)), device=device)
+            wide = Engine(
+                Net(0), replace(bf16, optimizer=replace(bf16.optimizer, fused_step=True)), device=device
+            )
         finally:
             plan.grads_in_compute_dtype = kept
         for _ in range(5):

@@ -86,13 +86,12 @@ def _overlap_in_backward(rank, world_size):
             # the FIRST layer's grad is among the last produced in backward
             seen["rs"] = engine.comm_stats.ops.get("reduce_scatter", None)
             seen["rs"] = 0 if seen["rs"] is None else seen["rs"].count
-            if engine.sharding.reducer is not None:
-                seen["issued"] = engine.sharding.reducer.issued_count
+            seen["issued"] = engine.sharding.reducer.issued_count
 
         engine.module.inp.weight.register_post_accumulate_grad_hook(count)
         x, y = micro_batch(0, 0, world_size)
         engine.backward(F.mse_loss(engine(rank_rows(x, rank)), rank_rows(y, rank)))
-        after_backward = engine.sharding.reducer.issued_count if engine.sharding.reducer is not None else 0
+        after_backward = engine.sharding.reducer.issued_count
         engine.step()
         out[stage] = {
             "at_first_layer": seen.get("issued", seen["rs"]),

@@ -112,7 +112,7 @@ def _train_cases(rank, world_size, names):
         model = Net(seed=rank)  # rank 0's weights must win
         engine = Engine(model, CASES[name])
         infos = train_engine(engine, rank, world_size, STEPS)
-        engine.settle()  # params are read below outside any forward
+        engine.wait_for_step()  # params are read below outside any forward
         out[name] = {
             "weights": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
             "buffer": engine.module.shift.clone(),

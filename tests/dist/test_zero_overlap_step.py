@@ -3,7 +3,7 @@
 Tests (one process, CPU, no process group): the first module's forward starts before the background step has
 stepped its last chunk (each chunk is slowed by a sleep so the order is observable) and the weights still equal
 those of the same engine without overlap_step; params read outside a forward are the previous step's until
-settle(); an error inside the background step surfaces at the next engine call. Parity with plain AdamW on 2-3
+wait_for_step(); an error inside the background step surfaces at the next engine call. Parity with plain AdamW on 2-3
 gloo ranks, stages 1 and 2, is in test_zero12_parity.py; the recipe key and its refusal outside stages 1/2 in
 tests/unit/test_config_deepspeed.py. Leaves out: CUDA copy streams (bench/ on the device).
 """
@@ -55,7 +55,7 @@ def test_next_forward_starts_before_the_step_ends_and_weights_match(monkeypatch,
     overlapped.module.inp.register_forward_pre_hook(lambda *_: log.append(("inp", time.perf_counter())))
     train_engine(plain, 0, 1, 3)
     train_engine(overlapped, 0, 1, 3)
-    overlapped.settle()
+    overlapped.wait_for_step()
     chunks = len(overlapped.shards.chunks)
     assert chunks > 4
     # step 1's chunks end before forward 2's first module; from then on the first module (its bucket is
@@ -80,19 +80,19 @@ def _stepping_in_background(monkeypatch):
     return engine, old
 
 
-def test_params_outside_forward_are_stale_until_settle(monkeypatch):
+def test_params_outside_forward_are_stale_until_wait_for_step(monkeypatch):
     engine, old = _stepping_in_background(monkeypatch)
     assert torch.equal(engine.module.head.weight, old)  # step() returned; the CPU is still stepping
-    engine.settle()
+    engine.wait_for_step()
     new = engine.module.head.weight.detach().clone()
     assert not torch.equal(new, old)
-    engine.settle()  # idempotent
+    engine.wait_for_step()  # idempotent
     assert torch.equal(engine.module.head.weight, new)
     engine.close()
 
 
 @pytest.mark.parametrize("owner", ["root", "head"])
-def test_state_dict_settles_first(monkeypatch, owner):
+def test_state_dict_waits_for_the_step_first(monkeypatch, owner):
     # torch.save(model.state_dict()) right after step() must write this step's weights, from the root or
     # from the module that owns them, though the CPU is still stepping when step() returns.
     engine, old = _stepping_in_background(monkeypatch)
@@ -100,7 +100,7 @@ def test_state_dict_settles_first(monkeypatch, owner):
         saved = engine.module.state_dict()["head.weight"].clone()
     else:
         saved = engine.module.head.state_dict()["weight"].clone()
-    engine.settle()
+    engine.wait_for_step()
     assert not torch.equal(saved, old)
     assert torch.equal(saved, engine.module.head.weight)
     engine.close()
@@ -115,7 +115,7 @@ def test_an_error_in_the_background_step_surfaces_at_the_next_call():
     engine.shards._step_chunk = broken
     train_engine(engine, 0, 1, 1)  # the step starts in the background and fails there
     with pytest.raises(RuntimeError, match="disk on fire"):
-        engine.settle()
+        engine.wait_for_step()
     engine.close()
 
 

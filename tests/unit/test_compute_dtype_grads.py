@@ -69,7 +69,7 @@ def _window_dtypes(engine) -> set[torch.dtype]:
 )
 def test_the_engine_keeps_compute_dtype_grads_exactly_where_asked(stage, dtype, gas, fused, expected):
     engine = Engine(Net(0), _options(stage, dtype, gas, fused))
-    narrow = engine.sharding.grad_shards.narrow_dtype
+    narrow = engine.sharding.grad_shards.compute_dtype
     assert (narrow is not None) is expected
     assert _window_dtypes(engine) == {DTYPES[dtype] if expected else torch.float32}
 
@@ -92,7 +92,7 @@ def _train(options, *, narrow: bool, monkeypatch, steps=4, boundaries=None, skip
         if not narrow:
             m.setattr(plan, "grads_in_compute_dtype", lambda *a: False)
         engine = Engine(Net(0), options)
-    assert (engine.sharding.grad_shards.narrow_dtype is not None) is narrow
+    assert (engine.sharding.grad_shards.compute_dtype is not None) is narrow
     infos = []
     for step in range(steps):
         n = 1 if boundaries is None else boundaries
@@ -182,7 +182,7 @@ def test_two_bytes_of_grads_per_element(stage):
 def test_grad_shards_contract_in_the_compute_dtype():
     segs = [GradSegment(0, 0, 4, 0), GradSegment(0, 4, 6, 1)]
     shards = GradShards(
-        [10], segs, torch.device("cpu"), pin=False, releasable=True, narrow_dtype=torch.bfloat16
+        [10], segs, torch.device("cpu"), pin=False, releasable=True, compute_dtype=torch.bfloat16
     )
     a, b = shards.slice(0, 0, 4), shards.slice(0, 5, 3)
     shards.release()
@@ -194,12 +194,12 @@ def test_grad_shards_contract_in_the_compute_dtype():
     assert shards.window_tensors()[0].dtype == torch.float32 and shards.held_bytes == 4 * 4
     assert shards.window_view(0, 0, 4).eq(1.5 + third).all()
     shards.write(b, torch.ones(3), accumulate=False)
-    shards.ensure_zeroed()  # nothing to zero: both segments written
+    shards.zero_unwritten()  # nothing to zero: both segments written
     assert shards.window_view(0, 5, 3).eq(1.0).all() and shards.window_tensors()[1].dtype == torch.bfloat16
     shards.release()
     assert shards.held_bytes == 0 and {t.dtype for t in shards.window_tensors()} == {torch.bfloat16}
     with pytest.raises(ValueError, match="releasable"):
-        GradShards([10], segs, torch.device("cpu"), pin=False, releasable=False, narrow_dtype=torch.bfloat16)
+        GradShards([10], segs, torch.device("cpu"), pin=False, releasable=False, compute_dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("stage", [0, 2, 3])

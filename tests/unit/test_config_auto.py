@@ -7,7 +7,7 @@ Leaves out the batch rule (test_config_batch).
 import pytest
 
 from zerolaunch.config import RecipeError, load_recipe
-from zerolaunch.config.auto import FALLBACK_HIDDEN, gpt_hidden_sizes
+from zerolaunch.config.hidden import gpt_hidden_sizes
 
 BUCKET_AUTOS = {
     "zero_optimization": {
@@ -38,13 +38,15 @@ def test_bucket_autos_from_the_builtin_gpt_size(size):
     assert recipe.engine.zero.stage3_param_persistence_threshold == 10 * h
 
 
-def test_size_table_is_read_from_gpt_py_without_importing_it(tmp_path):
-    source = tmp_path / "gpt.py"
-    source.write_text("import torch\nSIZES: dict = {'tiny': {'n_layer': 2, 'n_head': 2, 'd_model': 48}}\n")
-    assert gpt_hidden_sizes(source) == {"tiny": 48}
-    source.write_text("SIZES = make_sizes()\n")
-    assert gpt_hidden_sizes(source) == FALLBACK_HIDDEN
-    assert gpt_hidden_sizes(tmp_path / "absent.py") == FALLBACK_HIDDEN
+def test_size_table_is_the_one_gpt_py_builds_from_and_needs_no_torch():
+    import subprocess
+    import sys
+
+    from zerolaunch.models import gpt
+
+    assert gpt_hidden_sizes() == {name: spec["d_model"] for name, spec in gpt.SIZES.items()}
+    code = "import sys, zerolaunch.config.hidden; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_bucket_autos_from_a_hugging_face_config(tmp_path, monkeypatch):

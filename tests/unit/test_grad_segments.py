@@ -56,10 +56,10 @@ def test_grad_shards_contract():
     shards.release()
     assert shards.held_bytes == 0 and shards.capacity_bytes == 4 * 13
     assert all(t.untyped_storage().nbytes() == 0 for t in shards.tensors)
-    shards.ensure(1)  # a writer's re-allocation: the old view is valid again
+    shards.prepare_write(1)  # a writer's re-allocation: the old view is valid again
     view.fill_(1.0)
     assert shards.held_bytes == 4 * 6
-    shards.ensure_zeroed()  # segments 0 and 2 got no write: zeros, not stale memory
+    shards.zero_unwritten()  # segments 0 and 2 got no write: zeros, not stale memory
     assert shards.tensors[0].eq(0).all() and shards.tensors[2].eq(0).all()
     assert shards.tensors[1][1:3].eq(1.0).all()
     with pytest.raises(ValueError, match=r"expected \[11, 3\]"):

@@ -87,7 +87,8 @@ def test_cli_measure_prints_the_offload_cost_from_the_probe(monkeypatch, tmp_pat
     from typer.testing import CliRunner
 
     from zerolaunch.cli.app import app
-    from zerolaunch.memory import measure, offload_cost
+    from zerolaunch.memory import offload_cost
+    from zerolaunch.train import measure_memory as measure
 
     monkeypatch.setattr(measure, "measure_recipe", lambda *a, **k: None)  # the real-steps part: not here
     seen = []

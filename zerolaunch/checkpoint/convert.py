@@ -104,7 +104,7 @@ def open_source(src: Path, *, verify: bool = True):
 
 def parse_size(text: str, what: str = "--max-shard-size") -> int:
     """ "5GB" -> 5_000_000_000, "200MiB" -> 209_715_200: the one parser of every size option (memory/sizes.py)."""
-    from zerolaunch.memory.sizes import EstimateError, parse_bytes
+    from zerolaunch.util.sizes import EstimateError, parse_bytes
 
     try:
         return parse_bytes(text, what, example="5GB")

@@ -435,7 +435,7 @@ def register(app: typer.Typer) -> None:
             est = estimate(shape, setup)
             report = bandwidths = None
             if measure:
-                from zerolaunch.memory.measure import measure_recipe
+                from zerolaunch.train.measure_memory import measure_recipe
 
                 report = measure_recipe(rec, est, steps=measure_steps, world_size=gpus * nodes)
                 from zerolaunch.memory.offload_cost import measure_bandwidths
@@ -458,7 +458,7 @@ def register(app: typer.Typer) -> None:
         console = Console()
         print_estimate(est, console)
         if report is not None:
-            from zerolaunch.memory.measure import render_measure
+            from zerolaunch.train.measure_memory import render_measure
 
             console.print(render_measure(report))
         if bandwidths is not None:

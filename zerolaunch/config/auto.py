@@ -4,15 +4,12 @@ The recipe's `train.*` keys and the DeepSpeed block's keys are two spellings of 
 optimizer.params.lr, train.micro_batch_size and train_micro_batch_size_per_gpu, ...): either may be given,
 both must agree, and a DeepSpeed "auto" takes the train value. The batch rule is DeepSpeed's:
 global = micro * accum * world_size, any two derive the third. Hidden-size "auto" (bucket sizes) follows
-Hugging Face. This module owns those rules; the engine options are assembled in engine.py.
+Hugging Face. This module owns those rules; the engine options are assembled in config/engine_options.py.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import json
-from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any
 
 from .errors import RecipeError, dotted
@@ -20,7 +17,6 @@ from .monitors import resolve_monitors
 from .schema import (
     COMPILE_BACKENDS,
     COMPILE_SCOPES,
-    DEFAULT_MODEL_BUILDER,
     LR_SCHEDULES,
     PRECISIONS,
     TrainSection,
@@ -33,9 +29,6 @@ if TYPE_CHECKING:
 
 DEFAULTS = TrainSection()
 T: Path = ("train",)
-# Hidden sizes of the built-in GPT, used when zerolaunch/models/gpt.py (another part) is not there yet.
-FALLBACK_HIDDEN = {"tiny": 64, "small": 256, "125m": 768, "350m": 1024, "760m": 1536, "1.3b": 2048}
-HIDDEN_KEYS = ("d_model", "hidden_size", "n_embd")
 
 
 def solve_batch(
@@ -201,76 +194,6 @@ def resolve_batch(r: Resolver) -> tuple[int, int, int]:
     return micro, accum, global_
 
 
-def hidden_size(r: Resolver, for_path: Path) -> tuple[int, str]:
-    """The model hidden size h for a bucket "auto": model.args, else the built-in GPT size table."""
-    args = r.raw(("model", "args"))
-    args = args if isinstance(args, dict) else {}
-    for key in HIDDEN_KEYS:
-        if key in args:
-            h = r.convert(("model", "args", key), args[key], "int", min=1)
-            return h, f"model.args.{key}"
-    # A Hugging Face model: an inline `config:` mapping, or a local model folder's config.json.
-    inline = args.get("config")
-    if isinstance(inline, dict):
-        for key in HIDDEN_KEYS:
-            if key in inline:
-                h = r.convert(("model", "args", "config", key), inline[key], "int", min=1)
-                return h, f"model.args.config.{key}"
-    folder = args.get("path")
-    if isinstance(folder, str):
-        found = _hf_config_hidden(FsPath(folder))
-        if found is not None:
-            return found, f"{folder}/config.json"
-    builder = r.raw(("model", "builder"))
-    if builder in (MISSING, DEFAULT_MODEL_BUILDER):
-        size = args.get("size", "tiny")
-        table = gpt_hidden_sizes()
-        if size in table:
-            return table[size], f"built-in GPT size {size!r}"
-        raise r.fail(
-            ("model", "args", "size"),
-            f"is {size!r}, not a built-in GPT size",
-            f"Use one of {', '.join(table)}",
-        )
-    raise r.fail(
-        for_path,
-        'is "auto", which needs the model hidden size, and it is unknown for this model',
-        f"Set model.args.d_model (or hidden_size / n_embd), or give {for_path[-1]} a number",
-    )
-
-
-def _hf_config_hidden(folder: FsPath) -> int | None:
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    for key in HIDDEN_KEYS:
-        value = config.get(key) if isinstance(config, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
-def gpt_hidden_sizes(source: FsPath | None = None) -> dict[str, int]:
-    """d_model per size from zerolaunch/models/gpt.py's SIZES, read with ast (no torch import)."""
-    source = source or FsPath(__file__).resolve().parent.parent / "models" / "gpt.py"
-    try:
-        tree = ast.parse(source.read_text())
-    except (OSError, SyntaxError):
-        return dict(FALLBACK_HIDDEN)
-    for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else None
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
-        if isinstance(target, ast.Name) and target.id == "SIZES" and node.value is not None:
-            try:
-                sizes = ast.literal_eval(node.value)
-                return {name: int(spec["d_model"]) for name, spec in sizes.items()}
-            except (ValueError, TypeError, KeyError):
-                return dict(FALLBACK_HIDDEN)
-    return dict(FALLBACK_HIDDEN)
-
-
 def check_compile_scope(r: Resolver, train: TrainSection, engine: EngineOptions) -> None:
     """train.compile_scope: model traces the whole forward into one graph, so module hooks that must run
     eagerly inside it cannot: stage 3's gather / free hooks, overlap_step's publish hooks."""
@@ -298,8 +221,7 @@ def resolve_compile_optimizer(
 ) -> tuple[TrainSection, EngineOptions]:
     """train.compile_optimizer -> engine.optimizer.fused_step ([Note: fused step], zero/optim/fused_step.py),
     read once the engine options are built: its default depends on them. On by default with train.compile
-    and the inductor backend (the run compiles anyway: a few seconds more bought 1.3% of the compiled 1.3B step,
-    bench/RESULTS.md 2026-12-05 s33) where the optimizer can run fused (zero/option_rules.py why_not_fused);
+    and the inductor backend (the run compiles anyway: a few seconds more buy about 1% of a compiled step) where the optimizer can run fused (zero/option_rules.py why_not_fused);
     off otherwise, so an eager run never starts compiling unasked. Set true where it cannot run: the engine's
     rule names why, at the key's line."""
     from zerolaunch.config.engine_options import check_engine_options

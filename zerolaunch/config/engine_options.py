@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from zerolaunch.zero.options import COMM_DTYPES
 
-from .auto import hidden_size
 from .deepspeed import optimizer_name, scheduler_name
 from .errors import RecipeError
+from .hidden import hidden_size
 from .schema import TrainSection
 from .tree import Path
 from .values import DS, Resolver

@@ -1,8 +1,9 @@
 """User-facing errors of zerolaunch and the did-you-mean helper.
 
-`UserError` is the base of every error caused by the user's input (a recipe, a flag, a path): the CLI prints
-its message as one paragraph and exits 2, without a traceback. `RecipeError` is the recipe flavour. This
-module owns the wording helpers shared by the recipe loader; it knows nothing of the schema itself.
+`UserError` (util/errors.py, below every layer) is the base of every error caused by the user's input (a
+recipe, a flag, a path): the CLI prints its message as one paragraph and exits 2, without a traceback.
+`RecipeError` is the recipe flavour. This module owns the wording helpers shared by the recipe loader; it
+knows nothing of the schema itself.
 """
 
 from __future__ import annotations
@@ -10,18 +11,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-
-class UserError(Exception):
-    """An error in what the user gave us; the message names the problem and the fix."""
-
-    exit_code = 2
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+from zerolaunch.util.errors import UserError
 
 
 class RecipeError(UserError):

@@ -494,7 +494,7 @@ def save_resolved(recipe: Recipe, run_dir: str | os.PathLike[str]) -> FsPath:
     Every node of a multi-node run writes it into the shared run_dir at about the same moment: each writer
     uses its own temp name (see checkpoint.atomic.writer_unique_name), or one node's rename fails and that
     launcher dies before the rendezvous while its peers wait for it."""
-    from zerolaunch.checkpoint.atomic import write_text_atomic
+    from zerolaunch.util.atomic import write_text_atomic
 
     folder = FsPath(run_dir)
     folder.mkdir(parents=True, exist_ok=True)

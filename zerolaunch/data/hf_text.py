@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from zerolaunch.data.stream import BatchStream, mix_seed
-from zerolaunch.launch.env import hf_offline
+from zerolaunch.util.hf_env import hf_offline
 
 TEXT_SUFFIXES = (".txt", ".md", ".text", ".py")
 JSONL_SUFFIXES = (".jsonl",)

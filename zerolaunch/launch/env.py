@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from zerolaunch.util.hf_env import hf_offline  # noqa: F401  (launch's name for it)
+
 RECIPE_ENV = "ZEROLAUNCH_RECIPE"
 """Path of the resolved recipe JSON of the run that started this process; `initialize(model)` reads it."""
 BACKEND_ENV = "ZEROLAUNCH_BACKEND"
@@ -111,9 +113,3 @@ def entrypoint_env(resolved_path: str, backend: str | None) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def hf_offline() -> None:
-    """HF_HUB_OFFLINE=1 unless the user set it: zerolaunch never downloads. huggingface_hub reads it when it
-    is first imported, so call this before importing transformers."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -309,7 +309,7 @@ def _run_agent(
         failed = {r for r, f in err.failures.items() if not failures.is_secondary(f)}
         hint = failures.timeout_hint(report, failed, set(logs.global_ranks.values()), req.timeout_seconds)
         report = dataclasses.replace(report, hint=hint)
-        from zerolaunch.train.nonfinite import NONFINITE_EXIT_CODE
+        from zerolaunch.util.exit_codes import NONFINITE_EXIT_CODE
 
         if failure.exitcode == NONFINITE_EXIT_CODE:
             # train.max_nonfinite_steps stopped the run on every rank: its message once, its own exit code

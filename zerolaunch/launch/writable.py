@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from zerolaunch.checkpoint.atomic import writer_unique_name
 from zerolaunch.config.errors import UserError
+from zerolaunch.util.atomic import writer_unique_name
 
 
 class NotWritable(UserError):

@@ -1,9 +1,10 @@
 """`zerolaunch estimate-memory`: per-rank memory of every ZeRO stage x offload choice, before a run.
 
-units.py parses inputs; shape.py / modules.py describe the model (arch.py: the facts both share, so that
+sizes.py (../util/sizes.py) parses inputs; shape.py / modules.py describe the model (arch.py: the facts both share, so that
 modules.py never imports shape.py); engine_layout.py, stage3.py and
 activations.py hold the arithmetic (the engine's own layout code); estimate.py puts the rows together;
-deepspeed.py holds DeepSpeed's formulas for comparison; measure.py runs real steps to check the figures.
+deepspeed.py holds DeepSpeed's formulas for comparison. Arithmetic only: the real steps that check the
+figures (`--measure`) are train/measure_memory.py's, which runs an Engine.
 Importing this package does not import torch (the `--params` path stays fast).
 """
 

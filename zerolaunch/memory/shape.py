@@ -203,7 +203,7 @@ def hf_model_on_meta(path: str):
         raise EstimateError(
             f"--model {path}: not a built-in name and not an HF config.json or a folder holding one"
         )
-    from zerolaunch.launch.env import hf_offline
+    from zerolaunch.util.hf_env import hf_offline
 
     hf_offline()
     try:

@@ -26,15 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-SIZES: dict[str, dict[str, int]] = {
-    # plain literals: config/auto.py reads this table with ast.literal_eval (no torch import there)
-    "tiny": {"n_layer": 2, "n_head": 2, "d_model": 64},
-    "small": {"n_layer": 4, "n_head": 4, "d_model": 256},
-    "125m": {"n_layer": 12, "n_head": 12, "d_model": 768},
-    "350m": {"n_layer": 24, "n_head": 16, "d_model": 1024},
-    "760m": {"n_layer": 24, "n_head": 16, "d_model": 1536},
-    "1.3b": {"n_layer": 24, "n_head": 32, "d_model": 2048},
-}
+from zerolaunch.models.gpt_sizes import SIZES
+
 INIT_STD = 0.02
 
 

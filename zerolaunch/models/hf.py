@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from zerolaunch.dtypes import DTYPES, torch_dtype
-from zerolaunch.launch.env import hf_offline
+from zerolaunch.util.hf_env import hf_offline
 
 
 def _transformers():

@@ -156,8 +156,8 @@ def prefetch_mode(setting: str, device: torch.device) -> str:
 
     [Note: prefetch process] A thread shares the training thread's GIL: a builder written in Python (the
     synthetic Markov walk is 16k Python steps a batch at seq 2048, about 10-20 ms) delays every kernel
-    launch of the step it overlaps, and on a GPU those delays are step time (bench/train_gap.py; bench/RESULTS.md,
-    2026-12-04 18:00: 1.076x the bare engine on a thread, 1.011x in a process). One forked worker process has its own interpreter. It is the default on CUDA only:
+    launch of the step it overlaps, and on a GPU those delays are step time (bench/train_gap.py, bench/RESULTS.md:
+    1.076x the bare engine on a thread, 1.011x in a process). One forked worker process has its own interpreter. It is the default on CUDA only:
     on the CPU the step itself is the bottleneck and a second process would take a core from it.
     """
     if setting == "auto":

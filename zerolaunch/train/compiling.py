@@ -53,7 +53,7 @@ def compile_model(model: nn.Module, *, backend: str, compile_kwargs: dict | None
 
     The blocks alone leave out the part of the forward with the largest elementwise work of a language model:
     the loss over (tokens, vocab) logits. On one H200, GPT-1.3B, ZeRO-2: 286.2 ms eager, 282.9 with the
-    blocks compiled, 271.8 with the whole forward (bench/RESULTS.md, 2026-12-04 s28), for 2.6 GiB more peak
+    blocks compiled, 271.8 with the whole forward (bench/RESULTS.md), for 2.6 GiB more peak
     memory (what inductor saves for backward). Only for engines whose hooks run outside the forward (stages 0-2
     without overlap_step: the config refuses the others); the engine's gradient hooks and activation
     checkpointing (traced by dynamo) still work, and the module tree does not change."""

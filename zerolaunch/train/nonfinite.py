@@ -13,8 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-NONFINITE_EXIT_CODE = 3
-"""The exit code of a run stopped by train.max_nonfinite_steps (documented in the README)."""
+from zerolaunch.util.exit_codes import NONFINITE_EXIT_CODE  # noqa: F401  (the worker's import)
 
 
 class NonFiniteStop(RuntimeError):

@@ -345,9 +345,9 @@ def destroy_default_group(*, every_rank_finished: bool) -> None:
 
     First the garbage collector runs: an engine left in a reference cycle (a user script's, its hooks and
     closures) still holds gloo works and their tensors; destroyed only at interpreter finalization, after the
-    group, they abort the process with the same message (pytorch/pytorch#179291 describes the mechanism). One
-    such abort was seen at the exit of an `entrypoint:` script using zerolaunch.initialize, once in 14 clean CI
-    runs (not reproduced in 12 runs of that test alone): this is the likely cause, not a proven one."""
+    group, they abort the process with the same message (pytorch/pytorch#179291 describes the mechanism), as
+    seen, rarely, at the exit of an `entrypoint:` script using zerolaunch.initialize: the likely cause of that
+    abort, not a proven one."""
     if not dist.is_initialized():
         return
     gc.collect()

@@ -25,7 +25,7 @@ from .option_rules import why_not_fused
 from .options import EngineOptions
 from .protocol import DTYPES, StepInfo, validate_options
 from .sched import LRSchedule, groups_description
-from .sharding import Sharding
+from .sharding import Sharding, StrategyContext
 
 
 def sharding_for(stage: int) -> type[Sharding]:
@@ -70,15 +70,25 @@ class Engine(EngineStateMixin):
         self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
         self.master_device = host.master_device(options.zero.offload_optimizer, self.device)
 
-        self.sharding: Sharding = sharding_for(self.stage)(
-            self, model, init_fn=init_fn, param_groups=param_groups
+        context = StrategyContext(
+            options=options,
+            group=group,
+            device=self.device,
+            rank=self.rank,
+            world_size=self.world_size,
+            dtype=self.dtype,
+            comm_dtype=self.comm_dtype,
+            master_device=self.master_device,
+            master_dtype=self.master_dtype,
+            comm=self.comm_context,
+            stats=self.comm_stats,
         )
-        s = self.sharding
-        self.module = s.module
-        # what the checkpoint side (engine_state.py) reads, set up by either strategy
-        self._named, self._aliases, self._frozen, self._buffers = s._named, s._aliases, s._frozen, s._buffers
-        self.shards = s.shards
-        self.num_groups = s.num_groups
+        self.sharding: Sharding = sharding_for(self.stage)(
+            context, model, init_fn=init_fn, param_groups=param_groups
+        )
+        self.module = self.sharding.module
+        self.shards = self.sharding.shards
+        self.num_groups = self.sharding.num_groups
 
         self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
         self.scheduler.check_groups(
@@ -113,7 +123,7 @@ class Engine(EngineStateMixin):
                 "reduce it first (e.g. loss.mean())"
             )
         self._refuse_failed_window("backward")
-        self.settle()
+        self.wait_for_step()
         self.sharding.begin_backward()
         self._loss_nonfinite = note_nonfinite_loss(self._loss_nonfinite, loss)
         self._window_backwards += 1
@@ -131,7 +141,7 @@ class Engine(EngineStateMixin):
         gradient_accumulation_steps-th call, or when `boundary` says so (DeepSpeed's
         set_gradient_accumulation_boundary: the caller decides; any number of backwards per window)."""
         self._refuse_failed_window("step")
-        self.settle()
+        self.wait_for_step()
         self.micro_steps += 1
         if boundary is None:
             boundary = self.micro_steps % self.options.gradient_accumulation_steps == 0
@@ -143,9 +153,7 @@ class Engine(EngineStateMixin):
         device_sq, loss_nonfinite = self.sharding.finish_window(loss_nonfinite, backwards)
         loss_scale = self.scaler.scale
         scaling = check_and_scale(
-            device_sq
-            if device_sq is not None
-            else sum_of_squares(self.sharding.grad_shards.window_tensors()),
+            device_sq if device_sq is not None else sum_of_squares(self.sharding.window_grad_tensors()),
             self.group,
             sharded=self.stage > 0,
             loss_scale=loss_scale,
@@ -171,7 +179,7 @@ class Engine(EngineStateMixin):
         count as never run, and the next backward starts the window afresh (the micro-step count returns to
         the last boundary). What a caller does after catching an error raised by backward (an out-of-memory
         error, say) before going on; see [Note: failed backward]. Params and optimizer state are untouched."""
-        self.settle()
+        self.wait_for_step()
         self.sharding.discard_window()
         self._window_backwards = 0
         self._loss_nonfinite = None
@@ -209,13 +217,13 @@ class Engine(EngineStateMixin):
         if why_not_fused(self.options) is not None:
             return False
         self.options = replace(self.options, optimizer=replace(self.options.optimizer, fused_step=True))
-        self.sharding.fused_step = self.shards.fused_step = True
+        self.shards.fused_step = True  # the strategy read the option once, at construction
         return True
 
-    def settle(self) -> None:
+    def wait_for_step(self) -> None:
         """Wait for an overlapped step to finish and publish every param (a no-op without overlap_step).
         Call it before reading params outside a forward after step() (e.g. model.state_dict())."""
-        self.sharding.settle()
+        self.sharding.wait_for_step()
 
     def close(self) -> None:
         """Finish a step in flight, release the nvme swap files now (they are also removed at garbage
@@ -225,7 +233,7 @@ class Engine(EngineStateMixin):
     # ---- accounting -----------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds per kind (model states and engine buffers; activations not included)."""
-        self.settle()
+        self.wait_for_step()
         return self.sharding.memory_bytes()
 
     # ---- checkpoint contract: collective-free unless noted ---------------------------------------------
@@ -237,7 +245,7 @@ class Engine(EngineStateMixin):
         """read(kind, name, start, stop) -> flat fp32 tensor. Loads master + optimizer state of the owned
         fragments and the params they fill. The optimizer step count comes from load_state_meta, not from
         "step" fragments."""
-        self.settle()
+        self.wait_for_step()
         self.sharding.load_fragment_state(read)
 
     def full_state_dict(self, dtype: torch.dtype | None = None):
@@ -246,7 +254,7 @@ class Engine(EngineStateMixin):
         dtype=None gives the params as the model holds them. Asking fp32 from a 16-bit model gives the fp32
         master, so the values are the exact optimizer weights, not rounded copies.
         """
-        self.settle()
+        self.wait_for_step()
         yield from self.sharding.full_params(dtype)
-        for name, b in self._buffers:
+        for name, b in self.sharding.model_buffers:
             yield name, b.detach() if dtype is None or not b.is_floating_point() else b.detach().to(dtype)

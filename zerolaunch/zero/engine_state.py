@@ -22,17 +22,17 @@ class EngineStateMixin:
                 tuple(p.shape),
                 str(p.dtype).removeprefix("torch.") if not p.requires_grad else dtype_name,
                 p.requires_grad,
-                self._aliases.get(name, ()),
+                self.sharding.aliases.get(name, ()),
             )
-            for name, p in self._named.items()
+            for name, p in self.sharding.named_params.items()
         ]
 
     def replicated_state(self) -> dict[str, torch.Tensor]:
-        return {name: t.detach() for name, t in self._frozen + self._buffers}
+        return {name: t.detach() for name, t in self.sharding.frozen_params + self.sharding.model_buffers}
 
     @torch.no_grad()
     def load_replicated_state(self, state: dict[str, torch.Tensor]) -> None:
-        expected = {name: t for name, t in self._frozen + self._buffers}
+        expected = {name: t for name, t in self.sharding.frozen_params + self.sharding.model_buffers}
         missing = sorted(set(expected) - set(state))
         unknown = sorted(set(state) - set(expected))
         if missing or unknown:
@@ -47,7 +47,7 @@ class EngineStateMixin:
         """{f"{kind}/{name}/{start}": flat tensor} for every owned fragment, in the master's dtype (fp32, or bf16:
         [Note: bf16 master]; the checkpoint writes fp32); "step/..." is 1 element.
         Resident shards give views (no copy); an nvme swap file gives copies, resident until dropped."""
-        self.settle()
+        self.wait_for_step()
         step = torch.tensor([float(self._optimizer_step_count())])
         out: dict[str, torch.Tensor] = {}
         for f in self.owned_fragments():
@@ -60,7 +60,7 @@ class EngineStateMixin:
         return self.shards.step_count if self.shards.counts_steps else 0
 
     def state_meta(self) -> dict:
-        self.settle()
+        self.wait_for_step()
         return {
             "stage": self.stage,
             "global_steps": self.global_steps,
@@ -71,7 +71,7 @@ class EngineStateMixin:
         }
 
     def load_state_meta(self, meta: dict) -> None:
-        self.settle()
+        self.wait_for_step()
         self.global_steps = int(meta["global_steps"])
         self.micro_steps = int(meta.get("micro_steps", 0))
         self._window_start = self.micro_steps  # checkpoints are taken between windows

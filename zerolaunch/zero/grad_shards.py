@@ -10,15 +10,15 @@ each is re-allocated by its own first write of the next window. Backward writes 
 layer order while it frees the activations of those layers, so the grads grow as the activations shrink
 and the backward peak (at the loss, where the fewest activations are freed yet) holds one segment, not the
 whole shard: FSDP2 allocates its sharded grads per layer in backward the same way. (One segment for the
-whole shard, the first version, held all 4.90 GiB of GPT-1.3B's fp32 grads under that peak on one H200.)
+whole shard would hold all of it under that peak: 4.90 GiB of fp32 grads for GPT-1.3B.)
 Views into a segment (the reducers' slices, stage 3's grad views) stay valid: they share the storage
 object, whose data pointer is read at each use.
 
 The contents need no zeroing pass: every write path overwrites a shard element on its first write in a
 window (GradWindow.FRESH; stage 2 and stage 3 issue every bucket / unit every micro-step; the world-size-1
-accumulators zero what got no gradient in finish_backward). Every writer calls `ensure` first, which also
+accumulators zero what got no gradient in finish_backward). Every writer calls `prepare_write` first, which also
 marks the segment written in this window; only a segment no write reached -- e.g. a boundary with no
-backward -- is zero-filled before the step reads it (`ensure_zeroed`), which is what "no gradient" means.
+backward -- is zero-filled before the step reads it (`zero_unwritten`), which is what "no gradient" means.
 Host shards (optimizer offload) are one pinned tensor per group, never freed (pinned allocations are slow and
 host memory is not the peak), so the written marks, not the allocation, say what holds this window's grads:
 a host shard keeps the last window's values until it is written or zeroed.
@@ -28,10 +28,10 @@ At world size 1 (the direct path) with a 16-bit model, one micro-step per window
 grads as they are (plan.grads_in_compute_dtype: the fused step, or torch's over a bf16 master, [Note: bf16
 master]), a window's grads are nobody's sum: each element is one gradient autograd made in the compute dtype,
 and its fp32 copy is that value's exact upcast. Then each device segment starts the window in the compute
-dtype (`narrow_dtype`): the grad hooks copy 2 bytes per element instead of writing 4, the norm reads 2, and the
+dtype (`compute_dtype`): the grad hooks copy 2 bytes per element instead of writing 4, the norm reads 2, and the
 fused step reads 2 and upcasts in its kernel (fused_step.adam_chunk), so the weights are the fp32 path's bit
-for bit. GPT-1.3B: 40 -> 34 bytes of optimizer-side traffic per param a step (the probe's
-fused rows in bench/RESULTS.md, 2026-12-05), half the grad shard's 4.90 GiB held at the step.
+for bit. GPT-1.3B: 40 -> 34 bytes of optimizer-side traffic per param a step, and half the grad shard's
+4.90 GiB held at the step.
 A second gradient into a segment in the same window (a caller-set boundary with several backwards) must be
 summed in fp32, as the other paths do: `write` then promotes the segment to fp32 first (its 16-bit values
 copied up, exactly) for the rest of the window; `release` returns it to the compute dtype. So the values never
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -49,16 +50,30 @@ from .optim import host
 from .plan import GradSegment
 
 
+@dataclass(slots=True)
+class SegmentState:
+    """Where one segment stands between two steps (`GradShards.state`)."""
+
+    fp32_held: bool
+    """The fp32 tensor's storage is allocated."""
+    compute_held: bool
+    """Compute-dtype mode: the compute-dtype tensor's storage is allocated."""
+    in_fp32: bool
+    """This window's grads are in the fp32 tensor (else in the compute-dtype one)."""
+    written: bool = False
+    """prepare_write() was called since the last step's release()."""
+
+
 class GradSlice:
     """A fixed range of one segment (a param's grads): its fp32 view and, in compute-dtype mode, its 16-bit
     view, both taken once while the segment was held ([Note: compute-dtype grads])."""
 
-    __slots__ = ("segment", "wide", "narrow")
+    __slots__ = ("segment", "fp32", "compute")
 
-    def __init__(self, segment: int, wide: torch.Tensor, narrow: torch.Tensor | None):
+    def __init__(self, segment: int, fp32: torch.Tensor, compute: torch.Tensor | None):
         self.segment = segment
-        self.wide = wide
-        self.narrow = narrow
+        self.fp32 = fp32
+        self.compute = compute
 
 
 class GradShards:
@@ -70,13 +85,13 @@ class GradShards:
         *,
         pin: bool,
         releasable: bool,
-        narrow_dtype: torch.dtype | None = None,
+        compute_dtype: torch.dtype | None = None,
     ):
         """`segments` tile each group's [0, numel) in order. releasable: on the compute device (no offload),
-        freed by release() and re-allocated by ensure(); else one (pinned) tensor per group, always held.
-        narrow_dtype: each window starts every segment in this dtype ([Note: compute-dtype grads]; releasable
+        freed by release() and re-allocated by prepare_write(); else one (pinned) tensor per group, always held.
+        compute_dtype: each window starts every segment in this dtype ([Note: compute-dtype grads]; releasable
         only)."""
-        if narrow_dtype is not None and not releasable:
+        if compute_dtype is not None and not releasable:
             raise ValueError("compute-dtype grad shards are device segments (releasable)")
         self.segments = list(segments)
         self.releasable = releasable
@@ -97,20 +112,24 @@ class GradShards:
             whole = [host.zeros(n, device, pin=pin) for n in group_numels]
             self.tensors = [whole[s.group][s.offset : s.offset + s.numel] for s in self.segments]
         """One fp32 tensor per segment (window_tensors() are what holds this window's grads)."""
-        self.narrow_dtype = narrow_dtype
-        self.narrow: list[torch.Tensor] | None = None
-        """Compute-dtype mode: one tensor per segment in narrow_dtype."""
+        self.compute_dtype = compute_dtype
+        self.compute_tensors: list[torch.Tensor] | None = None
+        """Compute-dtype mode: one tensor per segment in compute_dtype."""
         self._nbytes = [4 * s.numel for s in self.segments]
-        self._held = [True] * len(self.segments)
-        self._wide_window = narrow_dtype is None
-        self._wide = [self._wide_window] * len(self.segments)
-        """Per segment: this window's grads are in the fp32 tensor (else in the narrow one)."""
-        if narrow_dtype is not None:
-            self.narrow = [torch.empty(s.numel, dtype=narrow_dtype, device=device) for s in self.segments]
-            self._narrow_nbytes = [t.numel() * t.element_size() for t in self.narrow]
-            self._narrow_held = [True] * len(self.segments)
-        self._written = [False] * len(self.segments)
-        """Written (ensure() called) since the last step's release()."""
+        self._compute_nbytes = [0] * len(self.segments)
+        self._fp32_from_start = compute_dtype is None
+        if compute_dtype is not None:
+            self.compute_tensors = [
+                torch.empty(s.numel, dtype=compute_dtype, device=device) for s in self.segments
+            ]
+            self._compute_nbytes = [t.numel() * t.element_size() for t in self.compute_tensors]
+        self.state = [
+            SegmentState(
+                fp32_held=True, compute_held=compute_dtype is not None, in_fp32=self._fp32_from_start
+            )
+            for _ in self.segments
+        ]
+        """One record per segment."""
 
     # ---- where an element lives ----------------------------------------------------------------------
     def index_of(self, group: int, offset: int) -> int:
@@ -121,7 +140,7 @@ class GradShards:
     def view(self, group: int, offset: int, numel: int) -> torch.Tensor:
         """Elements [offset, offset + numel) of `group`'s shard, which must lie in one segment. Take views
         while the segment is held (torch refuses to slice a storage of size 0); a view taken then stays valid
-        across release() and ensure(), which resize the storage it shares."""
+        across release() and prepare_write(), which resize the storage it shares."""
         i = self.index_of(group, offset)
         s = self.segments[i]
         start = offset - s.offset
@@ -135,17 +154,17 @@ class GradShards:
     def slice(self, group: int, offset: int, numel: int) -> GradSlice:
         """A writer's handle on elements [offset, offset + numel) of `group`'s shard (one segment), for
         `write` and `zero`: take it while the segments are held, as `view`."""
-        wide = self.view(group, offset, numel)
+        fp32 = self.view(group, offset, numel)
         i = self.index_of(group, offset)
-        narrow = None
-        if self.narrow is not None:
+        compute = None
+        if self.compute_tensors is not None:
             start = offset - self.segments[i].offset
-            narrow = self.narrow[i][start : start + numel]
-        return GradSlice(i, wide, narrow)
+            compute = self.compute_tensors[i][start : start + numel]
+        return GradSlice(i, fp32, compute)
 
     def window_tensors(self) -> list[torch.Tensor]:
         """Per segment, the tensor holding this window's grads (fp32, or compute-dtype): what the norm and the
-        step read, after ensure_zeroed()."""
+        step read, after zero_unwritten()."""
         return [self._window_tensor(i) for i in range(len(self.segments))]
 
     def window_view(self, group: int, offset: int, numel: int) -> torch.Tensor:
@@ -155,17 +174,17 @@ class GradShards:
         return self._window_tensor(i)[start : start + numel]
 
     def _window_tensor(self, index: int) -> torch.Tensor:
-        return self.tensors[index] if self._wide[index] else self.narrow[index]
+        return self.tensors[index] if self.state[index].in_fp32 else self.compute_tensors[index]
 
     # ---- writes ----------------------------------------------------------------------------------------
     @torch.no_grad()
     def write(self, where: GradSlice, grad: torch.Tensor, *, accumulate: bool) -> None:
         """`where` <- grad (accumulate=False: its exact copy or upcast) or += grad (in fp32: a compute-dtype
         segment is promoted first, [Note: compute-dtype grads]). grad: flat, where's numel, any float dtype."""
-        self.ensure(where.segment)
-        if accumulate and not self._wide[where.segment]:
+        self.prepare_write(where.segment)
+        if accumulate and not self.state[where.segment].in_fp32:
             self._promote(where.segment)
-        dst = where.wide if self._wide[where.segment] else where.narrow
+        dst = where.fp32 if self.state[where.segment].in_fp32 else where.compute
         if accumulate:
             dst.add_(grad)
         else:
@@ -174,46 +193,46 @@ class GradShards:
     @torch.no_grad()
     def zero(self, where: GradSlice) -> None:
         """`where` reads zeros in this window (a param that got no gradient)."""
-        self.ensure(where.segment)
-        (where.wide if self._wide[where.segment] else where.narrow).zero_()
+        self.prepare_write(where.segment)
+        (where.fp32 if self.state[where.segment].in_fp32 else where.compute).zero_()
 
     def _promote(self, index: int) -> None:
         """Segment `index` holds this window's grads in fp32 from now on: its compute-dtype values, copied up
         exactly (all of it: elements not written yet are overwritten or zeroed before the step reads them)."""
-        self._hold_wide(index)
-        self.tensors[index].copy_(self.narrow[index])
-        self.narrow[index].untyped_storage().resize_(0)
-        self._narrow_held[index] = False
-        self._wide[index] = True
+        self._hold_fp32(index)
+        self.tensors[index].copy_(self.compute_tensors[index])
+        self.compute_tensors[index].untyped_storage().resize_(0)
+        self.state[index].compute_held = False
+        self.state[index].in_fp32 = True
 
     # ---- memory --------------------------------------------------------------------------------------
-    def ensure(self, index: int) -> None:
+    def prepare_write(self, index: int) -> None:
         """Before a write into segment `index`: re-allocate it (in this window's dtype) if released, and mark
         it written in this window. Call on the compute stream, which frees it after the step, so the block
         belongs to that stream's pool; a write on a side stream (stage 2's reduce stream) is ordered after
         this by comm's waits ([Note: comm streams])."""
-        if self._wide[index]:
-            self._hold_wide(index)
-        elif not self._narrow_held[index]:
-            self.narrow[index].untyped_storage().resize_(self._narrow_nbytes[index])
-            self._narrow_held[index] = True
-        self._written[index] = True
+        if self.state[index].in_fp32:
+            self._hold_fp32(index)
+        elif not self.state[index].compute_held:
+            self.compute_tensors[index].untyped_storage().resize_(self._compute_nbytes[index])
+            self.state[index].compute_held = True
+        self.state[index].written = True
 
-    def _hold_wide(self, index: int) -> None:
-        if not self._held[index]:
+    def _hold_fp32(self, index: int) -> None:
+        if not self.state[index].fp32_held:
             self.tensors[index].untyped_storage().resize_(self._nbytes[index])
-            self._held[index] = True
+            self.state[index].fp32_held = True
 
-    def ensure_all(self) -> None:
+    def prepare_all_writes(self) -> None:
         for i in range(len(self.segments)):
-            self.ensure(i)
+            self.prepare_write(i)
 
-    def ensure_zeroed(self) -> None:
+    def zero_unwritten(self) -> None:
         """Before the step reads the shards: a segment no write reached this window reads zeros (a released
         one instead of freed memory, a host one instead of the last window's grads)."""
-        for i, written in enumerate(self._written):
-            if not written:
-                self.ensure(i)
+        for i, state in enumerate(self.state):
+            if not state.written:
+                self.prepare_write(i)
                 self._window_tensor(i).zero_()
 
     def release(self) -> None:
@@ -221,28 +240,29 @@ class GradShards:
         unwritten, and device segments are freed (the step's kernels are queued on the current stream, whose
         allocator pool gets the blocks back: later work on that stream is ordered after them). Host segments
         stay allocated, also while an overlapped step still reads them."""
-        self._written = [False] * len(self.segments)
-        self._wide = [self._wide_window] * len(self.segments)
+        for state in self.state:
+            state.written = False
+            state.in_fp32 = self._fp32_from_start
         if not self.releasable:
             return
         for i, t in enumerate(self.tensors):
-            if self._held[i]:
+            if self.state[i].fp32_held:
                 t.untyped_storage().resize_(0)
-                self._held[i] = False
-            if self.narrow is not None and self._narrow_held[i]:
-                self.narrow[i].untyped_storage().resize_(0)
-                self._narrow_held[i] = False
+                self.state[i].fp32_held = False
+            if self.compute_tensors is not None and self.state[i].compute_held:
+                self.compute_tensors[i].untyped_storage().resize_(0)
+                self.state[i].compute_held = False
 
     @property
     def capacity_bytes(self) -> int:
         """Bytes of the whole shard as a window holds it (what memory_bytes() reports: held from backward to
         the step): fp32, or the compute dtype in compute-dtype mode (where a window of several backwards,
         which promotes its segments, holds the fp32 bytes instead)."""
-        return sum(self._nbytes) if self.narrow is None else sum(self._narrow_nbytes)
+        return sum(self._nbytes) if self.compute_tensors is None else sum(self._compute_nbytes)
 
     @property
     def held_bytes(self) -> int:
-        held = sum(n for n, h in zip(self._nbytes, self._held, strict=True) if h)
-        if self.narrow is not None:
-            held += sum(n for n, h in zip(self._narrow_nbytes, self._narrow_held, strict=True) if h)
-        return held
+        return sum(
+            fp32 * s.fp32_held + compute * s.compute_held
+            for fp32, compute, s in zip(self._nbytes, self._compute_nbytes, self.state, strict=True)
+        )

@@ -52,7 +52,7 @@ class OffloadOptions:
     overlap_step: bool = False
     """offload_optimizer, stages 1/2: the CPU step runs in the background while the next forward starts
     ([Note: overlapped step] in zero/optim/overlapped_step.py); params read outside a module's forward may be
-    stale until `engine.settle()`."""
+    stale until `engine.wait_for_step()`."""
 
 
 @dataclass(frozen=True)

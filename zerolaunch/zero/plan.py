@@ -128,6 +128,55 @@ class StagingTake:
     """Allocate a new staging buffer; False: reuse a free one."""
 
 
+class IssueOrder:
+    """The one order reduce units (stage-2 buckets, stage-3 units) are issued in, the same on every rank
+    whatever order autograd produces grads in: a unit is complete once all of its grads have arrived, and is
+    issued once every unit before it in `order` was. Torch-free: stage 2's StagingPool (so estimate-memory's
+    simulation too) and stage 3's Stage3Schedule count with it; the caller issues."""
+
+    def __init__(self, order: Sequence[int], grads_per_unit: Sequence[int]):
+        """order: unit indices, first issued first; grads_per_unit[u]: the grads unit u waits for."""
+        self.order = list(order)
+        self.grads_per_unit = list(grads_per_unit)
+        self.reset()
+
+    def reset(self) -> None:
+        """A new backward: nothing arrived, nothing issued."""
+        self.arrived_counts = [0] * len(self.grads_per_unit)
+        self.next = 0
+        """Position in `order` of the next unit to issue."""
+
+    def arrive(self, unit: int) -> bool:
+        """One more of unit's grads arrived; True when that completes the unit."""
+        self.arrived_counts[unit] += 1
+        return self.arrived_counts[unit] == self.grads_per_unit[unit]
+
+    def issuable(self) -> list[int]:
+        """The complete units that may be issued now, in order (each then `issued`)."""
+        out = []
+        position = self.next
+        while position < len(self.order):
+            unit = self.order[position]
+            if self.arrived_counts[unit] < self.grads_per_unit[unit]:
+                break
+            out.append(unit)
+            position += 1
+        return out
+
+    def unissued(self) -> list[int]:
+        """End of backward: every unit not issued yet, in order (its missing grads count as zero)."""
+        return self.order[self.next :]
+
+    def issued(self, unit: int) -> None:
+        assert unit == self.order[self.next], (unit, self.order[self.next])
+        self.next += 1
+
+    @property
+    def started(self) -> bool:
+        """A grad of this backward arrived or a unit was issued."""
+        return self.next > 0 or any(self.arrived_counts)
+
+
 class StagingPool:
     """The stage-2 staging buffer policy of [Note: stage-2 buffers] (flat/reducer.py), without tensors.
 
@@ -151,8 +200,8 @@ class StagingPool:
         """Buckets holding a buffer, not yet issued."""
         self.in_flight: deque[int] = deque()
         """Issued buckets whose reduce-scatter is not completed, oldest first."""
-        self.ready_counts = [0] * len(self.slot_counts)
-        self.next_issue = 0
+        self.order = IssueOrder(range(len(self.slot_counts)), self.slot_counts)
+        """Buckets are issued in index order."""
 
     def take(self, bucket: int) -> StagingTake | None:
         """Bucket's grad arrives: None when it holds a buffer already; otherwise it takes one, first
@@ -172,24 +221,19 @@ class StagingPool:
 
     def grad_ready(self, bucket: int) -> list[int]:
         """One more of bucket's grads was staged: the buckets now complete in index order, to issue."""
-        self.ready_counts[bucket] += 1
-        ready = []
-        index = self.next_issue
-        while index < len(self.slot_counts) and self.ready_counts[index] >= self.slot_counts[index]:
-            ready.append(index)
-            index += 1
-        return ready
+        self.order.arrive(bucket)
+        return self.order.issuable()
 
     def unissued(self) -> list[int]:
         """End of backward: every bucket not issued yet, in index order (missing grads count as zero)."""
-        return list(range(self.next_issue, len(self.slot_counts)))
+        return self.order.unissued()
 
     def issue(self, bucket: int) -> bool:
         """Bucket (holding a buffer: `take` first) is issued. True: complete it at once (no overlap)."""
-        assert bucket == self.next_issue and bucket in self.held, (bucket, self.next_issue)
+        assert bucket in self.held, bucket
+        self.order.issued(bucket)
         self.held.discard(bucket)
         self.in_flight.append(bucket)
-        self.next_issue += 1
         if not self.overlap:
             self.complete_oldest()
             return True
@@ -204,8 +248,7 @@ class StagingPool:
     def end_backward(self) -> None:
         """Every bucket was issued and completed: the next backward starts from bucket 0 again."""
         assert not self.held and not self.in_flight, (self.held, self.in_flight)
-        self.ready_counts = [0] * len(self.slot_counts)
-        self.next_issue = 0
+        self.order.reset()
 
     def discard(self) -> None:
         """The window was dropped (its reduce-scatters awaited by the caller): every buffer is free again and
@@ -218,7 +261,7 @@ class StagingPool:
     @property
     def busy(self) -> bool:
         """A backward is under way (a grad staged, a bucket issued or in flight)."""
-        return self.next_issue > 0 or bool(self.in_flight) or any(self.ready_counts)
+        return self.order.started or bool(self.in_flight)
 
 
 def stage2_staging_buffers(

@@ -37,10 +37,10 @@ class LRSchedule:
     @property
     def peak_lr(self) -> float:
         """The nanoGPT "cosine"'s peak (its warmup_max_lr is a number or None)."""
-        o = self.options
-        if isinstance(o.warmup_max_lr, tuple):
-            return float(o.warmup_max_lr[0])
-        return self.base_lr if o.warmup_max_lr is None else float(o.warmup_max_lr)
+        options = self.options
+        if isinstance(options.warmup_max_lr, tuple):
+            return float(options.warmup_max_lr[0])
+        return self.base_lr if options.warmup_max_lr is None else float(options.warmup_max_lr)
 
     def check_groups(self, num_groups: int, groups: str) -> None:
         """Raise ValueError when a per-group list of warmup_min_lr / warmup_max_lr does not have one value per
@@ -76,54 +76,56 @@ class LRSchedule:
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         self.last_step = step
-        o = self.options
+        options = self.options
         own = [self.base_lr if lr is None else float(lr) for lr in group_lrs]
-        if o.name == "none":
+        if options.name == "none":
             return own
-        if o.name == "cosine":  # not DeepSpeed's: a group's lr follows the schedule in proportion
+        if options.name == "cosine":  # not DeepSpeed's: a group's lr follows the schedule in proportion
             lr = self._cosine(step, self.peak_lr)
             return [
                 lr if g is None else lr * (float(g) / self.base_lr if self.base_lr > 0 else 1.0)
                 for g in group_lrs
             ]
         # DeepSpeed clamps warmup to >= 2 steps (log(1) would divide by zero).
-        warmup = max(2, o.warmup_num_steps)
-        if o.name == "WarmupCosineLR":
+        warmup = max(2, options.warmup_num_steps)
+        if options.name == "WarmupCosineLR":
             if step == 0:  # the lr DeepSpeed's scheduler sets at construction (last_batch_iteration == -1)
                 return [0.0 for _ in own]
             ratio = self._warmup_cosine_ratio(step - 1, warmup)
             return [lr * ratio for lr in own]
         # DeepSpeed's _format_param: a scalar is broadcast to every group, a list gives one value per group
         self.check_groups(len(own), f"the {len(own)} group lrs given to lrs_at")
-        mins = _per_group(o.warmup_min_lr, len(own))
-        peaks = own if o.warmup_max_lr is None else _per_group(o.warmup_max_lr, len(own))
+        mins = _per_group(options.warmup_min_lr, len(own))
+        peaks = own if options.warmup_max_lr is None else _per_group(options.warmup_max_lr, len(own))
         if step == 0:
             return list(mins)
         step -= 1  # DeepSpeed's last_batch_iteration when step k+1 runs
         if step < warmup:
             gamma = self._warmup_gamma(step, warmup)
-        elif o.name == "WarmupLR":
+        elif options.name == "WarmupLR":
             gamma = 1.0
         else:
-            total = o.total_num_steps
+            total = options.total_num_steps
             gamma = max(0.0, float(total - step) / float(max(1.0, total - warmup)))
         # DeepSpeed: min_lr + delta_lr * gamma, delta_lr = max_lr - min_lr computed once (the same floats)
         return [min_lr + (peak - min_lr) * gamma for min_lr, peak in zip(mins, peaks, strict=True)]
 
     def _warmup_cosine_ratio(self, step: int, warmup: int) -> float:
-        o = self.options
+        options = self.options
         if step < warmup:
-            return o.warmup_min_ratio + self._warmup_gamma(step, warmup) * (1.0 - o.warmup_min_ratio)
+            return options.warmup_min_ratio + self._warmup_gamma(step, warmup) * (
+                1.0 - options.warmup_min_ratio
+            )
         real_step = step - warmup + 1
-        real_total = max(1, o.total_num_steps - warmup)
+        real_total = max(1, options.total_num_steps - warmup)
         ratio = (1 + math.cos(math.pi * min(1.0, real_step / real_total))) / 2
-        return max(0.0, o.cos_min_ratio + (1.0 - o.cos_min_ratio) * ratio)
+        return max(0.0, options.cos_min_ratio + (1.0 - options.cos_min_ratio) * ratio)
 
     def _cosine(self, step: int, peak: float) -> float:
         # nanoGPT: linear warmup to the peak, cosine down to cos_min_ratio * peak, flat after total steps.
-        o = self.options
-        total, warmup = o.total_num_steps, o.warmup_num_steps
-        min_lr = o.cos_min_ratio * peak
+        options = self.options
+        total, warmup = options.total_num_steps, options.warmup_num_steps
+        min_lr = options.cos_min_ratio * peak
         if step < warmup:
             return peak * (step + 1) / (warmup + 1)
         if step >= total:

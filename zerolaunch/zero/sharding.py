@@ -9,19 +9,25 @@ they move between ranks:
 - `stage3.unit_sharding.UnitSharding`: stage 3, params sharded per unit and gathered just in time
   (stage3/schedule.py).
 
-A strategy sets at construction: `module`, `_named` (name -> trainable or frozen param, tied counted once),
-`_aliases`, `_frozen`, `_buffers`, `shards` (optim.shard_optimizer.ShardOptimizer), `grad_shards`
-(grad_shards.GradShards: the fp32 grad shards in segments), `num_groups`; and supplies the methods of `Sharding` below that it overrides.
+A strategy is built from a `StrategyContext` (what the engine resolved from the options; frozen, so a
+strategy cannot change the engine's placement) and sets at construction the public attributes the engine and
+its checkpoint side read: `module`, `named_params` (name -> trainable or frozen param, tied counted once),
+`aliases`, `frozen_params`, `model_buffers`, `shards` (optim.shard_optimizer.ShardOptimizer), `grad_shards`
+(grad_shards.GradShards: the fp32 grad shards in segments), `num_groups`; and supplies the methods of
+`Sharding` below that it overrides.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from . import plan
+from . import comm, plan
 from .optim import host
+from .options import EngineOptions
 
 
 class GradWindow(enum.Enum):
@@ -36,37 +42,72 @@ class GradWindow(enum.Enum):
     """The slice holds this window's sum so far: the next reduced grad is added to it."""
 
 
-class Sharding:
-    def __init__(self, engine) -> None:
-        # the placement and dtypes the engine resolved from the options (Engine.__init__), copied so
-        # that a strategy reads them as its own attributes.
-        self.options = engine.options
-        self.stage = engine.stage
-        self.group = engine.group
-        self.device = engine.device
-        self.rank = engine.rank
-        self.world_size = engine.world_size
-        self.comm_stats = engine.comm_stats
-        self.comm_context = engine.comm_context
-        self.dtype = engine.dtype
-        self.comm_dtype = engine.comm_dtype
-        self.master_device = engine.master_device
-        self.fused_step = engine.options.optimizer.fused_step
-        self.master_dtype = engine.master_dtype
+@dataclass(frozen=True)
+class StrategyContext:
+    """The placement and dtypes the engine resolved from the options (Engine.__init__), the one thing a
+    strategy is given besides the model: a strategy reads the engine through nothing else."""
 
-    def _narrow_grad_dtype(self, direct: bool) -> torch.dtype | None:
-        """The dtype a window's grad shards start in when it is not fp32 ([Note: compute-dtype grads] in
-        grad_shards.py; plan.grads_in_compute_dtype decides), for GradShards(narrow_dtype=...); `direct`: the
-        strategy takes the world-size-1 direct path."""
-        o = self.options
-        narrow = plan.grads_in_compute_dtype(
-            direct,
-            o.precision.dtype,
-            o.gradient_accumulation_steps,
-            self.fused_step,
-            o.precision.master_dtype,
+    options: EngineOptions
+    group: object
+    """The process group (None: the default group, or no group at world size 1)."""
+    device: torch.device
+    """The compute device: params, activations, grads before they are reduced."""
+    rank: int
+    world_size: int
+    dtype: torch.dtype
+    """The compute dtype of the params."""
+    comm_dtype: torch.dtype
+    """The dtype grads are reduced in."""
+    master_device: torch.device
+    """Where the fp32 (or bf16) master, optimizer state and grad shards live."""
+    master_dtype: torch.dtype
+    comm: comm.CommContext
+    """The device, group and CUDA side streams every collective of the strategy is issued with."""
+    stats: comm.CommStats
+
+    @property
+    def stage(self) -> int:
+        return self.options.zero.stage
+
+
+class Sharding:
+    module: nn.Module
+    named_params: dict[str, nn.Parameter]
+    aliases: dict[str, tuple[str, ...]]
+    frozen_params: list[tuple[str, nn.Parameter]]
+    model_buffers: list[tuple[str, torch.Tensor]]
+    num_groups: int
+
+    def __init__(self, ctx: StrategyContext) -> None:
+        self.ctx = ctx
+
+    def _accumulates_directly(self, options: EngineOptions) -> bool:
+        """plan.accumulates_directly: world size 1 without offload, grads written straight into the shards
+        from their hooks (flat/reducer.py DirectAccumulator, [Note: direct grads] in stage3/schedule.py). A
+        method: tests force the reducing path to compare the two."""
+        precision = options.precision
+        return plan.accumulates_directly(
+            options.zero.stage,
+            self.ctx.world_size,
+            options.zero.offload_optimizer.device != "none",
+            precision.dtype,
+            precision.communication_dtype or "fp32",
+            options.gradient_accumulation_steps,
         )
-        return self.dtype if narrow else None
+
+    def _compute_grad_dtype(self, direct: bool) -> torch.dtype | None:
+        """The dtype a window's grad shards start in when it is not fp32 ([Note: compute-dtype grads] in
+        grad_shards.py; plan.grads_in_compute_dtype decides), for GradShards(compute_dtype=...); `direct`: the
+        strategy takes the world-size-1 direct path."""
+        options = self.ctx.options
+        in_compute_dtype = plan.grads_in_compute_dtype(
+            direct,
+            options.precision.dtype,
+            options.gradient_accumulation_steps,
+            options.optimizer.fused_step,
+            options.precision.master_dtype,
+        )
+        return self.ctx.dtype if in_compute_dtype else None
 
     # ---- hooks around forward and backward (no-ops unless a strategy needs them) ---------------------
     def begin_forward(self) -> None:
@@ -93,7 +134,7 @@ class Sharding:
 
     def _drop_param_grads(self) -> None:
         """No param keeps a .grad a failed backward left (a hook that did not run to its end)."""
-        for p in self._named.values():
+        for p in self.named_params.values():
             p.grad = None
 
     # ---- the boundary --------------------------------------------------------------------------------
@@ -114,8 +155,8 @@ class Sharding:
         step's only read, before any step kernel is queued; a read after them, such as a float() of the norm
         for StepInfo, would wait for the whole step). Waiting here too would drain the queue first, so the
         GPU would sit idle while the host launched the norm's kernels."""
-        if plan.host_waits_at_boundary(self.device.type, self.master_device.type):
-            host.sync(self.device)
+        if plan.host_waits_at_boundary(self.ctx.device.type, self.ctx.master_device.type):
+            host.sync(self.ctx.device)
 
     def reset_accumulation(self) -> None:
         """After the norm check: the next window starts accumulating afresh."""
@@ -124,12 +165,17 @@ class Sharding:
         """Step the fp32 shards and bring the updated params back to where the forward reads them."""
         raise NotImplementedError
 
+    def window_grad_tensors(self) -> list[torch.Tensor]:
+        """Per grad segment, the tensor holding this window's grads (what the norm reads when finish_window
+        gave no device sum of squares)."""
+        return self.grad_shards.window_tensors()
+
     def release_grads(self) -> None:
         """After the step read the grad shards (or a skipped step discarded them): free what the next window
         re-allocates at its first write ([Note: released grad shards] in grad_shards.py)."""
         self.grad_shards.release()
 
-    def settle(self) -> None:
+    def wait_for_step(self) -> None:
         """Finish a step still running in the background (only an overlapped step has one)."""
 
     def close(self) -> None:

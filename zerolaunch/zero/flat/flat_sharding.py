@@ -28,41 +28,46 @@ from ..optim import shard_optimizer
 from ..optim.overlapped_step import OverlappedStep
 from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
 from ..param_groups import collect_aliases, collect_params, optimizer_groups
-from ..sharding import Sharding, nbytes
+from ..sharding import Sharding, StrategyContext, nbytes
 from . import reducer
+from .full_grads import FullGrads
 
 
 class FlatSharding(Sharding):
-    def __init__(self, engine, model: nn.Module, *, init_fn=None, param_groups: list[dict] | None = None):
+    def __init__(
+        self, ctx: StrategyContext, model: nn.Module, *, init_fn=None, param_groups: list[dict] | None = None
+    ):
         """param_groups: the client's optimizer groups (param_groups.client_groups); None = the default
         groups of options.optimizer (decay_1d). init_fn is stage 3's (stages 0-2 take built weights)."""
-        super().__init__(engine)
-        options = self.options
+        super().__init__(ctx)
+        options = self.ctx.options
         pin = options.zero.offload_optimizer.pin_memory
 
         self.module = (
-            model.to(device=self.device, dtype=self.dtype)
-            if self.dtype != torch.float32
-            else model.to(device=self.device)
+            model.to(device=self.ctx.device, dtype=self.ctx.dtype)
+            if self.ctx.dtype != torch.float32
+            else model.to(device=self.ctx.device)
         )
         named = collect_params(self.module)
-        self._named = dict(named)
-        self._aliases = collect_aliases(self.module)
-        self._frozen = [(n, p) for n, p in named if not p.requires_grad]
-        self._buffers = list(self.module.named_buffers())
-        o = options.optimizer
-        self._groups = optimizer_groups(named, o.weight_decay, o.decay_1d, param_groups)
+        self.named_params = dict(named)
+        self.aliases = collect_aliases(self.module)
+        self.frozen_params = [(n, p) for n, p in named if not p.requires_grad]
+        self.model_buffers = list(self.module.named_buffers())
+        optimizer_options = options.optimizer
+        self._groups = optimizer_groups(
+            named, optimizer_options.weight_decay, optimizer_options.decay_1d, param_groups
+        )
         specs = [
             ParamSpec(name, tuple(p.shape), g)
             for g, grp in enumerate(self._groups)
             for name, p in zip(grp["names"], grp["params"], strict=True)
         ]
-        self.layout = plan.flat_layout(specs, self.stage, self.world_size, options.zero.bucket_numel)
-        self._layout_rank = 0 if self.stage == 0 else self.rank
+        self.layout = plan.flat_layout(specs, self.ctx.stage, self.ctx.world_size, options.zero.bucket_numel)
+        self._layout_rank = 0 if self.ctx.stage == 0 else self.ctx.rank
         self.num_groups = len(self._groups)
 
         self.flat_params = reducer.FlatParams(
-            self.layout, self._named, self.num_groups, self.dtype, self.device
+            self.layout, self.named_params, self.num_groups, self.ctx.dtype, self.ctx.device
         )
         self._broadcast_initial_state()
 
@@ -75,15 +80,15 @@ class FlatSharding(Sharding):
         self.grad_shards = GradShards(
             shard_numels,
             segments,
-            self.master_device,
+            self.ctx.master_device,
             pin=pin,
             releasable=offload_device == "none",
-            narrow_dtype=self._narrow_grad_dtype(direct),
+            compute_dtype=self._compute_grad_dtype(direct),
         )
         # the sum of squares for the norm is taken from the reduced grads on the device while they are
         # still there, when those are the window's final values: saves a pass over the host shards.
         self._device_grad_sq = offload_device != "none" and (
-            self.stage < 2 or options.gradient_accumulation_steps == 1
+            self.ctx.stage < 2 or options.gradient_accumulation_steps == 1
         )
         self.shards = ShardOptimizer(
             options.optimizer,
@@ -98,10 +103,10 @@ class FlatSharding(Sharding):
                 ],
                 shard_optimizer.HOST_CHUNK_NUMEL if offload_device == "cpu" else None,
             ),
-            device=self.master_device,
-            rank=self.rank,
-            fused_step=self.fused_step,
-            master_dtype=self.master_dtype,
+            device=self.ctx.master_device,
+            rank=self.ctx.rank,
+            fused_step=self.ctx.options.optimizer.fused_step,
+            master_dtype=self.ctx.master_dtype,
             # [Note: master is params]
             master_tensors=self.flat_params.buffers if self._master_is_params(options) else None,
         )
@@ -109,59 +114,52 @@ class FlatSharding(Sharding):
         buffers = self.flat_params.buffers
         self.shards.initialize(lambda c, master: master.copy_(self._chunk_of_params(buffers, c)))
 
-        self.full_grads: list[torch.Tensor] = []
-        self.reducer: reducer.BackwardReducer | reducer.DirectAccumulator | None = None
-        if direct:
-            self.reducer = reducer.DirectAccumulator(self.layout, self.grad_shards)
-            self._hook_handles = [
-                self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
-                for slot in self.layout.params
-            ]
-        elif self.stage in (0, 1):
-            # autograd accumulates in place into an existing .grad of matching shape: the views persist.
-            self.full_grads = [torch.zeros_like(b) for b in self.flat_params.buffers]
-            for slot in self.layout.params:
-                self._named[slot.name].grad = self.flat_params.param_view(self.full_grads, slot)
-        else:
-            self.reducer = reducer.BackwardReducer(
-                self.layout,
-                self.grad_shards,
-                self.comm_context,
-                comm_dtype=self.comm_dtype,
-                stats=self.comm_stats,
-                track_grad_sq=self._device_grad_sq,
-            )
-            self._hook_handles = [
-                self._named[slot.name].register_post_accumulate_grad_hook(self.reducer.hook_for(slot))
-                for slot in self.layout.params
-            ]
+        self.reducer = self._build_grad_path(direct)
         # not held before the first backward either (the reducers' views above are taken): the first
         # forward's peak is then every step's peak
         self.grad_shards.release()
 
         self._in_flight: OverlappedStep | None = None
-        """The step running in the background ([Note: overlapped step]); None when settled."""
+        """The step running in the background ([Note: overlapped step]); None when none runs."""
         self._step_executor: ThreadPoolExecutor | None = None
         if options.zero.offload_optimizer.overlap_step:
             self._step_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerolaunch-step")
             # the training thread keeps one core while the step runs: it launches the forward's kernels and
             # spins in device syncs, and an OpenMP team with a preempted thread waits for it at every chunk.
             self._step_threads = max(1, torch.get_num_threads() - 1)
-            self._copy_stream = self.comm_context.copy_stream
+            self._copy_stream = self.ctx.comm.copy_stream
             self._register_publish_hooks()
 
     # ---- init -----------------------------------------------------------------------------------------
-    def _accumulates_directly(self, options) -> bool:
-        """plan.accumulates_directly (a method: tests force the reducing path to compare the two)."""
-        p = options.precision
-        return plan.accumulates_directly(
-            self.stage,
-            self.world_size,
-            options.zero.offload_optimizer.device != "none",
-            p.dtype,
-            p.communication_dtype or "fp32",
-            options.gradient_accumulation_steps,
-        )
+    def _build_grad_path(self, direct: bool) -> reducer.GradPath:
+        """How grads reach the fp32 shards, chosen once: straight from their hooks at world size 1, reduced
+        from their hooks per bucket in stage 2, through full-size grad buffers reduced at the boundary in
+        stages 0/1."""
+        if direct:
+            path = reducer.DirectAccumulator(self.layout, self.grad_shards)
+        elif self.ctx.stage in (0, 1):
+            return FullGrads(
+                self.layout,
+                self.flat_params,
+                self.named_params,
+                self.grad_shards,
+                self.ctx,
+                track_grad_sq=self._device_grad_sq,
+            )
+        else:
+            path = reducer.BackwardReducer(
+                self.layout,
+                self.grad_shards,
+                self.ctx.comm,
+                comm_dtype=self.ctx.comm_dtype,
+                stats=self.ctx.stats,
+                track_grad_sq=self._device_grad_sq,
+            )
+        self._hook_handles = [
+            self.named_params[slot.name].register_post_accumulate_grad_hook(path.hook_for(slot))
+            for slot in self.layout.params
+        ]
+        return path
 
     def _master_is_params(self, options) -> bool:
         """[Note: master is params]
@@ -173,8 +171,8 @@ class FlatSharding(Sharding):
         are those of a separate master (its copy back was exact); the memory accounting reports them once,
         as params. plan.master_is_params (estimate-memory asks it too)."""
         return plan.master_is_params(
-            self.stage,
-            self.world_size,
+            self.ctx.stage,
+            self.ctx.world_size,
             options.zero.offload_optimizer.device != "none",
             options.precision.dtype,
             options.precision.master_dtype,
@@ -189,7 +187,7 @@ class FlatSharding(Sharding):
     def close(self) -> None:
         """Finish a step in flight, release the nvme swap file now (it is also removed at garbage collection
         and at exit)."""
-        self.settle()
+        self.wait_for_step()
         if self._step_executor is not None:
             self._step_executor.shutdown(wait=True)
         self.shards.close()
@@ -197,9 +195,9 @@ class FlatSharding(Sharding):
     def _register_publish_hooks(self) -> None:
         """overlap_step: before a module's forward, publish the buckets of its own params; after the root's
         forward, everything ([Note: overlapped step]). A state_dict() of any module holding params (the root's
-        reaches each of them) settles first, so a checkpoint the user writes with torch holds this step's
+        reaches each of them) waits for the step first, so a checkpoint the user writes with torch holds this step's
         weights, not the previous one's."""
-        slot_by_param = {id(self._named[s.name]): s for s in self.layout.params}
+        slot_by_param = {id(self.named_params[s.name]): s for s in self.layout.params}
         for module in self.module.modules():
             buckets = [
                 slot_by_param[id(p)].bucket
@@ -208,106 +206,55 @@ class FlatSharding(Sharding):
             ]
             if buckets:
                 module.register_forward_pre_hook(partial(self._publish_before_forward, min(buckets)))
-                module.register_state_dict_pre_hook(lambda *_: self.settle())
-        self.module.register_forward_hook(lambda *_: self.settle())
+                module.register_state_dict_pre_hook(lambda *_: self.wait_for_step())
+        self.module.register_forward_hook(lambda *_: self.wait_for_step())
 
     def _publish_before_forward(self, bucket: int, *_) -> None:
         if self._in_flight is not None:
             self._in_flight.publish_through(bucket)
 
-    def settle(self) -> None:
+    def wait_for_step(self) -> None:
         if self._in_flight is not None:
             in_flight, self._in_flight = self._in_flight, None
-            in_flight.settle()
+            in_flight.wait_for_step()
 
     def _broadcast_initial_state(self) -> None:
         """Every rank starts from rank 0's weights and buffers (builders may seed differently per rank)."""
         with torch.no_grad():
             for buf in self.flat_params.buffers:
-                comm.broadcast(buf, 0, self.group, stats=self.comm_stats)
-            for _, t in self._frozen + self._buffers:
+                comm.broadcast(buf, 0, self.ctx.group, stats=self.ctx.stats)
+            for _, t in self.frozen_params + self.model_buffers:
                 if t.is_contiguous():
-                    comm.broadcast(t.data, 0, self.group, stats=self.comm_stats)
+                    comm.broadcast(t.data, 0, self.ctx.group, stats=self.ctx.stats)
                 else:
                     tmp = t.data.contiguous()
-                    comm.broadcast(tmp, 0, self.group, stats=self.comm_stats)
+                    comm.broadcast(tmp, 0, self.ctx.group, stats=self.ctx.stats)
                     t.data.copy_(tmp)
 
     # ---- training step --------------------------------------------------------------------------------
     def begin_backward(self) -> None:
-        self._reattach_grad_views()
+        self.reducer.begin_backward()
 
     def finish_backward(self) -> None:
         """Stage 2 reduces as grads arrive: wait for the last buckets."""
-        if self.reducer is not None:
-            self.reducer.finish_backward()
-
-    @torch.no_grad()
-    def _reattach_grad_views(self) -> None:
-        """Stages 0/1: param.grad must be the view into the flat grad buffer; model.zero_grad() (set_to_none)
-        or code that assigns .grad would otherwise make autograd write grads the engine never reduces."""
-        if not self.full_grads:
-            return
-        for slot in self.layout.params:
-            param = self._named[slot.name]
-            view = self.flat_params.param_view(self.full_grads, slot)
-            grad = param.grad
-            if grad is not None and grad.data_ptr() == view.data_ptr():
-                continue
-            if grad is None:
-                view.zero_()  # set_to_none meant "no gradient so far"
-            else:
-                view.copy_(grad)
-            param.grad = view
+        self.reducer.finish_backward()
 
     @torch.no_grad()
     def discard_window(self) -> None:
-        if self.reducer is not None:
-            self.reducer.discard()
         self._drop_param_grads()
-        self._reattach_grad_views()  # stages 0/1: every param.grad is its flat view again, zeroed
+        self.reducer.discard()
         self.grad_shards.release()
 
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
-        if self.reducer is not None:
-            if self.reducer.busy:
-                self.reducer.finish_backward()
-            device_sq = self.reducer.take_grad_sq()
-            if backwards != 1:
-                # stage 2 sums squares per backward (asked for at accumulation 1 only): the window's norm
-                # only when the window is one backward; a caller-set boundary can make it several.
-                device_sq = None
-        else:
-            self._reattach_grad_views()
-            if self.stage == 0 and loss_nonfinite is not None:
-                # stage 0 all-reduces no norm: a bad loss travels as an inf in the grads it all-reduces
-                first = self.full_grads[0][:1]
-                first.add_(torch.where(loss_nonfinite, float("inf"), 0.0).to(first.dtype))
-            self.grad_shards.ensure_all()  # every shard element is written by the reduction below
-            device_sq = reducer.reduce_full_grads(
-                self.layout,
-                self.full_grads,
-                self.grad_shards,
-                self.group,
-                rank=self.rank,
-                sharded=self.stage == 1,
-                comm_dtype=self.comm_dtype,
-                comm_device=self.device,
-                stats=self.comm_stats,
-                track_grad_sq=self._device_grad_sq,
-            )
-            for g in self.full_grads:
-                g.zero_()
+        device_sq, loss_nonfinite = self.reducer.finish_window(loss_nonfinite, backwards)
         self._await_host_grads()
-        self.grad_shards.ensure_zeroed()  # segments no gradient reached in this window (e.g. no backward)
-        # stage 0 put a bad loss into its grads above, unless they went straight to the shards
-        return device_sq, loss_nonfinite if self.stage > 0 or not self.full_grads else None
+        self.grad_shards.zero_unwritten()  # segments no gradient reached in this window (e.g. no backward)
+        return device_sq, loss_nonfinite
 
     def reset_accumulation(self) -> None:
         # every grad shard element is overwritten by the next window's first reduction (stages 0/1 at the
         # boundary, stage 2 on its first micro-step): no zeroing pass over the shards.
-        if self.reducer is not None:
-            self.reducer.reset_accumulation()
+        self.reducer.reset_accumulation()
 
     def step_and_publish(self, grad_multiplier: torch.Tensor | None, lr: float) -> None:
         if self._step_executor is not None:
@@ -318,7 +265,7 @@ class FlatSharding(Sharding):
     def _params_written_directly(self) -> bool:
         """Stage 0 and world size 1: this rank's shard is the whole bucket, written straight into the params
         (no all-gather, no staging copy)."""
-        return self.stage == 0 or self.world_size == 1
+        return self.ctx.stage == 0 or self.ctx.world_size == 1
 
     def _chunk_destination(self, c: int, outgoing: dict[int, torch.Tensor]) -> torch.Tensor:
         """Where stepped chunk c goes on the device: its slice of the params (direct) or of its bucket's
@@ -328,7 +275,9 @@ class FlatSharding(Sharding):
         chunk = self.shards.chunks[c]
         bucket = self.layout.buckets[chunk.owner]
         if bucket.index not in outgoing:
-            outgoing[bucket.index] = torch.empty(bucket.shard_numel, dtype=self.dtype, device=self.device)
+            outgoing[bucket.index] = torch.empty(
+                bucket.shard_numel, dtype=self.ctx.dtype, device=self.ctx.device
+            )
         return outgoing[bucket.index][chunk.owner_offset : chunk.owner_offset + chunk.numel]
 
     def _send_chunk(
@@ -351,11 +300,11 @@ class FlatSharding(Sharding):
         no copy. (An nvme buffer is refilled while the all-gather may still read it: that one is always
         copied.)"""
         chunk = self.shards.chunks[c]
-        resident = self.shards.store is None and self.master_device == self.device
+        resident = self.shards.store is None and self.ctx.master_device == self.ctx.device
         return (
             not self._params_written_directly()
             and resident
-            and self.dtype == self.master_dtype
+            and self.ctx.dtype == self.ctx.master_dtype
             and chunk.numel == self.layout.buckets[chunk.owner].shard_numel
         )
 
@@ -363,7 +312,7 @@ class FlatSharding(Sharding):
         """Start the all-gather of bucket `index` from this rank's updated slice; the work keeps `src` alive
         until wait() (gloo and nccl hold their input tensors)."""
         out = reducer.bucket_view(self.flat_params.buffers, self.layout.buckets[index])
-        return comm.all_gather(out, src, self.group, stats=self.comm_stats, async_op=True)
+        return comm.all_gather(out, src, self.ctx.group, stats=self.ctx.stats, async_op=True)
 
     @torch.no_grad()
     def _step_in_place(self, grad_multiplier: torch.Tensor | None, lr: float) -> None:
@@ -410,7 +359,10 @@ class FlatSharding(Sharding):
         outgoing = (
             {}
             if direct
-            else {b.index: torch.empty(b.shard_numel, dtype=self.dtype, device=self.device) for b in buckets}
+            else {
+                b.index: torch.empty(b.shard_numel, dtype=self.ctx.dtype, device=self.ctx.device)
+                for b in buckets
+            }
         )
 
         def publish(b: int):
@@ -423,7 +375,7 @@ class FlatSharding(Sharding):
         # the last bucket holds the first layers: step it first, so the next forward can start on it.
         order = sorted(range(len(chunks)), key=lambda c: (-chunks[c].owner, chunks[c].owner_offset))
         in_flight = OverlappedStep(
-            len(buckets), self.device, publish, self._step_executor, self._step_threads, self._copy_stream
+            len(buckets), self.ctx.device, publish, self._step_executor, self._step_threads, self._copy_stream
         )
         in_flight.run(
             lambda _: self.shards.step(
@@ -435,9 +387,9 @@ class FlatSharding(Sharding):
     # ---- accounting -----------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
         out = {
-            "params": nbytes(self.flat_params.buffers) + nbytes([p for _, p in self._frozen]),
-            "grads": nbytes(self.full_grads) + self.grad_shards.capacity_bytes,
-            "buckets": self.reducer.staging_bytes if self.reducer is not None else 0,
+            "params": nbytes(self.flat_params.buffers) + nbytes([p for _, p in self.frozen_params]),
+            "grads": self.reducer.full_grad_bytes + self.grad_shards.capacity_bytes,
+            "buckets": self.reducer.staging_bytes,
         }
         # under nvme "optimizer" is the host staging buffers and "nvme" the bytes on disk.
         return {**out, **self.shards.memory_bytes()}
@@ -446,7 +398,7 @@ class FlatSharding(Sharding):
     def owned_fragments(self) -> list[Fragment]:
         """Stage 0 replicates everything: rank 0 saves it all, the others none (each element is then
         written exactly once); every rank still loads the whole state."""
-        if self.stage == 0 and self.rank != 0:
+        if self.ctx.stage == 0 and self.ctx.rank != 0:
             return []
         return self.layout.owned_fragments(self._layout_rank)
 
@@ -461,9 +413,9 @@ class FlatSharding(Sharding):
 
     def full_params(self, dtype: torch.dtype | None = None):
         """Asking fp32 from a 16-bit model gathers the fp32 master bucket by bucket."""
-        from_master = dtype == torch.float32 and self.dtype != torch.float32
+        from_master = dtype == torch.float32 and self.ctx.dtype != torch.float32
         gathered: dict[int, torch.Tensor] = {}
-        for name, p in self._named.items():
+        for name, p in self.named_params.items():
             slot = self.flat_params.slot_of.get(name)
             if slot is None or not from_master:
                 t = p.detach()
@@ -476,9 +428,9 @@ class FlatSharding(Sharding):
 
     def _gather_master_bucket(self, bucket) -> torch.Tensor:
         shard_offset = self.layout.bucket_shard_offset(bucket)
-        src = self.shards.read("master", bucket.group, shard_offset, bucket.shard_numel).to(self.device)
-        if self.stage == 0:
+        src = self.shards.read("master", bucket.group, shard_offset, bucket.shard_numel).to(self.ctx.device)
+        if self.ctx.stage == 0:
             return src
-        out = torch.empty(bucket.padded_numel, dtype=torch.float32, device=self.device)
-        comm.all_gather(out, src, self.group, stats=self.comm_stats)
+        out = torch.empty(bucket.padded_numel, dtype=torch.float32, device=self.ctx.device)
+        comm.all_gather(out, src, self.ctx.group, stats=self.ctx.stats)
         return out

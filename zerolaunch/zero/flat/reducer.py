@@ -5,7 +5,7 @@ whose slices are the model's parameters (`FlatParams`), the arithmetic from a bu
 whole bucket, the slice a rank owns, the matching piece of the rank's flat shard), and the two ways
 gradients reach the fp32 shards:
 
-- `reduce_full_grads` (stages 0/1): at the accumulation boundary, every bucket of the full gradient
+- full_grads.py `FullGrads` (stages 0/1): at the accumulation boundary, every bucket of the full gradient
   buffer is reduce-scattered (stage 1) or all-reduced (stage 0) and averaged over the ranks.
 - `BackwardReducer` (stage 2): during backward, a bucket's reduce-scatter is issued the moment its last
   gradient is ready (post-accumulate-grad hooks); the full gradient is copied into a staging buffer and
@@ -21,7 +21,7 @@ It does not own the optimizer, the step or the checkpoint contract (engine.py).
 
 from __future__ import annotations
 
-from collections import deque
+from typing import Protocol
 
 import torch
 
@@ -29,8 +29,7 @@ from .. import comm, plan
 from ..grad_shards import GradShards
 from ..layout import BucketPlan, Layout, ParamSlot
 from ..optim import host
-from ..optim.torch_optim import sum_of_squares
-from ..sharding import GradWindow
+from ..reduce import DirectWrites, ReducePipeline, ReduceWork
 
 
 def bucket_view(flats: list[torch.Tensor], bucket: BucketPlan) -> torch.Tensor:
@@ -81,61 +80,71 @@ class FlatParams:
         return flats[slot.group][start : start + slot.numel].view(slot.shape)
 
 
-def reduce_full_grads(
-    layout: Layout,
-    full_grads: list[torch.Tensor],
-    shards: GradShards,
-    group,
-    *,
-    rank: int,
-    sharded: bool,
-    comm_dtype: torch.dtype,
-    comm_device: torch.device,
-    stats: comm.CommStats,
-    max_in_flight: int = 2,
-    track_grad_sq: bool = False,
-) -> torch.Tensor | None:
-    """Stages 0/1, at the boundary: shards (fp32) <- the rank's averaged slice of every bucket (overwritten;
-    the caller ensured every segment is allocated).
+class GradPath(Protocol):
+    """How grads reach the fp32 shards in stages 0-2, chosen once at construction (FlatSharding): a
+    `BackwardReducer` (stage 2), a `DirectAccumulator` (world size 1) or full_grads.FullGrads (stages 0/1)."""
 
-    sharded=True reduce-scatters (stage 1); sharded=False all-reduces the whole bucket (stage 0, where the
-    layout was planned for one rank, so the "slice" is the bucket). At most `max_in_flight` buckets are
-    outstanding, which bounds the comm-dtype copies (e.g. fp32 copies of bf16 grads) to that many buckets.
-    track_grad_sq: also return the sum of squares of what this rank received, taken on comm_device before
-    the copy to the shards (saves the norm a pass over offloaded shards).
-    """
-    world = comm.world_size(group)
-    issued: deque = deque()
-    grad_sq = torch.zeros((), dtype=torch.float32, device=comm_device) if track_grad_sq else None
+    issued_count: int
+    """Reduce-scatters issued from backward since construction (tests read it from inside backward)."""
 
-    def complete_oldest() -> None:
-        bucket, out, pending = issued.popleft()
-        pending.wait()
-        if not sharded and world > 1:
-            out.div_(world)
-        if grad_sq is not None:
-            grad_sq.add_(sum_of_squares([out]))
-        host.to_host(grad_shard_view(layout, shards, bucket), out, accumulate=False)
+    @property
+    def staging_bytes(self) -> int: ...
 
-    for bucket in layout.buckets:
-        src = bucket_view(full_grads, bucket)
-        if src.dtype != comm_dtype or src.device != comm_device:
-            src = src.to(comm_device, dtype=comm_dtype)
-        if sharded:
-            out = torch.empty(bucket.shard_numel, dtype=comm_dtype, device=comm_device)
-            pending = comm.reduce_scatter(out, src, group, stats=stats, async_op=True, average=True)
-        else:
-            out = src
-            pending = comm.all_reduce(out, group, op="sum", stats=stats, async_op=True)
-        issued.append((bucket, out, pending))
-        if len(issued) > max_in_flight:
-            complete_oldest()
-    while issued:
-        complete_oldest()
-    return grad_sq
+    @property
+    def full_grad_bytes(self) -> int:
+        """Bytes of full-size grad buffers held between backward and the boundary (stages 0/1)."""
+        ...
+
+    def begin_backward(self) -> None: ...
+
+    def finish_backward(self) -> None: ...
+
+    def finish_window(
+        self, loss_nonfinite: torch.Tensor | None, backwards: int
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """At the boundary, the window's grads into the shards: Sharding.finish_window's answer, before the
+        host sync and the zeroing of unwritten segments."""
+        ...
+
+    def reset_accumulation(self) -> None: ...
+
+    def discard(self) -> None: ...
 
 
-class BackwardReducer:
+class GradReducer(GradPath, Protocol):
+    """A GradPath whose post-accumulate-grad hooks take each grad as it arrives: `BackwardReducer` (stage 2)
+    or `DirectAccumulator` (world size 1)."""
+
+    @property
+    def busy(self) -> bool:
+        """A backward of this micro-step has written grads that finish_backward has not drained yet."""
+        ...
+
+    def hook_for(self, slot: ParamSlot):
+        """The post-accumulate-grad hook of the param in `slot`."""
+        ...
+
+    def take_grad_sq(self) -> torch.Tensor | None: ...
+
+
+class _HookedReducer:
+    """What both hooked reducers do the same way at the boundary and outside backward."""
+
+    full_grad_bytes = 0
+
+    def begin_backward(self) -> None:
+        pass
+
+    def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
+        if self.busy:
+            self.finish_backward()
+        device_sq = self.take_grad_sq()
+        # summed per backward (asked for at accumulation 1 only): the window's norm only when the window is
+        # one backward; a caller-set boundary can make it several.
+        return (device_sq if backwards == 1 else None), loss_nonfinite
+
+
+class BackwardReducer(_HookedReducer):
     """Stage 2: per-bucket reduce-scatter issued from post-accumulate-grad hooks during backward.
 
     [Note: stage-2 buffers] A bucket takes a staging buffer (comm dtype, the bucket's padded size, zeroed, so
@@ -179,14 +188,23 @@ class BackwardReducer:
         self.stream = context.reduce_stream
         self._buffer_numel = max((b.padded_numel for b in layout.buckets), default=0)
         self._free: list[torch.Tensor] = []
-        self._staging: dict[int, torch.Tensor] = {}
-        self._inflight: deque = deque()
-        self._window = [GradWindow.FRESH] * len(layout.buckets)
-        self._host_staging: torch.Tensor | None = None
-        self._track_grad_sq = track_grad_sq
-        self._grad_sq: torch.Tensor | None = None
-        self.issued_count = 0
+        self._staging: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        """bucket index -> (the staging buffer, the bucket's view of it) while the bucket is staged."""
+        self.pipeline = ReducePipeline(
+            len(layout.buckets),
+            self._write_shard,
+            device=self.device,
+            shard_device=shards.tensors[0].device if shards.tensors else self.device,
+            host_staging_numel=max((b.shard_numel for b in layout.buckets), default=0),
+            track_grad_sq=track_grad_sq,
+            # the reduced slice is added into the shard on the reduce stream (see above)
+            write_on_reduce_stream=True,
+        )
+
+    @property
+    def issued_count(self) -> int:
         """Reduce-scatters issued since construction (tests read it from inside backward)."""
+        return self.pipeline.issued_count
 
     @property
     def staging_bytes(self) -> int:
@@ -199,9 +217,9 @@ class BackwardReducer:
             if param.grad is None:
                 return
             bucket = self.layout.buckets[slot.bucket]
-            # here, on the compute stream, not in _accumulate (which may run on the reduce stream): the
+            # here, on the compute stream, not in _write_shard (which may run on the reduce stream): the
             # block then belongs to the stream that frees it after the step.
-            self.shards.ensure(self._segment[bucket.index])
+            self.shards.prepare_write(self._segment[bucket.index])
             staging = self._staging_for(bucket)
             with torch.no_grad():
                 staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
@@ -233,47 +251,32 @@ class BackwardReducer:
         pending = comm.reduce_scatter(
             out, src, self.group, stats=self.stats, async_op=True, average=True, stream=self.stream
         )
-        self.issued_count += 1
-        self._inflight.append((bucket, base, out, pending))
+        self.pipeline.issued(ReduceWork(bucket.index, out, pending, keep=base))
         if self.pool.issue(bucket.index):
             self._complete_oldest()
 
     def _complete_oldest(self) -> None:
         """The pool's oldest in-flight bucket (the pool has just counted it completed): its reduced slice is
-        added into the shard on the reduce stream, after which the compute stream may overwrite `base` (the
-        next bucket's staging copies)."""
-        bucket, base, out, pending = self._inflight.popleft()
-        pending.wait(then=lambda: self._accumulate(bucket, out))
-        self._free.append(base)
+        added into the shard on the reduce stream, after which the compute stream may overwrite its staging
+        buffer (the next bucket's staging copies)."""
+        self._free.append(self.pipeline.complete_oldest().keep)
 
-    def _accumulate(self, bucket: BucketPlan, out: torch.Tensor) -> None:
-        """The bucket's fp32 shard <- (first micro-step of the window) or += the reduced slice."""
-        dst = grad_shard_view(self.layout, self.shards, bucket)
-        fresh = self._window[bucket.index] is GradWindow.FRESH
-        if self._track_grad_sq:
-            # only meaningful when a window is one micro-step (the engine asks for it only then).
-            sq = sum_of_squares([out])
-            self._grad_sq = sq if self._grad_sq is None else self._grad_sq + sq
-        if not fresh and dst.device != out.device and self._host_staging is None:
-            numel = max(b.shard_numel for b in self.layout.buckets)
-            self._host_staging = host.zeros(numel, dst.device, pin=True)
-        host.to_host(dst, out, accumulate=not fresh, staging=self._host_staging)
-        self._window[bucket.index] = GradWindow.ACCUMULATING
+    def _write_shard(self, index: int, out: torch.Tensor, accumulate: bool, host_staging) -> None:
+        """Bucket `index`'s fp32 shard <- (first micro-step of the window) or += the reduced slice."""
+        dst = grad_shard_view(self.layout, self.shards, self.layout.buckets[index])
+        host.to_host(dst, out, accumulate=accumulate, staging=host_staging)
 
     def take_grad_sq(self) -> torch.Tensor | None:
         """The sum of squares of the reduced grads since the last call (track_grad_sq), on the device."""
-        if not self._track_grad_sq:
-            return None
-        sq, self._grad_sq = self._grad_sq, None
-        return sq if sq is not None else torch.zeros((), dtype=torch.float32, device=self.device)
+        return self.pipeline.take_grad_sq()
 
     def reset_accumulation(self) -> None:
         """After a step: the next micro-step's reduced grads overwrite the shards (no zeroing pass needed)."""
-        self._window = [GradWindow.FRESH] * len(self.layout.buckets)
+        self.pipeline.reset_accumulation()
 
     def finish_backward(self) -> None:
         """Issue every bucket not yet issued (grads missing this micro-step count as zero), await all."""
-        self.shards.ensure_all()
+        self.shards.prepare_all_writes()
         for index in self.pool.unissued():
             self._issue(self.layout.buckets[index])
         while self.pool.in_flight:
@@ -284,22 +287,17 @@ class BackwardReducer:
     def discard(self) -> None:
         """The window is dropped: await the reduce-scatters in flight (their buffers are reused), drop the
         staged grads, every bucket FRESH again."""
-        while self._inflight:
-            _bucket, base, _out, pending = self._inflight.popleft()
-            pending.wait()
-            self._free.append(base)
+        self._free.extend(work.keep for work in self.pipeline.discard())
         self._free.extend(base for base, _view in self._staging.values())
         self._staging.clear()
         self.pool.discard()
-        self.reset_accumulation()
-        self._grad_sq = None
 
     @property
     def busy(self) -> bool:
         return self.pool.busy
 
 
-class DirectAccumulator:
+class DirectAccumulator(_HookedReducer, DirectWrites):
     """World size 1: every gradient goes straight into its slice of the fp32 shard, from its hook.
 
     [Note: world size 1] With one rank a reduce-scatter or all-reduce is the identity, so the staging
@@ -313,60 +311,24 @@ class DirectAccumulator:
     dtype; the engine takes this path for stages 0/1 only where that is exact: fp32 or one micro-step.)
     It needs the shards on the compute device (no offload): per-param host copies would be slow. With one
     micro-step per window a 16-bit model's grads stay in the compute dtype (GradShards.write, [Note:
-    compute-dtype grads] in ../grad_shards.py). The interface is BackwardReducer's.
+    compute-dtype grads] in ../grad_shards.py). A GradReducer over reduce.DirectWrites.
     """
 
     def __init__(self, layout: Layout, shards: GradShards):
+        # a param's segment is (re-)allocated before its first write ([Note: released grad shards]):
+        # backward then allocates them one segment at a time, in the order it frees activations.
         self.layout = layout
-        self.shards = shards
-        """The fp32 grad shards; a param's segment is (re-)allocated before its first write ([Note: released
-        grad shards]): backward then allocates them one segment at a time, in the order it frees
-        activations."""
         starts = [layout.bucket_shard_offset(layout.buckets[s.bucket]) + s.offset for s in layout.params]
-        self._slices = [shards.slice(s.group, a, s.numel) for s, a in zip(layout.params, starts, strict=True)]
-        self._index = {slot.name: i for i, slot in enumerate(layout.params)}
-        self._window = [GradWindow.FRESH] * len(layout.params)
-        self._seen_this_backward = False
-        self.issued_count = 0
-        """Always 0: nothing is reduced (kept for BackwardReducer's interface)."""
-
-    staging_bytes = 0
+        super().__init__(
+            shards,
+            {s.name: shards.slice(s.group, a, s.numel) for s, a in zip(layout.params, starts, strict=True)},
+        )
 
     def hook_for(self, slot: ParamSlot):
-        index = self._index[slot.name]
-        dst = self._slices[index]
-
         def on_grad_ready(param: torch.Tensor) -> None:
             if param.grad is None:
                 return
-            self._seen_this_backward = True
-            accumulate = self._window[index] is GradWindow.ACCUMULATING
-            self.shards.write(dst, param.grad.reshape(-1), accumulate=accumulate)
-            self._window[index] = GradWindow.ACCUMULATING
+            self.write(slot.name, param.grad)
             param.grad = None  # released: the shard holds it now
 
         return on_grad_ready
-
-    def finish_backward(self) -> None:
-        """A param without a gradient in the window so far counts as zero (its slice may hold the last
-        window's values: the shards are not zeroed after a step)."""
-        for index, window in enumerate(self._window):
-            if window is GradWindow.FRESH:
-                self.shards.zero(self._slices[index])
-                self._window[index] = GradWindow.ACCUMULATING
-        self._seen_this_backward = False
-
-    def take_grad_sq(self) -> None:
-        return None
-
-    def reset_accumulation(self) -> None:
-        self._window = [GradWindow.FRESH] * len(self.layout.params)
-
-    def discard(self) -> None:
-        """The window is dropped: every param's slice FRESH again (nothing is in flight)."""
-        self.reset_accumulation()
-        self._seen_this_backward = False
-
-    @property
-    def busy(self) -> bool:
-        return self._seen_this_backward

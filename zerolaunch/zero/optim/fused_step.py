@@ -4,9 +4,8 @@
 Without it a chunk's step is torch's fused optimizer over the fp32 master, moments and grads, then a copy of
 the master into the compute-dtype params (or into the all-gather input): two passes over the master. Here one
 elementwise function does both, and on CUDA torch.compile (inductor) turns it into one kernel, so the master is
-read once and the 16-bit params written from registers. bench/master_step_probe.py measured the pattern at
-1.3e9 elements on one H100 (2026-12-05): 24.35 ms of optimizer work per step -> 18.77 with the grad copy and
-norm unchanged. The numerics are torch's fused Adam / AdamW (csrc fused_adam_utils: the grad multiplied
+read once and the 16-bit params written from registers (bench/master_step_probe.py measures the pattern).
+The numerics are torch's fused Adam / AdamW (csrc fused_adam_utils: the grad multiplied
 first, L2 decay into the grad or decoupled decay of the param, moments, bias corrections, the update), in
 fp32, so parity with torch.optim holds to fp32 rounding.
 
@@ -15,10 +14,8 @@ on the chunk's device, so one compiled kernel serves every step and every chunk 
 eps and weight decay are a group's constants. Off the accelerator the same function runs eagerly (tests).
 `OptimizerOptions.fused_step` turns it on (stages 0-2 write the params or all-gather input in the kernel;
 stage 3 steps with it and publishes with its own copy); recipes set it with train.compile_optimizer, on by
-default with train.compile. Inside the engine (bench/run.py's -fused rows, GPT-1.3B, one H100, 2026-12-05,
-two calls): ZeRO-2 eager 296.5 -> 292.2 and 297.1 -> 292.3 ms, ZeRO-3 301.1 -> 297.8, ZeRO-2 with the model
-compiled 279.4 -> 277.9 and 281.4 -> 279.3. The first step pays its compile (a few seconds), which is why
-an eager run does not get it unasked. This module owns the arithmetic only; ShardOptimizer decides when it
+default with train.compile. The gain is about 1% of a step (bench/run.py's -fused rows) and the first step
+pays its compile (a few seconds), which is why an eager run does not get it unasked. This module owns the arithmetic only; ShardOptimizer decides when it
 runs and what it writes.
 """
 

@@ -10,18 +10,18 @@ the bucket ready. Meanwhile the next forward runs: a forward pre-hook on every m
 rank (highest bucket index first), every bucket down to b: wait until it is ready, make the compute stream
 wait for its copy event, all-gather it from the rank's updated slice (world size > 1). So the first layers
 compute while the CPU still steps the last ones, and the collectives are issued in the same order on every
-rank whatever the forward does. `settle()` publishes everything and joins the thread; the engine calls it
+rank whatever the forward does. `wait_for_step()` publishes everything and joins the thread; the engine calls it
 before anything else touches params, grads or optimizer state (backward, step, checkpoints, memory
 accounting), and once the root module's forward ends.
 
 What it cannot see: a parameter read outside the forward of the module that owns it (e.g. an EMA update over
 `model.parameters()` after step(), or `F.linear(x, other_module.weight)` before that module ran) may still hold
-the previous step's values; such code calls `engine.settle()` first, or leaves overlap_step off (the default).
-`state_dict()` of any module is safe: a pre-hook settles first (flat_sharding.py _register_publish_hooks).
+the previous step's values; such code calls `engine.wait_for_step()` first, or leaves overlap_step off (the default).
+`state_dict()` of any module is safe: a pre-hook waits for the step first (flat_sharding.py _register_publish_hooks).
 
 Ordering with the device: the copy stream first waits for the compute stream as it was when the step began
 (the previous backward has finished reading the params); the host master is written again only by the next
-step, after settle() and the engine's device sync, by which point every copy was waited on.
+step, after wait_for_step() and the engine's device sync, by which point every copy was waited on.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class OverlappedStep:
                 pending.wait()
             self._next -= 1
 
-    def settle(self) -> None:
+    def wait_for_step(self) -> None:
         """Publish every bucket and wait for the background step (re-raises its exception)."""
         self.publish_through(0)
         if self._future is not None:

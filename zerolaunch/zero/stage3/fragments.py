@@ -41,9 +41,9 @@ class UnitStateMixin:
     def full_params(self, dtype: torch.dtype | None = None):
         """Streamed: one unit is gathered at a time (stage3_gather_16bit_weights_on_model_save). dtype=fp32
         from a 16-bit model gathers the fp32 master instead, so the values are the exact optimizer weights."""
-        from_master = dtype == torch.float32 and self.dtype != torch.float32
+        from_master = dtype == torch.float32 and self.ctx.dtype != torch.float32
         current: tuple[int, torch.Tensor] | None = None
-        for name, p in self._named.items():
+        for name, p in self.named_params.items():
             k = self._flat_of.get(name)
             if k is None:
                 t = p.detach()
@@ -64,12 +64,12 @@ class UnitStateMixin:
         """A standalone full copy of the unit (compute dtype, or the fp32 master). A unit without a shard
         gathers its master, which comm casts to the compute dtype ([Note: gather from master])."""
         if from_master or flat.gathers_from_master:
-            sources = [self._bucket_master(flat, i).to(self.device) for i in range(len(flat.buckets))]
+            sources = [self._bucket_master(flat, i).to(self.ctx.device) for i in range(len(flat.buckets))]
         else:
-            shard = flat.read_shard().to(self.device)
+            shard = flat.read_shard().to(self.ctx.device)
             sources = [flat.bucket_shard(shard, i) for i in range(len(flat.buckets))]
-        dtype = torch.float32 if from_master else self.dtype
-        out = torch.empty(flat.padded_numel, dtype=dtype, device=self.device)
+        dtype = torch.float32 if from_master else self.ctx.dtype
+        out = torch.empty(flat.padded_numel, dtype=dtype, device=self.ctx.device)
         for i, src in enumerate(sources):
-            comm.all_gather(flat.bucket_full(out, i), src, self.group, stats=self.comm_stats)
+            comm.all_gather(flat.bucket_full(out, i), src, self.ctx.group, stats=self.ctx.stats)
         return out

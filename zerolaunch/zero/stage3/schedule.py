@@ -1,5 +1,9 @@
 """When stage 3 gathers, frees and reduces each unit: the forward/backward hooks and their bookkeeping.
 
+This module owns the gather / prefetch / free schedule and the order reduce-scatters are issued in; the
+reduce-scatters in flight and their writes into the grad shard are ../reduce.py's `ReducePipeline`, shared with
+stage 2, and the world-size-1 direct writes its `DirectWrites`.
+
 [Note: stage-3 schedule]
 - Forward: the engine gathers the root unit before the model runs. A unit's forward pre-hook gathers it
   (waiting for a prefetch already in flight) and prefetches the units predicted to run next (the previous
@@ -30,7 +34,7 @@
 All gathers depend only on the call sequence, which is the same on every rank for the same model code.
 
 [Note: direct grads]
-At world size 1 without offload (plan.accumulates_directly, as stages 0-2's flat/reducer.py DirectAccumulator)
+At world size 1 without offload (plan.accumulates_directly; ../reduce.py DirectWrites, as for stages 0-2)
 a reduce-scatter is a copy: the staging buffer, the reduce output and their two copies of every gradient
 hold nothing the shard would not. So each param's hook writes its grad straight into its slice of the
 unit's fp32 grad shard: overwritten (the exact upcast) in the window's first micro-step, added to (fp32)
@@ -44,7 +48,6 @@ buffer gave. Nothing is issued.
 from __future__ import annotations
 
 import enum
-from collections import deque
 from functools import partial
 
 import torch
@@ -52,8 +55,8 @@ from torch.utils._pytree import tree_leaves
 
 from .. import comm
 from ..grad_shards import GradShards
-from ..optim import host
-from ..sharding import GradWindow
+from ..plan import IssueOrder
+from ..reduce import DirectWrites, ReducePipeline, ReduceWork
 from .partition import ROOT
 from .unit_buffers import UnitFlat
 
@@ -101,6 +104,11 @@ class Stage3Schedule:
         self.grad_shards = grad_shards
         """Where the units' grad views point; a unit's segments are (re-)allocated before its reduced grads
         are written ([Note: released grad shards] in ../grad_shards.py)."""
+        self.direct_writes: DirectWrites | None = None
+        if direct:
+            self.direct_writes = DirectWrites(
+                grad_shards, {name: s for f in flats if f is not None for name, s in f.grad_slices.items()}
+            )
         self.group = context.group
         self.device = context.device
         self.comm_dtype = comm_dtype
@@ -116,14 +124,24 @@ class Stage3Schedule:
         self.reduce_stream = context.reduce_stream
         n = len(flats)
         self.n_trainable = [len(p) for p in params]
-        self.reduce_order = [k for k in range(n - 2, -1, -1) if flats[k] is not None]
+        reduce_order = [k for k in range(n - 2, -1, -1) if flats[k] is not None]
         if flats[-1] is not None:
-            self.reduce_order.append(n - 1)
+            reduce_order.append(n - 1)
+        self.issue_order = IssueOrder(reduce_order, self.n_trainable)
+        """Units are reduced in reverse module order, the resident unit last (the Note)."""
         self.phase = SchedulePhase.IDLE
-        self._window = [GradWindow.FRESH] * n
-        """Per unit: whether its next reduce-scatter is the window's first (it overwrites the grad shard)."""
-        self._host_staging: torch.Tensor | None = None
-        self._grad_sq = torch.zeros((), dtype=torch.float32, device=self.device) if track_grad_sq else None
+        units = [f for f in flats if f is not None]
+        self.pipeline = ReducePipeline(
+            n,
+            self._write_shard,
+            device=self.device,
+            shard_device=units[0].grad_views[0].device if units else self.device,
+            host_staging_numel=max((f.shard_numel for f in units), default=0),
+            track_grad_sq=track_grad_sq,
+            # the compute stream waits for the reduce-scatter, then adds its output into the shard
+            write_on_reduce_stream=False,
+        )
+        """The reduce-scatters in flight and their writes into the grad shard (../reduce.py)."""
         self.predicted: list[int] = [k for k in range(n - 1) if flats[k] is not None]
         self.calls: list[int] = []
         self._bwd_seq: list[int] = []
@@ -149,14 +167,13 @@ class Stage3Schedule:
                 self._handles.append(p.register_post_accumulate_grad_hook(partial(self._on_grad, k, name)))
 
     def _reset_backward_state(self) -> None:
-        n = len(self.flats)
-        self._written: list[set[str]] = [set() for _ in range(n)]
-        """The direct path: params of each unit written this micro-step."""
-        self.grad_count = [0] * n
-        self.ready = [False] * n
-        self.next_issue = 0
-        self.inflight: deque = deque()
-        self.issued_count = 0
+        self.issue_order.reset()
+        self.pipeline.reset_issued()
+
+    @property
+    def issued_count(self) -> int:
+        """Reduce-scatters issued in this backward (tests read it)."""
+        return self.pipeline.issued_count
 
     # ---- gather / free -----------------------------------------------------------------------------------
     def live_numel(self) -> int:
@@ -168,7 +185,7 @@ class Stage3Schedule:
             flat.gather(self.group, stream=self.gather_stream, stats=self.stats)
             self.peak_live_numel = max(self.peak_live_numel, self.live_numel())
 
-    def ensure(self, k: int) -> None:
+    def gather_and_wait(self, k: int) -> None:
         """Unit k is gathered and readable on the compute stream."""
         flat = self.flats[k]
         if flat is None:
@@ -201,7 +218,7 @@ class Stage3Schedule:
         if self.phase is not SchedulePhase.BACKWARD:
             self.phase = SchedulePhase.FORWARD
             self.calls = [ROOT]
-            self.ensure(ROOT)
+            self.gather_and_wait(ROOT)
             self._prefetch(self.predicted[1:])
 
     def end_forward(self) -> None:
@@ -217,10 +234,10 @@ class Stage3Schedule:
 
     def _pre_forward(self, k: int, module, args) -> None:
         if self.phase is SchedulePhase.BACKWARD:  # activation-checkpoint recompute: pre_backward gathered it
-            self.ensure(k)
+            self.gather_and_wait(k)
             return
         self.calls.append(k)
-        self.ensure(k)
+        self.gather_and_wait(k)
         self._prefetch(self.predicted[len(self.calls) :])
 
     def _post_forward(self, k: int, module, args, output):
@@ -270,10 +287,15 @@ class Stage3Schedule:
         self.phase = SchedulePhase.BACKWARD
         self._bwd_seq = list(reversed(self.calls))
         self._bwd_pos = 0
-        self.ensure(ROOT)
+        self.gather_and_wait(ROOT)
+
+    def abort_backward(self) -> None:
+        """backward() raised: the hooks treat the next call as a forward again (the units it gathered and
+        the grads it staged stay until discard_window)."""
+        self.phase = SchedulePhase.IDLE
 
     def _pre_backward(self, k: int, grad):
-        self.ensure(k)
+        self.gather_and_wait(k)
         while self._bwd_pos < len(self._bwd_seq) and self._bwd_seq[self._bwd_pos] != k:
             self._bwd_pos += 1
         self._prefetch(self._bwd_seq[self._bwd_pos + 1 :])
@@ -283,80 +305,53 @@ class Stage3Schedule:
         if param.grad is None:
             return
         flat = self.flats[k]
-        if self.direct:
+        if self.direct_writes is not None:
             # the exact copy (upcast) or the fp32 add the reducing path does, without its staging and reduce
             # copies (a compute-dtype window keeps the copy 16-bit: [Note: compute-dtype grads])
-            self.grad_shards.write(
-                flat.grad_slices[name],
-                param.grad.reshape(-1),
-                accumulate=self._window[k] is GradWindow.ACCUMULATING,
-            )
-            self._written[k].add(name)
+            self.direct_writes.write(name, param.grad)
         else:
             flat.add_grad(name, param.grad, self.comm_dtype)
         param.grad = None  # the full gradient is released: this rank keeps only its shard
-        self.grad_count[k] += 1
-        if self.grad_count[k] == self.n_trainable[k]:
-            self.ready[k] = True
+        if self.issue_order.arrive(k):
             self._held.discard(k)
             flat.free()
-            if self.direct:
-                self._window[k] = GradWindow.ACCUMULATING  # every param was written: nothing to zero
-            else:
+            if self.direct_writes is None:
                 self._issue_ready()
 
-    def _ensure_grad_segments(self, flat: UnitFlat) -> None:
+    def _prepare_grad_writes(self, flat: UnitFlat) -> None:
         """Before a write into the unit's grad shard, on the compute stream (which writes and later frees it)."""
         for segment in flat.grad_segments:
-            self.grad_shards.ensure(segment)
+            self.grad_shards.prepare_write(segment)
 
     def _issue_ready(self) -> None:
-        while self.next_issue < len(self.reduce_order) and self.ready[self.reduce_order[self.next_issue]]:
-            self._issue(self.reduce_order[self.next_issue])
+        for k in self.issue_order.issuable():
+            self._issue(k)
 
     def _issue(self, k: int) -> None:
         flat = self.flats[k]
-        work = flat.issue_reduce(
+        staging, out, pending = flat.issue_reduce(
             self.group, comm_dtype=self.comm_dtype, stream=self.reduce_stream, stats=self.stats
         )
-        self.inflight.append((flat, work))
-        self.next_issue += 1
-        self.issued_count += 1
+        self.pipeline.issued(ReduceWork(k, out, pending, keep=staging))
+        self.issue_order.issued(k)
         # without overlap each reduce-scatter is awaited at once; with it, up to max_in_flight stay queued.
-        while len(self.inflight) > (self.max_in_flight if self.overlap else 0):
-            self._complete_oldest()
+        while len(self.pipeline.in_flight) > (self.max_in_flight if self.overlap else 0):
+            self.pipeline.complete_oldest()
 
-    def _complete_oldest(self) -> None:
-        flat, work = self.inflight.popleft()
-        k = flat.index
-        accumulate = self._window[k] is GradWindow.ACCUMULATING
-        self._ensure_grad_segments(flat)
-        if accumulate and self._host_staging is None and flat.grad_views[0].device != self.device:
-            numel = max(f.shard_numel for f in self.flats if f is not None)
-            self._host_staging = host.zeros(numel, flat.grad_views[0].device, pin=True)
-        flat.complete_reduce(
-            work,
-            accumulate=accumulate,
-            host_staging=self._host_staging,
-            grad_sq=self._grad_sq,
-        )
-        self._window[k] = GradWindow.ACCUMULATING
+    def _write_shard(self, k: int, out: torch.Tensor, accumulate: bool, host_staging) -> None:
+        flat = self.flats[k]
+        self._prepare_grad_writes(flat)
+        flat.write_reduced(out, accumulate=accumulate, host_staging=host_staging)
 
     def finish_backward(self) -> None:
         """Issue what is left in the fixed order (zeros where no grad came), await all, free every unit. The
         direct path zeroes instead what the window's first micro-step did not write."""
-        if self.direct:
-            for k in self.reduce_order:
-                if self._window[k] is GradWindow.FRESH:
-                    for name, where in self.flats[k].grad_slices.items():
-                        if name not in self._written[k]:
-                            self.grad_shards.zero(where)
-                    self._window[k] = GradWindow.ACCUMULATING
+        if self.direct_writes is not None:
+            self.direct_writes.finish_backward()
         else:
-            while self.next_issue < len(self.reduce_order):
-                self._issue(self.reduce_order[self.next_issue])
-            while self.inflight:
-                self._complete_oldest()
+            for k in self.issue_order.unissued():
+                self._issue(k)
+            self.pipeline.drain()
         for flat in self.flats:
             if flat is not None:
                 flat.free()
@@ -366,14 +361,16 @@ class Stage3Schedule:
 
     def reset_accumulation(self) -> None:
         """After a step: each unit's next reduced grads overwrite its grad shard (no zeroing pass)."""
-        self._window = [GradWindow.FRESH] * len(self.flats)
+        self.pipeline.reset_accumulation()
+        if self.direct_writes is not None:
+            self.direct_writes.reset_accumulation()
 
     def discard_window(self) -> None:
         """The window is dropped (a backward raised part way): await the reduce-scatters in flight, drop the
         units' staged grads, free every unit (the resident one stays), every unit FRESH again, IDLE."""
-        while self.inflight:
-            _flat, (_staging, _out, pending) = self.inflight.popleft()
-            pending.wait()
+        self.pipeline.discard()
+        if self.direct_writes is not None:
+            self.direct_writes.discard()
         for flat in self.flats:
             if flat is not None:
                 flat.staging = None  # its memory: a retry overwrites every staged grad anyway
@@ -381,18 +378,11 @@ class Stage3Schedule:
         self._held.clear()
         self._prefetched.clear()
         self._reset_backward_state()
-        self.reset_accumulation()
-        if self._grad_sq is not None:
-            self._grad_sq.zero_()
         self.phase = SchedulePhase.IDLE
 
     def take_grad_sq(self) -> torch.Tensor | None:
         """Sum of squares of the grads reduced since the last call (track_grad_sq), on the device."""
-        if self._grad_sq is None:
-            return None
-        sq = self._grad_sq.clone()
-        self._grad_sq.zero_()
-        return sq
+        return self.pipeline.take_grad_sq()
 
     @property
     def staging_bytes(self) -> int:

@@ -20,7 +20,7 @@ dropped; once the unit is issued, one reduce-scatter per bucket averages it into
 
 On CUDA the all-gathers (with the copy of an offloaded shard to the device) and the reduce-scatters run on
 side streams with comm.py's waits ([Note: comm streams]): each waits for the compute stream before the
-unit's collectives are issued, and the compute stream waits for it in `wait_gathered()` / `complete_reduce()`.
+unit's collectives are issued, and the compute stream waits for it in `wait_gathered()` / the reduce pipeline's wait (../reduce.py).
 Inputs stay alive by reference until then (no record_stream).
 
 [Note: gather from master]
@@ -44,11 +44,10 @@ import enum
 import torch
 
 from .. import comm
-from ..grad_shards import GradSlice
+from ..grad_shards import GradShards, GradSlice
 from ..layout import Fragment, ParamSpec
 from ..optim import host
 from ..optim.nvme_store import SwapStore
-from ..optim.torch_optim import sum_of_squares
 from ..plan import unit_layout
 
 
@@ -147,6 +146,36 @@ class UnitFlat:
 
     def bucket_shard(self, shard: torch.Tensor, i: int) -> torch.Tensor:
         return shard[self.shard_offsets[i] : self.shard_offsets[i] + self.buckets[i].shard_numel]
+
+    # ---- where this unit's shards sit in the per-group master and grad shards --------------------------
+    def place_in_master(self, cursor: list[int]) -> None:
+        """Each bucket's shard goes at `cursor[group]` of its group's fp32 master (and grad shard), which
+        advances past it."""
+        self.master_offsets = []
+        for b in self.buckets:
+            self.master_offsets.append(cursor[b.group])
+            cursor[b.group] += b.shard_numel
+
+    def attach_grad_shards(self, grad_shards: GradShards, *, per_param: bool) -> None:
+        """Take this unit's views into the fp32 grad shards (after place_in_master, while the segments are
+        held): each bucket's view and segment, and with `per_param` (world size 1, where a bucket's shard is
+        the whole bucket: [Note: direct grads] in schedule.py) each param's slice."""
+        self.grad_views = [
+            grad_shards.view(b.group, self.master_offsets[i], b.shard_numel)
+            for i, b in enumerate(self.buckets)
+        ]
+        self.grad_segments = [
+            grad_shards.index_of(b.group, self.master_offsets[i]) for i, b in enumerate(self.buckets)
+        ]
+        if per_param:
+            self.grad_slices = {
+                name: grad_shards.slice(
+                    self.buckets[slot.bucket].group,
+                    self.master_offsets[slot.bucket] + slot.offset,
+                    slot.numel,
+                )
+                for name, slot in self.slots.items()
+            }
 
     # ---- this rank's shard, resident or swapped ------------------------------------------------------------
     def attach_swap(self, store: SwapStore, chunk: int) -> None:
@@ -296,8 +325,11 @@ class UnitFlat:
         with torch.no_grad():
             self.param_view(self.staging, name).copy_(grad)
 
-    def issue_reduce(self, group, *, comm_dtype: torch.dtype, stream, stats: comm.CommStats) -> list:
-        """Reduce-scatter (average) the staged grads; returns in-flight work for `complete_reduce`."""
+    def issue_reduce(
+        self, group, *, comm_dtype: torch.dtype, stream, stats: comm.CommStats
+    ) -> tuple[torch.Tensor, torch.Tensor, comm.Pending]:
+        """Reduce-scatter (average) the staged grads: (the staging buffer, kept alive until the work
+        completes; the output, this rank's shard of every bucket back to back; the pending work)."""
         if self.staging is None:  # no grad reached this unit this micro-step: it contributes zeros.
             self.staging = torch.zeros(self.padded_numel, dtype=comm_dtype, device=self.device)
         staging, self.staging = self.staging, None
@@ -307,23 +339,14 @@ class UnitFlat:
         pending = comm.reduce_scatter(
             out, fulls, group, stats=stats, async_op=True, average=True, stream=stream
         )
-        return [staging, out, pending]
+        return staging, out, pending
 
-    def complete_reduce(
-        self,
-        work: list,
-        *,
-        accumulate: bool,
-        host_staging: torch.Tensor | None = None,
-        grad_sq: torch.Tensor | None = None,
+    def write_reduced(
+        self, out: torch.Tensor, *, accumulate: bool, host_staging: torch.Tensor | None = None
     ) -> None:
-        """The fp32 grad shard <- (accumulate=False: the window's first micro-step) or += the reduced grads.
-        host_staging: a reusable pinned buffer for the accumulating copy to the host; grad_sq: a device
-        scalar the sum of squares of the reduced grads is added to."""
-        _staging, out, pending = work
-        pending.wait()
-        if grad_sq is not None:
-            grad_sq.add_(sum_of_squares([out]))
+        """The fp32 grad shard <- (accumulate=False: the window's first micro-step) or += the completed
+        reduce-scatter's output. host_staging: a reusable pinned buffer for the accumulating copy to the
+        host."""
         for i in range(len(self.buckets)):
             host.to_host(
                 self.grad_views[i], self.bucket_shard(out, i), accumulate=accumulate, staging=host_staging

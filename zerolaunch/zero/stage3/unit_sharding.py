@@ -23,45 +23,53 @@ from functools import partial
 import torch
 from torch import nn
 
-from .. import comm, plan
+from .. import comm
 from ..grad_shards import GradShards
 from ..layout import ParamSpec
 from ..optim import nvme_store, shard_optimizer
 from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
 from ..param_groups import collect_aliases, collect_params, optimizer_groups
 from ..plan import GradSegment, gathers_from_master
-from ..sharding import Sharding, nbytes
+from ..sharding import Sharding, StrategyContext, nbytes
 from .fragments import UnitStateMixin
 from .materialize import materialize, param_sites, unit_seed
 from .partition import partition
-from .schedule import SchedulePhase, Stage3Schedule
+from .schedule import Stage3Schedule
 from .unit_buffers import UnitFlat
 
 
 class UnitSharding(UnitStateMixin, Sharding):
-    def __init__(self, engine, model: nn.Module, *, init_fn=None, param_groups: list[dict] | None = None):
+    def __init__(
+        self, ctx: StrategyContext, model: nn.Module, *, init_fn=None, param_groups: list[dict] | None = None
+    ):
         """init_fn(module) initializes a unit built on the meta device (one is materialized at a time);
         param_groups as in FlatSharding."""
-        super().__init__(engine)
-        options = self.options
-        z = options.zero
-        self.gathers_from_master = gathers_from_master(z.offload_optimizer.device, z.offload_param.device)
+        super().__init__(ctx)
+        options = self.ctx.options
+        zero_options = options.zero
+        self.gathers_from_master = gathers_from_master(
+            zero_options.offload_optimizer.device, zero_options.offload_param.device
+        )
         """No compute-dtype shard: each unit gathers from its fp32 master ([Note: gather from master])."""
         # offload_param nvme: the shards of the units (not the small persistent params) live in a swap file.
-        param_nvme = z.offload_param.device == "nvme"
-        shard_device = {"cpu": torch.device("cpu"), "nvme": None}.get(z.offload_param.device, self.device)
+        param_nvme = zero_options.offload_param.device == "nvme"
+        shard_device = {"cpu": torch.device("cpu"), "nvme": None}.get(
+            zero_options.offload_param.device, self.ctx.device
+        )
         if self.gathers_from_master:
             shard_device = None  # the unit reads its master's views, attached in _allocate_shards
         self.module = model
 
-        self._aliases = collect_aliases(model)
+        self.aliases = collect_aliases(model)
         named = dict(collect_params(model))
         group_of = {}
-        o = options.optimizer
-        groups = optimizer_groups(list(named.items()), o.weight_decay, o.decay_1d, param_groups)
+        optimizer_options = options.optimizer
+        groups = optimizer_groups(
+            list(named.items()), optimizer_options.weight_decay, optimizer_options.decay_1d, param_groups
+        )
         for g, grp in enumerate(groups):
             group_of.update(dict.fromkeys(grp["names"], g))
-        part = partition(model, z.stage3_units, z.stage3_param_persistence_threshold)
+        part = partition(model, zero_options.stage3_units, zero_options.stage3_param_persistence_threshold)
         self.units = part.units
 
         def make_flat(index, names, resident):
@@ -71,13 +79,13 @@ class UnitSharding(UnitStateMixin, Sharding):
             return UnitFlat(
                 index,
                 specs,
-                world_size=self.world_size,
-                rank=self.rank,
-                dtype=self.dtype,
-                device=self.device,
+                world_size=self.ctx.world_size,
+                rank=self.ctx.rank,
+                dtype=self.ctx.dtype,
+                device=self.ctx.device,
                 shard_device=torch.device("cpu") if resident and param_nvme else shard_device,
                 resident=resident,
-                pin=z.offload_param.pin_memory,
+                pin=zero_options.offload_param.pin_memory,
             )
 
         self.flats = [make_flat(u.index, [n for n, _ in u.params], False) for u in part.units]
@@ -88,13 +96,13 @@ class UnitSharding(UnitStateMixin, Sharding):
         if param_nvme:  # nvme_path given: zero/option_rules.py
             swapped = [f for f in self.flats if f is not None and f.shard is None]
             self.param_swap = nvme_store.SwapStore(
-                z.offload_param.nvme_path,
+                zero_options.offload_param.nvme_path,
                 [f.shard_numel for f in swapped],
                 ("param",),
                 0,
-                rank=self.rank,
-                pin=z.offload_param.pin_memory,
-                dtype=self.dtype,
+                rank=self.ctx.rank,
+                pin=zero_options.offload_param.pin_memory,
+                dtype=self.ctx.dtype,
                 option="offload_param",
             )
             for c, flat in enumerate(swapped):
@@ -103,48 +111,36 @@ class UnitSharding(UnitStateMixin, Sharding):
         self._allocate_shards(groups)
         self._materialize(part, named, init_fn)
 
-        self._named = dict(collect_params(model))
-        self._frozen = [(n, p) for n, p in self._named.items() if not p.requires_grad]
-        self._buffers = list(model.named_buffers())
-        unit_params = [[(n, self._named[n]) for n, _ in u.params] for u in part.units]
-        unit_params.append([(n, self._named[n]) for n, _ in part.persistent])
+        self.named_params = dict(collect_params(model))
+        self.frozen_params = [(n, p) for n, p in self.named_params.items() if not p.requires_grad]
+        self.model_buffers = list(model.named_buffers())
+        unit_params = [[(n, self.named_params[n]) for n, _ in u.params] for u in part.units]
+        unit_params.append([(n, self.named_params[n]) for n, _ in part.persistent])
         self.schedule = Stage3Schedule(
             self.flats,
             [u.module for u in part.units] + [None],
             unit_params,
-            self.comm_context,
-            comm_dtype=self.comm_dtype,
-            prefetch_numel=z.stage3_prefetch_bucket_size,
-            max_live_numel=z.stage3_max_live_parameters,
-            max_reuse_numel=z.stage3_max_reuse_distance,
-            stats=self.comm_stats,
+            self.ctx.comm,
+            comm_dtype=self.ctx.comm_dtype,
+            prefetch_numel=zero_options.stage3_prefetch_bucket_size,
+            max_live_numel=zero_options.stage3_max_live_parameters,
+            max_reuse_numel=zero_options.stage3_max_reuse_distance,
+            stats=self.ctx.stats,
             # the norm's sum of squares is taken on the device from each unit's reduced grads when they
             # are the window's final values and would otherwise be summed again on the host.
-            track_grad_sq=z.offload_optimizer.device != "none" and options.gradient_accumulation_steps == 1,
+            track_grad_sq=zero_options.offload_optimizer.device != "none"
+            and options.gradient_accumulation_steps == 1,
             grad_shards=self.grad_shards,
             direct=self._accumulates_directly(options),
         )
         self.grad_shards.release()  # not held before the first backward either
-
-    def _accumulates_directly(self, options) -> bool:
-        """plan.accumulates_directly ([Note: direct grads] in schedule.py); a method: tests force the
-        reducing path to compare the two."""
-        p = options.precision
-        return plan.accumulates_directly(
-            3,
-            self.world_size,
-            options.zero.offload_optimizer.device != "none",
-            p.dtype,
-            p.communication_dtype or "fp32",
-            options.gradient_accumulation_steps,
-        )
 
     # ---- construction --------------------------------------------------------------------------------------
     def _allocate_shards(self, groups: list[dict]) -> None:
         """Per param group one fp32 grad shard and (shard_optimizer) master + optimizer state: the
         concatenation of every unit bucket's shard. One grad segment and one step chunk per unit bucket (the
         chunk cut smaller for a cpu-offloaded step)."""
-        z = self.options.zero
+        zero_options = self.ctx.options.zero
         cursor = [0] * self.num_groups
         self._bucket_refs: list[tuple[UnitFlat, int]] = []
         """(unit, bucket) of each step chunk's `owner` index."""
@@ -152,52 +148,43 @@ class UnitSharding(UnitStateMixin, Sharding):
         for flat in self.flats:
             if flat is None:
                 continue
+            flat.place_in_master(cursor)
             for i, b in enumerate(flat.buckets):
-                flat.master_offsets.append(cursor[b.group])
-                pieces.append(Chunk(b.group, cursor[b.group], b.shard_numel, owner=len(self._bucket_refs)))
+                pieces.append(
+                    Chunk(b.group, flat.master_offsets[i], b.shard_numel, owner=len(self._bucket_refs))
+                )
                 self._bucket_refs.append((flat, i))
-                cursor[b.group] += b.shard_numel
         # on the compute device each unit bucket's grad shard is allocated by its first reduce of a window
         # and freed after the step ([Note: released grad shards] in ../grad_shards.py)
-        direct = self._accumulates_directly(self.options)
+        direct = self._accumulates_directly(self.ctx.options)
         self.grad_shards = GradShards(
             cursor,
             [GradSegment(p.group, p.offset, p.numel, p.owner) for p in pieces],
-            self.master_device,
-            pin=z.offload_optimizer.pin_memory,
-            releasable=z.offload_optimizer.device == "none",
-            narrow_dtype=self._narrow_grad_dtype(direct),
+            self.ctx.master_device,
+            pin=zero_options.offload_optimizer.pin_memory,
+            releasable=zero_options.offload_optimizer.device == "none",
+            compute_dtype=self._compute_grad_dtype(direct),
         )
         self.shards = ShardOptimizer(
-            self.options.optimizer,
-            z.offload_optimizer,
+            self.ctx.options.optimizer,
+            zero_options.offload_optimizer,
             cursor,
             groups,
             split_chunks(
-                pieces, shard_optimizer.HOST_CHUNK_NUMEL if z.offload_optimizer.device == "cpu" else None
+                pieces,
+                shard_optimizer.HOST_CHUNK_NUMEL if zero_options.offload_optimizer.device == "cpu" else None,
             ),
-            device=self.master_device,
-            rank=self.rank,
-            fused_step=self.fused_step,  # steps only: publishing stays a copy of its own
-            master_dtype=self.master_dtype,
+            device=self.ctx.master_device,
+            rank=self.ctx.rank,
+            fused_step=self.ctx.options.optimizer.fused_step,  # steps only: publishing stays a copy of its own
+            master_dtype=self.ctx.master_dtype,
         )
         """fp32 master + optimizer state of this rank's shards (on the device, the host or nvme); under nvme
         construction writes each unit's master straight to the swap file, never holding all of it."""
         for flat in self.flats:
             if flat is None:
                 continue
-            for i, b in enumerate(flat.buckets):
-                flat.grad_views.append(self.grad_shards.view(b.group, flat.master_offsets[i], b.shard_numel))
-                flat.grad_segments.append(self.grad_shards.index_of(b.group, flat.master_offsets[i]))
-            if direct:  # world size 1 (a bucket's shard is the whole bucket): each param's slice
-                flat.grad_slices = {
-                    name: self.grad_shards.slice(
-                        flat.buckets[slot.bucket].group,
-                        flat.master_offsets[slot.bucket] + slot.offset,
-                        slot.numel,
-                    )
-                    for name, slot in flat.slots.items()
-                }
+            flat.attach_grad_shards(self.grad_shards, per_param=direct)
             if self.gathers_from_master:  # views into the device-resident master (offload_optimizer none)
                 flat.attach_master(
                     [
@@ -220,8 +207,8 @@ class UnitSharding(UnitStateMixin, Sharding):
     @torch.no_grad()
     def _materialize(self, part, named: dict[str, nn.Parameter], init_fn) -> None:
         """One unit at a time: real fp32 values of the unit's size -> this rank's shard + master, dropped."""
-        seed = torch.tensor([torch.initial_seed() % (2**62)], dtype=torch.int64, device=self.device)
-        comm.broadcast(seed, 0, self.group, stats=self.comm_stats)  # every rank inits with rank 0's seed
+        seed = torch.tensor([torch.initial_seed() % (2**62)], dtype=torch.int64, device=self.ctx.device)
+        comm.broadcast(seed, 0, self.ctx.group, stats=self.ctx.stats)  # every rank inits with rank 0's seed
         base_seed = int(seed.item())
         sites = param_sites(self.module)
         # a list, not a set: every rank must broadcast in the same order (str hashes differ per process).
@@ -230,7 +217,9 @@ class UnitSharding(UnitStateMixin, Sharding):
         """Largest number of sharded-param elements materialized at once during construction."""
         for unit in part.units:  # the root first: later units' tensors are still meta while its init runs
             flat = self.flats[unit.index]
-            init32 = torch.zeros(flat.padded_numel if flat else 0, dtype=torch.float32, device=self.device)
+            init32 = torch.zeros(
+                flat.padded_numel if flat else 0, dtype=torch.float32, device=self.ctx.device
+            )
             self.init_peak_numel = max(self.init_peak_numel, init32.numel())
             sharded = {n: flat.param_view(init32, n) for n, _ in unit.params} if flat else {}
             homed = [n for n in resident if part.home_unit[n] == unit.index]
@@ -245,7 +234,7 @@ class UnitSharding(UnitStateMixin, Sharding):
                 sharded,
                 homed,
                 named_params=named,
-                device=self.device,
+                device=self.ctx.device,
                 seed=unit_seed(base_seed, unit.index),
                 init_fn=init_fn,
                 deliver=tied_here,
@@ -256,27 +245,27 @@ class UnitSharding(UnitStateMixin, Sharding):
             if flat is None:
                 continue
             if not had_meta:  # real weights from a builder: rank 0's win (ranks may have seeded differently)
-                comm.broadcast(init32, 0, self.group, stats=self.comm_stats)
+                comm.broadcast(init32, 0, self.ctx.group, stats=self.ctx.stats)
             self._adopt(flat, init32, named)
         for name in resident:
             p = named[name]
-            comm.broadcast(p.data, 0, self.group, stats=self.comm_stats)
+            comm.broadcast(p.data, 0, self.ctx.group, stats=self.ctx.stats)
         for _, b in self.module.named_buffers():
-            comm.broadcast(b, 0, self.group, stats=self.comm_stats)
+            comm.broadcast(b, 0, self.ctx.group, stats=self.ctx.stats)
         pflat = self.flats[-1]
         if pflat is not None:
-            init32 = torch.zeros(pflat.padded_numel, dtype=torch.float32, device=self.device)
+            init32 = torch.zeros(pflat.padded_numel, dtype=torch.float32, device=self.ctx.device)
             for name in pflat.slots:
                 pflat.param_view(init32, name).copy_(named[name].detach())
             self._adopt(pflat, init32, named)
-        if self.dtype != torch.float32:
+        if self.ctx.dtype != torch.float32:
             for _, p in collect_params(self.module):
                 if not p.requires_grad and p.is_floating_point():
-                    p.data = p.data.to(self.dtype)
+                    p.data = p.data.to(self.ctx.dtype)
             for module in self.module.modules():
                 for key, b in module._buffers.items():
                     if b is not None and b.is_floating_point():
-                        module._buffers[key] = b.to(self.dtype)
+                        module._buffers[key] = b.to(self.ctx.dtype)
 
     def _adopt(self, flat: UnitFlat, init32: torch.Tensor, named: dict[str, nn.Parameter]) -> None:
         """shard + master <- this rank's slices of init32; params become views of the unit's full buffer
@@ -302,7 +291,7 @@ class UnitSharding(UnitStateMixin, Sharding):
         self.schedule.begin_backward()
 
     def abort_backward(self) -> None:
-        self.schedule.phase = SchedulePhase.IDLE
+        self.schedule.abort_backward()
 
     def finish_backward(self) -> None:
         """Units reduce-scatter as they finish; wait for the last ones."""
@@ -315,7 +304,7 @@ class UnitSharding(UnitStateMixin, Sharding):
 
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
         self._await_host_grads()
-        self.grad_shards.ensure_zeroed()  # segments no grad reached in this window (e.g. no backward)
+        self.grad_shards.zero_unwritten()  # segments no grad reached in this window (e.g. no backward)
         device_sq = self.schedule.take_grad_sq()
         # summed per unit reduce, i.e. per backward (asked for at accumulation 1 only): the window's norm
         # only when the window is one backward; a caller-set boundary can make it several.
@@ -343,14 +332,14 @@ class UnitSharding(UnitStateMixin, Sharding):
         self.shards.step(self.grad_shards, lr, on_stepped, grad_multiplier=grad_multiplier)
         for flat in self.flats:
             if flat is not None:
-                flat.regather_resident(self.group, stats=self.comm_stats)
+                flat.regather_resident(self.ctx.group, stats=self.ctx.stats)
 
     # ---- accounting ----------------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
         flats = [f for f in self.flats if f is not None]
         out = {
             "params": sum(f.shard_bytes_in_memory + f.full_bytes_alive for f in flats)
-            + nbytes([p for _, p in self._frozen]),
+            + nbytes([p for _, p in self.frozen_params]),
             "grads": self.grad_shards.capacity_bytes,
             "buckets": self.schedule.staging_bytes,
         }

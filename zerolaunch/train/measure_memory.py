@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 
 from zerolaunch.memory.estimate import STATE_KEYS, Estimate, Row
-from zerolaunch.memory.sizes import EstimateError
+from zerolaunch.util.sizes import EstimateError
 
 TIMEOUT_S = 600.0
 

@@ -1,0 +1,8 @@
+"""Low-level helpers every layer may import: the standard library only, nothing else of zerolaunch.
+
+- `atomic.py`: crash-safe filesystem steps ([Note: atomic save]).
+- `sizes.py`: sizes and counts as users write them ("80GiB", "1.3b"), dtype names and their bytes.
+- `hf_env.py`: the Hugging Face environment zerolaunch runs under (offline).
+- `exit_codes.py`: the worker's documented exit codes.
+- `errors.py`: `UserError`, the base of every error in the user's input.
+"""

@@ -1,0 +1,194 @@
+"""The backward reduce pipeline of stages 2 and 3, over "reduce units", and the world-size-1 direct path.
+
+A reduce unit is what one reduce-scatter averages into this rank's fp32 grad shard: a stage-2 bucket
+(flat/reducer.py BackwardReducer) or a stage-3 unit (stage3/schedule.py Stage3Schedule). Both issue in the
+one fixed order of plan.IssueOrder (every rank the same, a complete unit waiting for the ones before it);
+the callers decide how many may be in flight (stage 2's plan.StagingPool, stage 3's max_in_flight) and own
+the staging tensors; this module owns what is the same for both, as FSDP2's one `foreach_reduce` serves
+every group:
+
+- `ReducePipeline`: the in-flight reduce-scatters in issue order, each completed into the shard --
+  overwritten by the unit's first reduce of the window, added to after it (`GradWindow`) --, the one pinned
+  host staging buffer of an accumulating copy to offloaded shards, and the device sum of squares of what was
+  reduced (the norm's, when a window is one micro-step and the shards are on the host).
+- `DirectWrites`: world size 1 without offload (plan.accumulates_directly), where a reduce-scatter is the
+  identity: each param's grad goes straight into its slice of the grad shard ([Note: world size 1] in
+  flat/reducer.py, [Note: direct grads] in stage3/schedule.py).
+
+It issues no collective itself (the callers do, through comm.py) and waits only through `comm.Pending`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+import torch
+
+from . import comm
+from .grad_shards import GradShards, GradSlice
+from .optim import host
+from .optim.torch_optim import sum_of_squares
+from .sharding import GradWindow
+
+
+class ReduceWork(NamedTuple):
+    """One issued reduce-scatter of a reduce unit."""
+
+    unit: int
+    """The caller's index of the reduce unit (a bucket index, a stage-3 unit index)."""
+    out: torch.Tensor
+    """This rank's averaged shard of the unit, in the comm dtype, on the compute device."""
+    pending: comm.Pending
+    keep: object = None
+    """What the caller needs back when the work completes (e.g. a staging buffer to reuse)."""
+
+
+WriteShard = Callable[[int, torch.Tensor, bool, "torch.Tensor | None"], None]
+"""write(unit, out, accumulate, host_staging): the unit's fp32 grad shard <- (accumulate=False) or += out."""
+
+
+class ReducePipeline:
+    def __init__(
+        self,
+        num_units: int,
+        write_shard: WriteShard,
+        *,
+        device: torch.device,
+        shard_device: torch.device,
+        host_staging_numel: int,
+        track_grad_sq: bool,
+        write_on_reduce_stream: bool,
+    ):
+        """write_shard: writes one completed unit into the grad shard. write_on_reduce_stream: it runs on the
+        collective's stream, before the compute stream waits for it (`Pending.wait(then=)`), else on the
+        compute stream after. host_staging_numel: the largest unit shard, for the pinned buffer an
+        accumulating copy to host shards lands in."""
+        self.num_units = num_units
+        self._write_shard = write_shard
+        self.device = device
+        self.shard_device = shard_device
+        self._host_staging_numel = host_staging_numel
+        self._host_staging: torch.Tensor | None = None
+        self.write_on_reduce_stream = write_on_reduce_stream
+        self._grad_sq = torch.zeros((), dtype=torch.float32, device=device) if track_grad_sq else None
+        self.window = [GradWindow.FRESH] * num_units
+        """Per unit: whether its next reduce is the window's first (it overwrites the grad shard)."""
+        self.in_flight: deque[ReduceWork] = deque()
+        self.issued_count = 0
+        """Reduce-scatters issued since the last reset_issued() (tests read it from inside backward)."""
+
+    def issued(self, work: ReduceWork) -> None:
+        """The caller has issued `work`'s reduce-scatter (on the reduce stream, through comm.py)."""
+        self.in_flight.append(work)
+        self.issued_count += 1
+
+    def complete_oldest(self) -> ReduceWork:
+        """Await the oldest work in flight and write its unit's reduced grads into the shard."""
+        work = self.in_flight.popleft()
+        accumulate = self.window[work.unit] is GradWindow.ACCUMULATING
+
+        def write() -> None:
+            if self._grad_sq is not None:
+                # only meaningful when a window is one micro-step (the engine asks for it only then).
+                self._grad_sq.add_(sum_of_squares([work.out]))
+            self._write_shard(work.unit, work.out, accumulate, self._staging_for(accumulate))
+
+        if self.write_on_reduce_stream:
+            work.pending.wait(then=write)
+        else:
+            work.pending.wait()
+            write()
+        self.window[work.unit] = GradWindow.ACCUMULATING
+        return work
+
+    def drain(self) -> None:
+        while self.in_flight:
+            self.complete_oldest()
+
+    def _staging_for(self, accumulate: bool) -> torch.Tensor | None:
+        """The pinned host buffer an accumulating copy to host shards lands in (made at its first use)."""
+        if accumulate and self.shard_device != self.device and self._host_staging is None:
+            self._host_staging = host.zeros(self._host_staging_numel, self.shard_device, pin=True)
+        return self._host_staging
+
+    def take_grad_sq(self) -> torch.Tensor | None:
+        """Sum of squares of the grads reduced since the last call (track_grad_sq), on the device."""
+        if self._grad_sq is None:
+            return None
+        sq = self._grad_sq.clone()
+        self._grad_sq.zero_()
+        return sq
+
+    def reset_accumulation(self) -> None:
+        """After a step: each unit's next reduced grads overwrite its grad shard (no zeroing pass)."""
+        self.window = [GradWindow.FRESH] * self.num_units
+
+    def reset_issued(self) -> None:
+        self.issued_count = 0
+
+    def discard(self) -> list[ReduceWork]:
+        """The window is dropped: await what is in flight (its buffers are reused) without writing it,
+        every unit FRESH again, the sum of squares dropped. Returns the awaited works."""
+        works = []
+        while self.in_flight:
+            work = self.in_flight.popleft()
+            work.pending.wait()
+            works.append(work)
+        self.reset_accumulation()
+        if self._grad_sq is not None:
+            self._grad_sq.zero_()
+        return works
+
+
+class DirectWrites:
+    """World size 1: each param's grad written straight into its slice of the fp32 grad shard.
+
+    The values are the reducing path's bit for bit: a slice is overwritten by its param's first gradient of
+    the window (a copy, the exact upcast) and added to by later ones (fp32 adds in micro-step order); a slice
+    that got no gradient in the window's first backward is zeroed at that backward's end, as the zeroed
+    staging buffer would have written. GradShards.write keeps a one-micro-step window in the compute dtype
+    ([Note: compute-dtype grads] in grad_shards.py)."""
+
+    issued_count = 0
+    """Always 0: nothing is reduced."""
+    staging_bytes = 0
+
+    def __init__(self, grad_shards: GradShards, slices: Mapping[str, GradSlice]):
+        """slices: each param's slice of the grad shard, taken while the segments were held."""
+        self.grad_shards = grad_shards
+        self.slices = dict(slices)
+        self._window = dict.fromkeys(self.slices, GradWindow.FRESH)
+        self._seen_this_backward = False
+
+    def write(self, name: str, grad: torch.Tensor) -> None:
+        """From the param's post-accumulate-grad hook."""
+        self._seen_this_backward = True
+        accumulate = self._window[name] is GradWindow.ACCUMULATING
+        self.grad_shards.write(self.slices[name], grad.reshape(-1), accumulate=accumulate)
+        self._window[name] = GradWindow.ACCUMULATING
+
+    def finish_backward(self) -> None:
+        """A param without a gradient in the window so far counts as zero (its slice may hold the last
+        window's values: the shards are not zeroed after a step)."""
+        for name, window in self._window.items():
+            if window is GradWindow.FRESH:
+                self.grad_shards.zero(self.slices[name])
+                self._window[name] = GradWindow.ACCUMULATING
+        self._seen_this_backward = False
+
+    def take_grad_sq(self) -> None:
+        return None
+
+    def reset_accumulation(self) -> None:
+        self._window = dict.fromkeys(self.slices, GradWindow.FRESH)
+
+    def discard(self) -> None:
+        """The window is dropped: every param's slice FRESH again (nothing is in flight)."""
+        self.reset_accumulation()
+        self._seen_this_backward = False
+
+    @property
+    def busy(self) -> bool:
+        return self._seen_this_backward
