@@ -21,10 +21,11 @@ import yaml
 
 from . import deepspeed as ds_vocab
 from . import limits
-from .auto import check_compile_scope, gpt_hidden_sizes, resolve_compile_optimizer, resolve_train
+from .auto import check_compile_scope, resolve_compile_optimizer, resolve_train
 from .builders import DATA_PASSED, args_problem, check_builder_spec, import_builder
 from .engine_options import build_engine
 from .errors import RecipeError, did_you_mean
+from .hidden import gpt_hidden_sizes
 from .paths import resolve_path_args
 from .schema import (
     DEFAULT_DATA_BUILDER,
