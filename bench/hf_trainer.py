@@ -238,7 +238,8 @@ def run_row(row: str, stage: int, opts, forward: list[str]) -> dict:
             LOCAL_WORLD_SIZE="1",
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=_port(),
-            PYTHONPATH=str(REPO),
+            # the repo first, then the caller's path (a --target folder of carried wheels such as DeepSpeed)
+            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         )
         if opts.cpu:
             env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
