@@ -361,3 +361,12 @@ def resolve_checkpoint(path) -> Path:
             "step_* folder); pass a checkpoint folder or the checkpoint.dir of a run"
         )
     return found
+
+
+def nothing_to_do(checkpoint_step: int, steps: int, where=None) -> str:
+    """What a resume of a finished run says instead of training (`where`: the checkpoint, when known)."""
+    checkpoint = f"the checkpoint {where}" if where is not None else "the checkpoint"
+    return (
+        f"nothing to do: {checkpoint} is at step {checkpoint_step} and train.steps is {steps}. To train "
+        f"further, raise it (--set train.steps={max(steps, checkpoint_step) * 2}) with --resume auto."
+    )

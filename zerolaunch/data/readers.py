@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zerolaunch.config.errors import UserError
+from zerolaunch.util.errors import UserError
 
 MODES = ("text", "prompt-completion", "chat")
 TEXT_SUFFIXES = (".txt", ".md")

@@ -169,7 +169,7 @@ def _launch_in(req, recipe, rdzv, workers, run_dir: Path, checkpoint_root: Path,
         write_owner(checkpoint_root, run_dir)
         done = _finished_checkpoint(req.resume, checkpoint_root, recipe.train.steps)
         if done is not None:
-            from zerolaunch.train.loop import nothing_to_do
+            from zerolaunch.checkpoint.save import nothing_to_do
 
             line = nothing_to_do(done[1], recipe.train.steps, where=done[0])
             console.print(line, markup=False, highlight=False, soft_wrap=True)

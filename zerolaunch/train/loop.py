@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from zerolaunch.build import build_engine
+from zerolaunch.checkpoint.save import nothing_to_do
 from zerolaunch.config import import_builder
 from zerolaunch.report.mfu import hf_flops_per_token
 from zerolaunch.train import seeding, step_stats
@@ -347,15 +348,6 @@ class Trainer:
         if self.monitors is not None:
             self.monitors.close()
         self.engine.close()  # deletes an nvme swap file now rather than at interpreter exit
-
-
-def nothing_to_do(checkpoint_step: int, steps: int, where=None) -> str:
-    """What a resume of a finished run says instead of training (`where`: the checkpoint, when known)."""
-    checkpoint = f"the checkpoint {where}" if where is not None else "the checkpoint"
-    return (
-        f"nothing to do: {checkpoint} is at step {checkpoint_step} and train.steps is {steps}. To train "
-        f"further, raise it (--set train.steps={max(steps, checkpoint_step) * 2}) with --resume auto."
-    )
 
 
 def run_training(recipe, ctx: RunContext) -> list[float]:
