@@ -75,7 +75,7 @@ def _default_device() -> torch.device:
 class ZeroLaunchEngine:
     """What initialize() returns: DeepSpeed's engine surface over `zerolaunch.zero.Engine`.
 
-    Attributes not defined here (global_steps, memory_bytes(), comm_stats, full_state_dict(), ...) are the
+    Attributes not defined here (global_steps, memory_bytes(), comm_stats, iter_full_state(), ...) are the
     inner engine's (`.engine`), so the checkpoint contract of docs/ARCHITECTURE.md works on either.
     """
 
@@ -412,7 +412,7 @@ def save_hf_pretrained(
 ) -> Path:
     """COLLECTIVE: write the HF model directory that `model.save_pretrained` writes.
 
-    Every rank iterates engine.full_state_dict (it gathers); rank 0 writes config.json and the weights under
+    Every rank iterates engine.iter_full_state (it gathers); rank 0 writes config.json and the weights under
     save_pretrained's names and layout: transformers' conversion mapping reversed (per-expert MoE tensors,
     GPT-NeoX's embed_out; models/hf_mapping.py), split into files by huggingface_hub's shard planner at
     max_shard_bytes (default: save_pretrained's default). Each tensor is written at its place in its file
@@ -452,7 +452,7 @@ def save_hf_pretrained(
     try:
         if writer is not None:
             writer.open_shards(shards)
-        for name, tensor in inner.full_state_dict(dtype=dtype):
+        for name, tensor in inner.iter_full_state(dtype=dtype):
             if writer is None or name not in shapes:
                 continue
             group = plan.groups[plan.by_source[name]]
@@ -474,7 +474,7 @@ def save_hf_pretrained(
 
 
 def _full_shapes(inner, model, persistent: set[str], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """{name: meta tensor} of what full_state_dict yields and the folder keeps (params once, persistent
+    """{name: meta tensor} of what iter_full_state yields and the folder keeps (params once, persistent
     buffers), with the shape and dtype it will have: the shard plan is made before anything is gathered."""
     out = {}
     for spec in inner.param_specs():

@@ -48,10 +48,10 @@ def test_fused_rows_hold_the_grads_they_name(bench, group, monkeypatch, engine, 
     assert eng.shards.fused_step is ("fused" in engine)
     assert eng.master_dtype == (torch.bfloat16 if engine.endswith("-purebf16") else torch.float32)
     assert {t.dtype for t in eng.sharding.grad_shards.window_tensors()} == {grad_dtype}
-    before = {n: t.clone() for n, t in eng.full_state_dict(torch.float32)}
+    before = {n: t.clone() for n, t in eng.iter_full_state(torch.float32)}
     for b in _batches(bench):
         assert torch.isfinite(step(b)).item()
-    after = dict(eng.full_state_dict(torch.float32))
+    after = dict(eng.iter_full_state(torch.float32))
     assert any(not torch.equal(after[n], before[n]) for n in before)
 
 
