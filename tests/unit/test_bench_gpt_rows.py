@@ -66,5 +66,5 @@ def test_the_deepspeed_rows_config_means_the_same_to_zerolaunch(bench, group, pu
     engine = zerolaunch.initialize(build(size="tiny", vocab_size=256, seq_len=16), config=config)
     engine = engine[0] if isinstance(engine, tuple) else engine
     assert engine.options.zero.stage == 2 and engine.options.precision.dtype == "bf16"
-    assert engine.master_dtype == (torch.bfloat16 if pure_bf16 else torch.float32)
+    assert engine.engine.master_dtype == (torch.bfloat16 if pure_bf16 else torch.float32)
     assert config["optimizer"]["params"].get("fused") is (True if pure_bf16 else None)
