@@ -154,6 +154,27 @@ class ZeroLaunchEngine:
         """Finish a step in flight and release the nvme swap files now (they also go at exit)."""
         self.engine.close()
 
+    def consolidated_state_dict(self) -> dict[str, torch.Tensor]:
+        """COLLECTIVE (call on every rank): the whole model's state dict on rank 0, `{}` on the other ranks.
+
+        Keys are those of the unsharded `module.state_dict()` (every param, each tied name, persistent buffers),
+        values CPU tensors in full precision: floating tensors in fp32 (from a 16-bit model, the fp32 master
+        weights), others as they are. At stage 3 the params are gathered one unit at a time, so rank 0 holds
+        the dict plus one unit. `module.state_dict()` is not this under stage 3: there it holds each rank's
+        empty placeholders (docs/deepspeed.md)."""
+        keys = list(self.module.state_dict(keep_vars=True))
+        wanted = set(keys)
+        aliases = {spec.name: spec.aliases for spec in self.engine.param_specs()}
+        out: dict[str, torch.Tensor] = {}
+        for name, tensor in self.engine.iter_full_state(torch.float32):  # every rank iterates it: it gathers
+            if self.rank != 0:
+                continue
+            tensor = tensor.detach().to("cpu", copy=True)  # gathered tensors may share a buffer reused next
+            for key in (name, *aliases.get(name, ())):
+                if key in wanted:
+                    out[key] = tensor
+        return {key: out[key] for key in keys} if self.rank == 0 else {}
+
     def _to_device(self, value):
         if torch.is_tensor(value):
             return value.to(self.device, non_blocking=True) if value.device != self.device else value

@@ -4,7 +4,8 @@ Tests: the inner-engine state scripts read (global_steps, micro_steps, options) 
 step; a name the wrapper does not define raises AttributeError instead of reaching the inner engine: the
 message says it is not a supported DeepSpeed attribute, names the closest supported one, and for a member of
 the inner engine says how to reach it there; hasattr / getattr with a default answer False / the default;
-copy.copy still works.
+copy.copy still works. consolidated_state_dict on one process is the model's state dict (the 2-rank cases at
+every stage: tests/dist/test_consolidated_state_dict.py).
 """
 
 from __future__ import annotations
@@ -45,3 +46,10 @@ def test_unknown_names_are_refused_with_the_closest_supported_one():
         engine.iter_full_state()
     assert not hasattr(engine, "optimizer") and getattr(engine, "lr_scheduler", None) is None
     assert copy.copy(engine).engine is engine.engine
+
+
+def test_consolidated_state_dict_on_one_process():
+    engine = _engine()
+    want = {k: v.clone() for k, v in engine.module.state_dict().items()}
+    got = engine.consolidated_state_dict()
+    assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
