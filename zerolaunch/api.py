@@ -158,10 +158,11 @@ class ZeroLaunchEngine:
         """COLLECTIVE (call on every rank): the whole model's state dict on rank 0, `{}` on the other ranks.
 
         Keys are those of the unsharded `module.state_dict()` (every param, each tied name, persistent buffers),
-        values CPU tensors in full precision: floating tensors in fp32 (from a 16-bit model, the fp32 master
-        weights), others as they are. At stage 3 the params are gathered one unit at a time, so rank 0 holds
-        the dict plus one unit. `module.state_dict()` is not this under stage 3: there it holds each rank's
-        empty placeholders (docs/deepspeed.md)."""
+        values CPU tensors in full precision: floating tensors in fp32 (from a 16-bit model, the fp32 master of
+        the trainable params; frozen params and buffers, which have no master, upcast), others as they are. At
+        stage 3 the params are gathered one unit at a time, so rank 0 holds the dict plus one unit.
+        `module.state_dict()` is not this under stage 3: outside a forward it holds zero-stride placeholders of
+        each param's shape, not the weights (docs/deepspeed.md)."""
         keys = list(self.module.state_dict(keep_vars=True))
         wanted = set(keys)
         aliases = {spec.name: spec.aliases for spec in self.engine.param_specs()}
