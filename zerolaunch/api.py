@@ -10,6 +10,7 @@ train/entrypoint.py; environment variables are read in launch/env.py. This only 
 
 from __future__ import annotations
 
+import difflib
 import os
 import warnings
 from contextlib import contextmanager
@@ -72,11 +73,28 @@ def _default_device() -> torch.device:
 
 
 # ---- the engine wrapper -------------------------------------------------------------------------------------
+def _unknown_attribute_message(wrapper, name: str) -> str:
+    supported = sorted(n for n in {*dir(type(wrapper)), *vars(wrapper)} if not n.startswith("_"))
+    message = (
+        f"'ZeroLaunchEngine' object has no attribute {name!r}: it is not a DeepSpeed engine attribute zerolaunch "
+        "supports (docs/deepspeed.md lists the supported surface)"
+    )
+    close = difflib.get_close_matches(name, supported, n=1)
+    message += f"; did you mean {close[0]!r}?" if close else "."
+    if name in dir(wrapper.engine):  # dir, not hasattr: no property of the engine runs
+        message += (
+            f" The inner zerolaunch engine has a {name!r}, not part of that surface: engine.engine.{name} "
+            "reaches it."
+        )
+    return message
+
+
 class ZeroLaunchEngine:
     """What initialize() returns: DeepSpeed's engine surface over `zerolaunch.zero.Engine`.
 
-    Attributes not defined here (global_steps, memory_bytes(), comm_stats, full_state_dict(), ...) are the
-    inner engine's (`.engine`), so the checkpoint contract of docs/ARCHITECTURE.md works on either.
+    Only what is defined here is supported (docs/deepspeed.md lists it); any other name raises AttributeError
+    instead of reaching into the inner engine, whose members are internal. That engine is `.engine`, for the
+    checkpoint and HF-output code (and tests) that need it.
     """
 
     def __init__(self, engine, recipe=None):
@@ -97,10 +115,66 @@ class ZeroLaunchEngine:
         self.local_rank = env.local_rank()  # DeepSpeed reads LOCAL_RANK too
         self._in_no_sync = False
         self._boundary: bool | None = None  # set_gradient_accumulation_boundary's; None: counted by step()
+        self.compiled: str | None = None  # compile()'s scope once it ran
 
     def __getattr__(self, name):
-        # only called for names not found on the wrapper itself.
-        return getattr(self.__dict__["engine"], name)
+        # Python calls this only for names the wrapper lacks. Refusing them (rather than forwarding to the inner
+        # engine) keeps the surface scripts depend on the one documented, and makes a DeepSpeed attribute that
+        # zerolaunch lacks fail by name instead of resolving to an internal of ours with another meaning.
+        if name.startswith("__") or "engine" not in self.__dict__:  # copy/pickle probes, half-built objects
+            raise AttributeError(name)
+        raise AttributeError(_unknown_attribute_message(self, name))
+
+    # ---- the inner engine's state that scripts read (DeepSpeed's names) ------------------------------------------
+    @property
+    def global_steps(self) -> int:
+        """Optimizer steps taken (DeepSpeed's global_steps; restored by load_checkpoint)."""
+        return self.engine.global_steps
+
+    @property
+    def micro_steps(self) -> int:
+        """step() calls counted so far (DeepSpeed's micro_steps); discard_window() takes a failed window's back."""
+        return self.engine.micro_steps
+
+    @property
+    def options(self) -> EngineOptions:
+        """The EngineOptions the engine was built from (the resolved config's engine part)."""
+        return self.engine.options
+
+    def wait_for_step(self) -> None:
+        """With `offload_optimizer.overlap_step`: wait for the step in flight before reading params outside a
+        forward (zero/engine.py Engine.wait_for_step); a no-op otherwise."""
+        self.engine.wait_for_step()
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds per kind (model states and engine buffers; activations not included)."""
+        return self.engine.memory_bytes()
+
+    def close(self) -> None:
+        """Finish a step in flight and release the nvme swap files now (they also go at exit)."""
+        self.engine.close()
+
+    def consolidated_state_dict(self) -> dict[str, torch.Tensor]:
+        """COLLECTIVE (call on every rank): the whole model's state dict on rank 0, `{}` on the other ranks.
+
+        Keys are those of the unsharded `module.state_dict()` (every param, each tied name, persistent buffers),
+        values CPU tensors in full precision: floating tensors in fp32 (from a 16-bit model, the fp32 master of
+        the trainable params; frozen params and buffers, which have no master, upcast), others as they are. At
+        stage 3 the params are gathered one unit at a time, so rank 0 holds the dict plus one unit.
+        `module.state_dict()` is not this under stage 3: outside a forward it holds zero-stride placeholders of
+        each param's shape, not the weights (docs/deepspeed.md)."""
+        keys = list(self.module.state_dict(keep_vars=True))
+        wanted = set(keys)
+        aliases = {spec.name: spec.aliases for spec in self.engine.param_specs()}
+        out: dict[str, torch.Tensor] = {}
+        for name, tensor in self.engine.iter_full_state(torch.float32):  # every rank iterates it: it gathers
+            if self.rank != 0:
+                continue
+            tensor = tensor.detach().to("cpu", copy=True)  # gathered tensors may share a buffer reused next
+            for key in (name, *aliases.get(name, ())):
+                if key in wanted:
+                    out[key] = tensor
+        return {key: out[key] for key in keys} if self.rank == 0 else {}
 
     def _to_device(self, value):
         if torch.is_tensor(value):
@@ -198,7 +272,7 @@ class ZeroLaunchEngine:
     @property
     def is_compiled(self) -> bool:
         """DeepSpeed's: whether compile() ran."""
-        return self.__dict__.get("compiled") is not None
+        return self.compiled is not None
 
     def train(self, mode: bool = True) -> None:
         self.module.train(mode)
@@ -412,7 +486,7 @@ def save_hf_pretrained(
 ) -> Path:
     """COLLECTIVE: write the HF model directory that `model.save_pretrained` writes.
 
-    Every rank iterates engine.full_state_dict (it gathers); rank 0 writes config.json and the weights under
+    Every rank iterates engine.iter_full_state (it gathers); rank 0 writes config.json and the weights under
     save_pretrained's names and layout: transformers' conversion mapping reversed (per-expert MoE tensors,
     GPT-NeoX's embed_out; models/hf_mapping.py), split into files by huggingface_hub's shard planner at
     max_shard_bytes (default: save_pretrained's default). Each tensor is written at its place in its file
@@ -452,7 +526,7 @@ def save_hf_pretrained(
     try:
         if writer is not None:
             writer.open_shards(shards)
-        for name, tensor in inner.full_state_dict(dtype=dtype):
+        for name, tensor in inner.iter_full_state(dtype=dtype):
             if writer is None or name not in shapes:
                 continue
             group = plan.groups[plan.by_source[name]]
@@ -474,7 +548,7 @@ def save_hf_pretrained(
 
 
 def _full_shapes(inner, model, persistent: set[str], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """{name: meta tensor} of what full_state_dict yields and the folder keeps (params once, persistent
+    """{name: meta tensor} of what iter_full_state yields and the folder keeps (params once, persistent
     buffers), with the shape and dtype it will have: the shard plan is made before anything is gathered."""
     out = {}
     for spec in inner.param_specs():

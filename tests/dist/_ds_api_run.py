@@ -226,7 +226,7 @@ def _weights(which: str, engine, deepspeed, stage: int) -> dict:
         named = list(engine.module.named_parameters())
         with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=stage == 3):
             return {n: p.detach().clone().float() for n, p in named}
-    return {n: t.detach().clone().float() for n, t in engine.full_state_dict()}
+    return {n: t.detach().clone().float() for n, t in engine.engine.iter_full_state()}
 
 
 def _checkpoint_names(which: str, ckpt: Path) -> list[str]:

@@ -50,7 +50,7 @@ def _train_case(which: str, stage: int, clip: float, deepspeed) -> dict[str, tor
         params = list(engine.module.named_parameters())
         with deepspeed.zero.GatheredParameters([p for _, p in params], enabled=stage == 3):
             return {n: p.detach().clone() for n, p in params}
-    return {n: t.detach().clone() for n, t in engine.full_state_dict()}
+    return {n: t.detach().clone() for n, t in engine.engine.iter_full_state()}
 
 
 def _worker(rank: int, world_size: int, store_path: str, which: str, out: str) -> None:

@@ -46,7 +46,7 @@ def _engine_weights(rank: int, world_size: int, cases) -> list[dict]:
                 out_ = engine(rank_rows(x, rank).bfloat16()).float()
                 engine.backward(F.mse_loss(out_, rank_rows(y, rank)))
                 engine.step()
-        out.append({n: t.clone() for n, t in engine.full_state_dict()})
+        out.append({n: t.clone() for n, t in engine.iter_full_state()})
     return out
 
 

@@ -51,7 +51,7 @@ def _train(engine, rank, world_size, start, stop):
 
 
 def _full(engine):
-    return {n: t.clone() for n, t in engine.full_state_dict(torch.float32)}
+    return {n: t.clone() for n, t in engine.iter_full_state(torch.float32)}
 
 
 def _run_and_save(rank, world_size, root, stage):

@@ -142,7 +142,7 @@ def train_with_failures(engine, model, rank: int, world_size: int) -> dict:
             _forward_backward(engine, model, step, micro, rank, world_size, False)
             seen["stepped"].append(engine.step().stepped)
     engine.wait_for_step()
-    seen["final"] = {n: t.clone() for n, t in engine.full_state_dict()}
+    seen["final"] = {n: t.clone() for n, t in engine.iter_full_state()}
     return seen
 
 
@@ -152,7 +152,7 @@ def _run_cases(rank, world_size, names):
     for name in names:
         model = Net(seed=rank)  # rank 0's weights must win
         engine = Engine(model, CASES[name])
-        init = {n: t.clone() for n, t in engine.full_state_dict()}  # stages 0-2 yield the live params
+        init = {n: t.clone() for n, t in engine.iter_full_state()}  # stages 0-2 yield the live params
         out[name] = {"init": init, **train_with_failures(engine, model, rank, world_size)}
         out[name]["buffer_bytes"] = engine.memory_bytes()["buckets"]
         engine.close()
@@ -221,7 +221,7 @@ def test_a_failed_forward_needs_no_discard():
     for name in ("stage2_overlap", "stage3"):
         model = Net(0)
         engine = Engine(model, CASES[name])
-        init = {n: t.clone() for n, t in engine.full_state_dict()}
+        init = {n: t.clone() for n, t in engine.iter_full_state()}
         with pytest.raises(RuntimeError, match="mat1 and mat2"):
             engine(torch.randn(MICRO_BATCH, 30))
         for step in range(STEPS):
@@ -229,7 +229,7 @@ def test_a_failed_forward_needs_no_discard():
                 _forward_backward(engine, model, step, micro, 0, 1, False)
                 engine.step()
         ref = reference(init, 1, CASES[name])
-        final = dict(engine.full_state_dict())
+        final = dict(engine.iter_full_state())
         for pname, w in ref.items():
             torch.testing.assert_close(final[pname], w, rtol=1e-6, atol=1e-6)
 

@@ -43,10 +43,10 @@ def _train(rank: int, world_size: int, stage: int, fused: bool, dtype: str) -> d
             loss = loss * 1e8
         engine.backward(loss)
         skipped.append(engine.step().skipped)
-        master = dict(engine.full_state_dict(torch.float32))
+        master = dict(engine.iter_full_state(torch.float32))
         cast_matches.append(all(torch.equal(p, master[n].to(half)) for n, p in engine.module.named_parameters()))
     return {
-        "master": dict(engine.full_state_dict(torch.float32)),
+        "master": dict(engine.iter_full_state(torch.float32)),
         "cast_matches": cast_matches,
         "skipped": skipped,
     }

@@ -3,7 +3,7 @@
 Tests (2 gloo ranks): a bf16 ZeRO-3 engine (and a ZeRO-2 one) saves after 2 steps; the step folder's
 model.safetensors holds every param once (tied aliases not repeated, as DeepSpeed's consolidated state dict)
 and every buffer, and each tensor equals the fp32 master weights, gathered independently through
-full_state_dict(fp32), cast to bf16. With the flag off nothing is written.
+iter_full_state(fp32), cast to bf16. With the flag off nothing is written.
 Leaves out: the recipe keys that set the flag (tests/unit/test_config_deepspeed.py).
 """
 
@@ -33,7 +33,7 @@ def _case(rank, world_size, root, stage, gather):
     engine = Engine(model, opts)
     train(engine, model, {}, rank, world_size, 2)
     folder = save_checkpoint(engine, root, step=2)
-    master = dict(engine.full_state_dict(torch.float32))
+    master = dict(engine.iter_full_state(torch.float32))
     aliases = [a for spec in engine.param_specs() for a in spec.aliases]
     return str(folder), master, aliases
 

@@ -89,7 +89,7 @@ def _train(rank, world_size):
             x, route, y = _batch(step, rank)
             engine.backward(F.mse_loss(engine(x, route), y))
             engine.step()
-        out[stage] = {n: t.detach().clone() for n, t in engine.full_state_dict()}
+        out[stage] = {n: t.detach().clone() for n, t in engine.iter_full_state()}
     return out
 
 

@@ -19,7 +19,7 @@ from zerolaunch.zero.options import EngineOptions, OptimizerOptions, PrecisionOp
 
 
 def _weights(engine) -> list[torch.Tensor]:
-    return [t.detach().float().clone() for _, t in engine.full_state_dict()]
+    return [t.detach().float().clone() for _, t in engine.iter_full_state()]
 
 
 def _run(rank, world_size):

@@ -91,7 +91,7 @@ def _cuda_cases(rank, world_size):
         )
         engine.backward(loss)
         engine.step()
-    master = dict(engine.full_state_dict(torch.float32))
+    master = dict(engine.iter_full_state(torch.float32))
     out["fused_bf16_cast_exact"] = all(
         torch.equal(p.cpu(), master[n].cpu().to(torch.bfloat16)) for n, p in engine.module.named_parameters()
     )
@@ -112,7 +112,7 @@ def _cuda_cases(rank, world_size):
             )
             wide.backward(loss)
             wide.step()
-        out["fp32_grads_master"] = {n: t.cpu() for n, t in wide.full_state_dict(torch.float32)}
+        out["fp32_grads_master"] = {n: t.cpu() for n, t in wide.iter_full_state(torch.float32)}
         out["bf16_grads_master"] = {n: t.cpu() for n, t in master.items()}
     return out
 

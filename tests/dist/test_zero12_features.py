@@ -64,7 +64,7 @@ def _bf16_trains(rank, world_size):
         engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))
-    fp32 = dict(engine.full_state_dict(torch.float32))  # gathered from the fp32 master, not upcast params
+    fp32 = dict(engine.iter_full_state(torch.float32))  # gathered from the fp32 master, not upcast params
     weight = engine.module.inp.weight.float()
     return {
         "losses": losses,
@@ -142,8 +142,8 @@ def _checkpoint_roundtrip(rank, world_size, src_stage, src_bucket, dst_stage, ds
             engine.backward(F.mse_loss(engine(rank_rows(x, rank)), rank_rows(y, rank)))
             engine.step()
     return {
-        "src": dict(src.full_state_dict()),
-        "dst": dict(dst.full_state_dict()),
+        "src": dict(src.iter_full_state()),
+        "dst": dict(dst.iter_full_state()),
         "steps": (src.global_steps, dst.global_steps),
     }
 

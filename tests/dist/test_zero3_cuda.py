@@ -44,13 +44,13 @@ def test_cuda_matches_cpu_reference(name):
     device = torch.device("cuda", 0)
     model = Net3(0)
     engine = Engine(model, opts, device=device)
-    init = {n: t.cpu() for n, t in engine.full_state_dict()}
+    init = {n: t.cpu() for n, t in engine.iter_full_state()}
     train(engine, model, mode, 0, 1, STEPS)
     torch.cuda.synchronize()
     assert all(f.full_bytes_alive == 0 for f in engine.sharding.flats if f is not None and not f.resident)
     ref, _ = reference(opts, mode, init, 1, STEPS)
     ref64, _ = reference(opts, mode, init, 1, STEPS, dtype=torch.float64)
-    for pname, t in engine.full_state_dict():
+    for pname, t in engine.iter_full_state():
         if pname not in ref:
             continue
         err = (t.cpu().double() - ref64[pname]).abs().max().item()
@@ -64,9 +64,9 @@ def test_cuda_bf16_trains_close_to_fp32():
     device = torch.device("cuda", 0)
     model = Net3(0)
     engine = Engine(model, opts, device=device)
-    init = {n: t.cpu() for n, t in engine.full_state_dict(torch.float32)}
+    init = {n: t.cpu() for n, t in engine.iter_full_state(torch.float32)}
     train(engine, model, {"ckpt": True}, 0, 1, STEPS)
     ref, _ = reference(opts, {"ckpt": True}, init, 1, STEPS)
-    for pname, t in engine.full_state_dict(torch.float32):
+    for pname, t in engine.iter_full_state(torch.float32):
         if pname in ref:
             torch.testing.assert_close(t.cpu(), ref[pname], rtol=0, atol=3e-2, msg=pname)

@@ -3,7 +3,7 @@
 Tests (one spawned group of 2 gloo ranks runs every case, then the parent checks):
 - checkpoint: save at step 2, train on; a fresh stage 3 engine and a stage 2 engine loading it train to the
   same weights; the parent (world size 1) loads it and sees the weights the ranks had at the save;
-- bf16: shards and gathered params are bf16 (half the bytes), full_state_dict(fp32) returns the fp32 master,
+- bf16: shards and gathered params are bf16 (half the bytes), iter_full_state(fp32) returns the fp32 master,
   and training stays close to the fp32 reference; fp16: an overflowing first step is skipped on every rank
   and the dynamic scale halves, later steps train;
 - meta init: a model built on the meta device is materialized unit by unit with rank 0's seed on every rank
@@ -28,7 +28,7 @@ from zerolaunch.zero.stage3.unit_sharding import UnitSharding
 
 
 def _weights(engine) -> dict:
-    return dict(engine.full_state_dict())
+    return dict(engine.iter_full_state())
 
 
 def _checkpoint_case(rank, world_size, root):
@@ -49,7 +49,7 @@ def _checkpoint_case(rank, world_size, root):
         fresh = Engine(fresh_model, o)
         load_checkpoint(fresh, root)
         train(fresh, fresh_model, {"skip": True}, rank, world_size, 1)
-        out[label] = {n: t.detach().clone() for n, t in fresh.full_state_dict()}
+        out[label] = {n: t.detach().clone() for n, t in fresh.iter_full_state()}
         out[label + "_steps"] = fresh.global_steps
     return out
 
@@ -59,11 +59,11 @@ def _precision_case(rank, world_size):
     bf16 = replace(options(persist=20), precision=PrecisionOptions(dtype="bf16"))
     model = Net3(rank)
     engine = Engine(model, bf16)
-    init = {n: t.float() for n, t in engine.full_state_dict(torch.float32)}
+    init = {n: t.float() for n, t in engine.iter_full_state(torch.float32)}
     train(engine, model, {}, rank, world_size, STEPS)
     out["bf16_init"] = init
-    out["bf16_final"] = dict(engine.full_state_dict(torch.float32))
-    out["bf16_compute"] = dict(engine.full_state_dict())
+    out["bf16_final"] = dict(engine.iter_full_state(torch.float32))
+    out["bf16_compute"] = dict(engine.iter_full_state())
     out["bf16_master"] = [m.clone() for m in engine.shards.master]
     out["bf16_param_bytes"] = engine.memory_bytes()["params"]
     out["fp32_param_bytes"] = Engine(Net3(rank), options(persist=20)).memory_bytes()["params"]
@@ -75,9 +75,9 @@ def _precision_case(rank, world_size):
     static = replace(options(), precision=PrecisionOptions(dtype="fp16", loss_scale=128.0))
     model = Net3(rank)
     engine = Engine(model, static)
-    out["fp16_init"] = {n: t.float() for n, t in engine.full_state_dict()}
+    out["fp16_init"] = {n: t.float() for n, t in engine.iter_full_state()}
     infos = train(engine, model, {}, rank, world_size, STEPS)
-    out["fp16_final"] = dict(engine.full_state_dict(torch.float32))
+    out["fp16_final"] = dict(engine.iter_full_state(torch.float32))
     out["fp16_stepped"] = [i.stepped for i in infos]
     return out
 
@@ -122,7 +122,7 @@ def test_stage3_features_two_ranks(tmp_path):
     # another world size: one process reads the 2-rank checkpoint.
     single = Engine(Net3(5), options(persist=20))
     load_checkpoint(single, root)
-    for name, t in single.full_state_dict():
+    for name, t in single.iter_full_state():
         torch.testing.assert_close(t, results[0]["checkpoint"]["at_save"][name], rtol=0, atol=0, msg=name)
 
     ref, _ = reference(options(persist=20), {}, results[0]["precision"]["bf16_init"], world_size, STEPS)
@@ -258,7 +258,7 @@ def test_world_size_1_direct_grads_are_bit_identical_to_the_reducing_path(
             norms.append(info.grad_norm)
         staging = engine.sharding.schedule.staging_bytes
         return (
-            dict(engine.full_state_dict(torch.float32)),
+            dict(engine.iter_full_state(torch.float32)),
             norms,
             staging,
             engine.sharding.schedule.issued_count,

@@ -67,8 +67,8 @@ def _run(rank, world_size, name, root, device, *, keep_shard: bool) -> dict:
     out = {
         "losses": losses,
         "norms": norms,
-        "compute": dict(engine.full_state_dict()),
-        "fp32": dict(engine.full_state_dict(torch.float32)),
+        "compute": dict(engine.iter_full_state()),
+        "fp32": dict(engine.iter_full_state(torch.float32)),
         "master": [m.clone() for m in engine.shards.master],
         "steps": engine.global_steps,
     }
@@ -82,7 +82,7 @@ def _run(rank, world_size, name, root, device, *, keep_shard: bool) -> dict:
     fresh = Engine(fresh_model, opts, device=torch.device(device))
     load_checkpoint(fresh, root)
     out["loaded"] = _train(fresh, fresh_model, mode, rank, world_size, 1, first_step=STEPS)
-    out["loaded_compute"] = dict(fresh.full_state_dict())
+    out["loaded_compute"] = dict(fresh.iter_full_state())
     out["loaded_master"] = [m.clone() for m in fresh.shards.master]
     return out
 

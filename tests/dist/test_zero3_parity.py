@@ -188,12 +188,12 @@ def _train_cases(rank, world_size, names):
         opts, mode = CASES[name]
         model = Net3(seed=rank)  # rank 0's weights must win
         engine = Engine(model, opts)
-        init = dict(engine.full_state_dict())
+        init = dict(engine.iter_full_state())
         infos = train(engine, model, mode, rank, world_size, STEPS)
         flats = [f for f in engine.sharding.flats if f is not None]
         out[name] = {
             "init": init,
-            "final": dict(engine.full_state_dict()),
+            "final": dict(engine.iter_full_state()),
             "stepped": [i.stepped for i in infos],
             "norms": [i.grad_norm for i in infos if i.stepped],
             "param_bytes": engine.memory_bytes()["params"],

@@ -37,7 +37,7 @@ def _opts(reuse: int, max_live: int = 10**9):
 def _run(rank, world_size, reuse, max_live, mode=None):
     model = Net3(seed=rank)
     engine = Engine(model, _opts(reuse, max_live))
-    init = dict(engine.full_state_dict())
+    init = dict(engine.iter_full_state())
     engine.comm_stats.reset()
     train(engine, model, mode or {}, rank, world_size, STEPS)
     gathers = engine.comm_stats.ops["all_gather"].count
@@ -45,7 +45,7 @@ def _run(rank, world_size, reuse, max_live, mode=None):
     blocks = [f for k, f in enumerate(flats) if f is not None and k != ROOT and not f.resident]
     return {
         "init": init,
-        "final": dict(engine.full_state_dict()),
+        "final": dict(engine.iter_full_state()),
         "gathers": gathers,
         "kept": engine.sharding.schedule.reuse_kept,
         "peak_live": engine.sharding.schedule.peak_live_numel,

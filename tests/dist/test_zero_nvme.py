@@ -41,7 +41,7 @@ def _options(stage: int, optimizer: str, nvme_path: str | None) -> EngineOptions
 
 
 def _weights(engine) -> dict[str, torch.Tensor]:
-    return {n: t.clone() for n, t in engine.full_state_dict()}
+    return {n: t.clone() for n, t in engine.iter_full_state()}
 
 
 def _cases(rank: int, world_size: int, root: str) -> dict:

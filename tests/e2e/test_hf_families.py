@@ -87,7 +87,7 @@ def _train_every_family(rank, world_size, root):
             out = root / family / f"stage{stage}"
             engine.save_checkpoint(out / "ck")
             save_hf_pretrained(engine, out / "saved")
-            full = {n: t.detach().clone() for n, t in engine.full_state_dict()}
+            full = {n: t.detach().clone() for n, t in engine.engine.iter_full_state()}
             if rank == 0:
                 seen[(family, stage)] = {"before": before, "after": after, "losses": losses, "full": full}
     return seen

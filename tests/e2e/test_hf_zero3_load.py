@@ -34,7 +34,7 @@ def _load_and_forward(rank, world_size, path):
     engine.module.eval()
     with torch.no_grad():
         logits = engine(input_ids=ids).logits
-    return logits, engine.sharding.init_peak_numel, n_params
+    return logits, engine.engine.sharding.init_peak_numel, n_params
 
 
 def test_two_ranks_load_unit_by_unit_with_from_pretrained_logits(tmp_path):

@@ -60,7 +60,7 @@ def test_a_caller_set_window_of_three_backwards_is_one_clipped_step(stage, offlo
         with torch.no_grad():
             for p in ref.parameters():
                 p -= LR * p.grad
-    ours = dict(engine.full_state_dict())
+    ours = dict(engine.iter_full_state())
     for name, expected in ref.state_dict().items():
         torch.testing.assert_close(ours[name], expected, rtol=1e-5, atol=1e-6, msg=name)
 
@@ -80,8 +80,8 @@ def test_a_boundary_with_no_backward_steps_on_zero_grads(stage, offload):
     engine = Engine(model, options)
     engine.backward(_loss(engine, 0))
     assert engine.step().stepped
-    before = {n: t.clone() for n, t in engine.full_state_dict(torch.float32)}
+    before = {n: t.clone() for n, t in engine.iter_full_state(torch.float32)}
     info = engine.step(boundary=True)
     assert info.stepped and info.grad_norm == 0.0
-    for name, t in engine.full_state_dict(torch.float32):
+    for name, t in engine.iter_full_state(torch.float32):
         torch.testing.assert_close(t, before[name], rtol=0, atol=0, msg=name)

@@ -48,10 +48,10 @@ def test_fused_rows_hold_the_grads_they_name(bench, group, monkeypatch, engine, 
     assert eng.shards.fused_step is ("fused" in engine)
     assert eng.master_dtype == (torch.bfloat16 if engine.endswith("-purebf16") else torch.float32)
     assert {t.dtype for t in eng.sharding.grad_shards.window_tensors()} == {grad_dtype}
-    before = {n: t.clone() for n, t in eng.full_state_dict(torch.float32)}
+    before = {n: t.clone() for n, t in eng.iter_full_state(torch.float32)}
     for b in _batches(bench):
         assert torch.isfinite(step(b)).item()
-    after = dict(eng.full_state_dict(torch.float32))
+    after = dict(eng.iter_full_state(torch.float32))
     assert any(not torch.equal(after[n], before[n]) for n in before)
 
 
@@ -66,5 +66,5 @@ def test_the_deepspeed_rows_config_means_the_same_to_zerolaunch(bench, group, pu
     engine = zerolaunch.initialize(build(size="tiny", vocab_size=256, seq_len=16), config=config)
     engine = engine[0] if isinstance(engine, tuple) else engine
     assert engine.options.zero.stage == 2 and engine.options.precision.dtype == "bf16"
-    assert engine.master_dtype == (torch.bfloat16 if pure_bf16 else torch.float32)
+    assert engine.engine.master_dtype == (torch.bfloat16 if pure_bf16 else torch.float32)
     assert config["optimizer"]["params"].get("fused") is (True if pure_bf16 else None)

@@ -90,7 +90,7 @@ def test_the_weights_of_plain_torch_in_pure_bf16(stage, fused):
     want, _ = _plain_torch_bf16(steps=5)
     engine, infos = _train(_options(stage, fused), steps=5)
     assert all(i.stepped for i in infos)
-    got = dict(engine.full_state_dict())
+    got = dict(engine.iter_full_state())
     # torch's step: the very kernel plain torch runs; the fused step: within a bf16 ulp (2**-8 relative)
     rtol, atol = (2**-7, LR * 2**-5) if fused else (0, 0)
     for name, w in want.items():
@@ -108,7 +108,7 @@ def test_stage3_with_its_params_offloaded_too(device, tmp_path):
     options = replace(options, zero=replace(options.zero, offload_param=offload))
     want, _ = _plain_torch_bf16(steps=5)
     engine, _ = _train(options, steps=5)
-    got = dict(engine.full_state_dict())
+    got = dict(engine.iter_full_state())
     for name, w in want.items():
         torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
     engine.close()
@@ -120,7 +120,7 @@ def test_with_clipping_it_tracks_plain_torch_within_bf16_rounding(stage):
     want, _ = _plain_torch_bf16(steps=5, clip=clip)
     engine, infos = _train(_options(stage, clip=clip), steps=5)
     assert all(i.grad_norm > clip for i in infos)  # every step clipped
-    got = dict(engine.full_state_dict())
+    got = dict(engine.iter_full_state())
     unclipped, _ = _plain_torch_bf16(steps=5)
     for name, w in want.items():
         # a bf16 ulp of the weights (2**-8 relative; 1e-3 at 0.25) where a rounding of the grads flipped
@@ -158,7 +158,7 @@ def test_a_checkpoint_round_trip_resumes_exactly(tmp_path):
             x, y = _batch(step)
             e.backward(F.mse_loss(e(x).float(), y))
             e.step()
-    want, got = dict(engine.full_state_dict()), dict(resumed.full_state_dict())
+    want, got = dict(engine.iter_full_state()), dict(resumed.iter_full_state())
     for name, w in want.items():
         torch.testing.assert_close(got[name], w, rtol=0, atol=0, msg=name)
     for kind in ("exp_avg", "exp_avg_sq"):
@@ -171,8 +171,8 @@ def test_an_fp32_master_checkpoint_resumes_in_pure_bf16_rounded(tmp_path):
     save_checkpoint(fp32_run, tmp_path / "ck", step=2)
     resumed = Engine(Net(1), options)
     load_checkpoint(resumed, tmp_path / "ck")
-    want = dict(fp32_run.full_state_dict(torch.float32))
-    for name, got in resumed.full_state_dict():
+    want = dict(fp32_run.iter_full_state(torch.float32))
+    for name, got in resumed.iter_full_state():
         if name in want:  # params: the fp32 master rounded once
             assert torch.equal(got, want[name].to(torch.bfloat16)), name
     assert resumed.shards.step_count == 2

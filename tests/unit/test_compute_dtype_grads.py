@@ -105,7 +105,7 @@ def _train(options, *, narrow: bool, monkeypatch, steps=4, boundaries=None, skip
             engine.backward(F.mse_loss(out.float(), y))
             infos.append(engine.step(boundary=None if boundaries is None else micro == n - 1))
     weights = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
-    master = {n: t.clone() for n, t in engine.full_state_dict(torch.float32)}
+    master = {n: t.clone() for n, t in engine.iter_full_state(torch.float32)}
     return weights, master, infos, engine
 
 

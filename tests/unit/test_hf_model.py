@@ -160,7 +160,7 @@ def test_meta_model_under_zero3_gets_hf_init_and_saves_exactly(tmp_path):
     )
     engine = zerolaunch.initialize(model, options)
     assert engine.options.zero.stage3_units == ("LlamaDecoderLayer",)
-    full = dict(engine.full_state_dict())
+    full = dict(engine.engine.iter_full_state())
     # HF's init, not torch's defaults: normal(0, 0.02) weights, RMSNorm gains at 1, rotary table computed
     assert abs(full["model.layers.0.mlp.up_proj.weight"].std().item() - 0.02) < 0.004
     assert torch.equal(full["model.norm.weight"], torch.ones(32))

@@ -101,7 +101,7 @@ def test_meta_model_materializes_one_unit_at_a_time_and_trains():
     assert peak <= 4 * (3 * n_params + 2 * largest) + 64 * 1024, (peak, n_params, largest)
     # a whole-model materialization would need the transient part for every unit at once.
     assert peak < 4 * (3 * n_params + 2 * n_params)
-    state = dict(engine.full_state_dict())
+    state = dict(engine.iter_full_state())
     assert not any(t.is_meta for t in state.values())
     # the GPT's init: N(0, 0.02) linears (residual projections scaled down), LayerNorm ones / zeros.
     assert 0.018 < float(state["transformer.h.3.mlp.fc.weight"].std()) < 0.022

@@ -9,7 +9,7 @@ declared here, so the contract cannot silently fall behind the code.
 Three levels:
 - `CheckpointEngine`: every engine. Offline resharding (reshard.py) needs no engine at all: it re-plans the
   fragments from the manifest, which holds what these methods wrote.
-- `Model16Engine`: also `dtype` and `full_state_dict`, used only when the options ask for the consolidated
+- `Model16Engine`: also `dtype` and `iter_full_state`, used only when the options ask for the consolidated
   16-bit model (`stage3_gather_16bit_weights_on_model_save`, model16.py).
 - `OPTIONAL_MEMBERS`: read with `getattr(engine, name, default)`; an engine without them still saves.
 """
@@ -92,7 +92,7 @@ class Model16Engine(CheckpointEngine, Protocol):
     dtype: torch.dtype
     """The compute dtype the consolidated model is written in."""
 
-    def full_state_dict(self, dtype: torch.dtype | None = None) -> Iterable[tuple[str, torch.Tensor]]:
+    def iter_full_state(self, dtype: torch.dtype | None = None) -> Iterable[tuple[str, torch.Tensor]]:
         """COLLECTIVE: (name, full tensor) for every param once, then the buffers, gathered one unit or
         bucket at a time (every rank iterates it; rank 0 writes)."""
         ...

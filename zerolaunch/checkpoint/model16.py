@@ -4,7 +4,7 @@ DeepSpeed's `save_16bit_model` gathers the ZeRO-3 shards into one state dict on 
 `pytorch_model.bin`; Hugging Face's Trainer calls it at each save when that flag is set. zerolaunch writes the
 same tensors into the step folder as `model.safetensors` (no pickle; `safetensors.torch.load_file` and
 `from_pretrained` read it), streamed: the header is built from the engine's param specs up front, then the
-engine's `full_state_dict` gathers one stage-3 unit (or bucket) at a time and rank 0 writes each tensor as it
+engine's `iter_full_state` gathers one stage-3 unit (or bucket) at a time and rank 0 writes each tensor as it
 arrives, so no rank ever holds the whole model, in 16 bits or in fp32.
 
 Owns: the file's name and content. Not: when it is written (save.py) or the byte format (tensorfile.py).
@@ -37,7 +37,7 @@ def frozen_names(engine: CheckpointEngine) -> set[str]:
 def _entries(
     engine: Model16Engine, dtype: torch.dtype, skip: set[str] = frozenset()
 ) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-    """(name, shape, dtype) in `full_state_dict` order: every param once (tied aliases are not repeated,
+    """(name, shape, dtype) in `iter_full_state` order: every param once (tied aliases are not repeated,
     as in DeepSpeed's consolidated state dict), then the buffers; none of `skip`."""
     entries = []
     names = set(skip)
@@ -75,7 +75,7 @@ def write_16bit_model(
     path = Path(folder) / name
     if rank == 0:
         writer = SafetensorsWriter(path, _entries(engine, dtype, skip), metadata={"format": "pt"})
-    for name, tensor in engine.full_state_dict(dtype=dtype):  # every rank iterates it all: it gathers
+    for name, tensor in engine.iter_full_state(dtype=dtype):  # every rank iterates it all: it gathers
         if writer is None or error is not None or name in skip:
             continue
         try:

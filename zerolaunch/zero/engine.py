@@ -10,6 +10,7 @@ stages 0-2, `stage3.unit_sharding.UnitSharding` for stage 3, picked by `sharding
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
@@ -248,8 +249,11 @@ class Engine(EngineStateMixin):
         self.wait_for_step()
         self.sharding.load_fragment_state(read)
 
-    def full_state_dict(self, dtype: torch.dtype | None = None):
-        """COLLECTIVE (call on every rank, iterate to the end): (name, full tensor) for every param + buffer.
+    def iter_full_state(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """COLLECTIVE (call on every rank, iterate to the end): yields (name, full tensor) for every param once
+        (a tied alias is not repeated), then every buffer (non-persistent ones too). At stage 3 each tensor is
+        gathered one unit at a time. A tensor may be the live param or a view of a gather buffer: copy what you keep.
+        A consolidated dict for scripts is api.ZeroLaunchEngine.consolidated_state_dict.
 
         dtype=None gives the params as the model holds them. Asking fp32 from a 16-bit model gives the fp32
         master, so the values are the exact optimizer weights, not rounded copies.

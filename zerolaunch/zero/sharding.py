@@ -192,7 +192,7 @@ class Sharding:
         raise NotImplementedError
 
     def full_params(self, dtype: torch.dtype | None = None):
-        """COLLECTIVE: (name, full tensor) of every param, trainable and frozen (Engine.full_state_dict)."""
+        """COLLECTIVE: (name, full tensor) of every param, trainable and frozen (Engine.iter_full_state)."""
         raise NotImplementedError
 
     def _load_fragments(self, read, fragments) -> None:
