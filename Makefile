@@ -10,11 +10,13 @@ install:  ## CPU torch first (a plain `torch` requirement would pull a CUDA buil
 
 # transformers 4.57 beside the main environment, for tests/e2e/test_hf_families.py (folders written under 5.x
 # must load in 4.x): --target keeps it out of site-packages, --no-deps takes numpy, safetensors, ... from the
-# main environment; only a subprocess with .hf-old first on PYTHONPATH sees it.
+# main environment; only a subprocess with .hf-old first on PYTHONPATH sees it. huggingface_hub 0.x imports
+# requests (1.x moved to httpx), which the main environment need not have: it and its needs come too.
 HF_OLD ?= .hf-old
 hf-old:
-	$(PY) -c "import sys; sys.path.insert(0, '$(HF_OLD)'); import transformers as t; assert t.__version__.startswith('4.57.')" 2>/dev/null \
-	  || $(PIP) install -q --no-deps --upgrade --target $(HF_OLD) "transformers==4.57.*" "tokenizers>=0.22,<0.23" "huggingface_hub>=0.34,<1.0"
+	$(PY) -c "import sys; sys.path.insert(0, '$(HF_OLD)'); import transformers as t, huggingface_hub.hf_api; assert t.__version__.startswith('4.57.')" 2>/dev/null \
+	  || $(PIP) install -q --no-deps --upgrade --target $(HF_OLD) "transformers==4.57.*" "tokenizers>=0.22,<0.23" "huggingface_hub>=0.34,<1.0" \
+	     requests charset-normalizer idna urllib3 certifi
 
 test: install hf-old
 	$(PY) -m pytest -q -x -p no:cacheprovider tests
