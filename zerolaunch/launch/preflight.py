@@ -5,7 +5,9 @@ fix for: a `--resume PATH` that is not a checkpoint, a model builder that does n
 whose model has no trainable parameters (built on the meta device, so a 7B model costs nothing), an HF
 `model.args.path` that is not a local model directory, a per-group scheduler list (warmup_min_lr /
 warmup_max_lr) whose length is not the built-in loop's number of param groups, and a data builder that
-raises, returns no iterable or yields nothing (rank 0's iterable is built and one batch drawn, on the CPU, in a thread given
+raises, returns no iterable or yields nothing, a resume on other data than the checkpoint was trained on
+(data/identity.py; unless data.allow_change), a prepared folder whose tokenizer is larger than the model's
+vocabulary, (rank 0's iterable is built and one batch drawn, on the CPU, in a thread given
 DATA_PROBE_SECONDS: a builder that reads a large corpus or loads a tokenizer for longer is not judged, and
 the run goes on with a note). It writes nothing. It does not own the recipe's own validation (config/, which
 also imports both builders) nor the errors only a worker can meet (those come back through the worker's
@@ -38,6 +40,7 @@ def preflight(recipe, resume: str | None, world_size: int = 1) -> list[str]:
         check_model_on_meta(recipe, where)
     if not recipe.entrypoint:  # an entrypoint script brings its own data; the built-in loop is not used
         check_scheduler_groups(recipe, where)
+        check_data_unchanged(recipe, resume, where)
         note = check_data_yields(recipe, world_size, where)
         if note:
             notes.append(note)
@@ -54,6 +57,36 @@ def check_resume(resume: str) -> None:
             "checkpoint.dir of a run (its `latest` is used), or `--resume auto`."
         )
     resolve_checkpoint(path)  # a CheckpointError (exit 2) when it holds no checkpoint
+
+
+def check_data_unchanged(recipe, resume: str | None, where: str) -> None:
+    """The checkpoint a resume would load was trained on this recipe's data (its recorded identity), or
+    data.allow_change is set. Reads the checkpoint's manifest only; a checkpoint that cannot be read, or was
+    written before identities existed, is left to the worker's load."""
+    if resume is None or recipe.data.allow_change:
+        return
+    from zerolaunch.checkpoint.errors import CheckpointError
+    from zerolaunch.checkpoint.manifest import read_manifest
+    from zerolaunch.checkpoint.save import latest_checkpoint, resolve_checkpoint
+    from zerolaunch.data.identity import IDENTITY_KEY, data_identity, identity_changes, refusal
+
+    try:
+        if resume == "auto":
+            root = Path(recipe.checkpoint.dir or Path(recipe.train.run_dir) / "checkpoints")
+            folder = latest_checkpoint(root) if root.is_dir() else None
+        else:
+            folder = resolve_checkpoint(Path(resume))
+        if folder is None:
+            return
+        manifest = read_manifest(folder)
+    except CheckpointError:
+        return
+    extra = manifest.ranks[0].extra if manifest.ranks else {}
+    current = data_identity(recipe.data.builder, dict(recipe.data.args), recipe.train.seed)
+    changes = identity_changes(extra.get(IDENTITY_KEY), current)
+    if changes:
+        shown = resume if resume != "auto" else f"auto ({folder})"
+        raise UserError(refusal(changes, shown, where, int(extra.get("train_step", manifest.step))))
 
 
 def check_hf_path(value, where: str) -> None:

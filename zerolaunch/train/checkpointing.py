@@ -2,7 +2,9 @@
 
 `CheckpointHook.resume(...)` picks what to resume from (--resume auto|PATH, or `latest` after an elastic
 restart) and loads it; `maybe_save(step)` saves every `checkpoint.every` steps and `save(step)` at the end.
-Each rank saves its own shard and its `extra`: the loop step, RNG streams and data position.
+Each rank saves its own shard and its `extra`: the loop step, RNG streams, data position and the data's
+identity (data/identity.py). A resume on other data is refused unless data.allow_change; the launcher's
+pre-flight makes the same check first, this one is the safety net (an elastic restart, a direct worker).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 import torch
 
 from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_TOKENIZER_KEY
+from zerolaunch.data.identity import IDENTITY_KEY, data_identity, identity_changes, refusal
 from zerolaunch.train import seeding
 from zerolaunch.train.batches import TrainError
 
@@ -50,6 +53,11 @@ class CheckpointHook:
         self.ctx = ctx
         self.source = source
         self.last_saved_step: int | None = None
+        self.data_identity = data_identity(recipe.data.builder, dict(recipe.data.args), recipe.train.seed)
+        self.allow_data_change = recipe.data.allow_change
+        self.recipe_file = recipe.source or "the recipe"
+        self.data_changes: list = []
+        """(field, saved, current) of a resume on other data that data.allow_change let through."""
         from zerolaunch.checkpoint.hf_folder import recipe_tokenizer_dir
 
         # the tokenizer the recipe names travels (as a path) with the weights: convert copies its files
@@ -90,6 +98,10 @@ class CheckpointHook:
                 raise
             raise CheckpointError(err.message.rstrip(". ") + "." + other) from None
         step = int(extra.get("train_step", self.engine.global_steps))
+        changes = identity_changes(extra.get(IDENTITY_KEY), self.data_identity)
+        if changes and not self.allow_data_change:
+            raise TrainError(refusal(changes, str(path), self.recipe_file, step))
+        self.data_changes = changes
         if "data" in extra:
             self.source.restore(extra["data"])
         else:
@@ -121,6 +133,7 @@ class CheckpointHook:
             "rank": self.ctx.rank,
             "data": self.source.state(),
             "rng": seeding.rng_state(self.ctx.device),
+            IDENTITY_KEY: self.data_identity,
         }
         if self.ctx.is_rank0:
             from zerolaunch.models.hf import hf_config_dict
