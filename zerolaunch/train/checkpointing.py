@@ -25,8 +25,25 @@ def checkpoint_root(recipe) -> Path:
     )
 
 
-def _other_checkpoint(path: Path) -> str:
-    """Where else to resume from when `path` cannot be loaded: the newest other complete checkpoint."""
+def _would_load(folder: Path, specs) -> bool:
+    """Whether `folder` passes what a load checks before it reads tensors: the manifest (and its crc32),
+    every rank file's size and header, and the model's params (names, shapes, trainable)."""
+    from zerolaunch.checkpoint import CheckpointError
+    from zerolaunch.checkpoint.load import check_compatible
+    from zerolaunch.checkpoint.reader import CheckpointReader
+
+    try:
+        with CheckpointReader(folder) as reader:
+            check_compatible(reader, specs)
+    except CheckpointError:
+        return False
+    return True
+
+
+def _other_checkpoint(path: Path, specs) -> str:
+    """Where else to resume from when `path` cannot be loaded: the newest other complete checkpoint that
+    would pass the same checks with this model (a suggestion that fails the same way helps nobody), or
+    that none would."""
     from zerolaunch.checkpoint.save import complete_checkpoints, resolve_checkpoint
 
     try:
@@ -34,9 +51,16 @@ def _other_checkpoint(path: Path) -> str:
     except Exception:  # the path itself is what is broken: the error already says so
         return ""
     others = [p for _, p in complete_checkpoints(folder.parent) if p != folder]
+    for other in reversed(others):  # newest first: checking stops at the first that would load
+        if _would_load(other, specs):
+            return f" The newest other complete checkpoint is {other.name}: resume from it with --resume {other}."
     if not others:
         return ""
-    return f" The newest other complete checkpoint is {others[-1].name}: resume from it with --resume {others[-1]}."
+    return (
+        f" None of the {len(others)} other complete checkpoint(s) in {folder.parent} would load either (each "
+        "was checked against this model's params and its own files): resume with the model.args of the run "
+        "that saved them, or train from the start without --resume (a fresh --run-dir, or --restart)."
+    )
 
 
 class CheckpointHook:
@@ -93,7 +117,7 @@ class CheckpointHook:
                 self.engine, path, group=self.ctx.group, verify=self.ctx.verify_checkpoints
             )
         except CheckpointError as err:
-            other = _other_checkpoint(path)
+            other = _other_checkpoint(path, self.engine.param_specs())
             if not other:
                 raise
             raise CheckpointError(err.message.rstrip(". ") + "." + other) from None
