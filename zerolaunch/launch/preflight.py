@@ -5,11 +5,11 @@ fix for: a `--resume PATH` that is not a checkpoint, a model builder that does n
 whose model has no trainable parameters (built on the meta device, so a 7B model costs nothing), an HF
 `model.args.path` that is not a local model directory, a per-group scheduler list (warmup_min_lr /
 warmup_max_lr) whose length is not the built-in loop's number of param groups, and a data builder that
-raises, returns no iterable or yields nothing, a resume on other data than the checkpoint was trained on
-(data/identity.py; unless data.allow_change), a prepared folder whose tokenizer is larger than the model's
-vocabulary, (rank 0's iterable is built and one batch drawn, on the CPU, in a thread given
+raises, returns no iterable or yields nothing (rank 0's iterable is built and one batch drawn, on the CPU, in a thread given
 DATA_PROBE_SECONDS: a builder that reads a large corpus or loads a tokenizer for longer is not judged, and
-the run goes on with a note). It writes nothing. It does not own the recipe's own validation (config/, which
+the run goes on with a note); also a resume on other data than the checkpoint was trained on
+(data/identity.py; unless data.allow_change), and a prepared folder whose tokenizer is larger than the
+model's vocabulary. It writes nothing. It does not own the recipe's own validation (config/, which
 also imports both builders) nor the errors only a worker can meet (those come back through the worker's
 error record).
 """
