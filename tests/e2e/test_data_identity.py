@@ -125,6 +125,7 @@ def _preflight(root: Path, checkpoint: Path, data: Path, **sets):
 
 
 def test_preflight_names_each_kind_of_change(trained, tmp_path):
+    """Runs last of the module's CLI users: it prepares the trained run's folder again (and restores it)."""
     root, _, run = trained
     ckpt = run / "checkpoints" / "step_000002"
     _preflight(root, ckpt, root / "data")  # the same data, at another world size: accepted
@@ -138,15 +139,20 @@ def test_preflight_names_each_kind_of_change(trained, tmp_path):
         assert needle in str(err.value) and "step 2" in str(err.value)
     moved = tmp_path / "copy"
     shutil.copytree(root / "data", moved)
-    with pytest.raises(UserError, match="data.args.path"):
+    with pytest.raises(UserError) as err:  # the same bytes elsewhere
         _preflight(root, ckpt, moved)
-    # the same folder name prepared again, in place, from other text
-    shutil.rmtree(moved)
-    prepare_data([_corpus(tmp_path / "b.jsonl", 3)], tokenizer=root / "tok", out=moved, progress=False)
-    with pytest.raises(UserError) as err:
-        _preflight(root, ckpt, root / "data", **{"data.args.path": moved})
-    assert "data.manifest_sha256" in str(err.value)
+    assert "data.args.path" in str(err.value) and "manifest" not in str(err.value)
     _preflight(root, ckpt, moved, **{"data.allow_change": "true", "train.seed": 9})
+    # the checkpoint's own folder prepared again in place, from other text; then again from its own text
+    data, tok = root / "data", root / "tok"
+    try:
+        prepare_data([_corpus(tmp_path / "b.jsonl", 3)], tokenizer=tok, out=data, force=True, progress=False)
+        with pytest.raises(UserError) as err:
+            _preflight(root, ckpt, data)
+        assert "data.manifest_sha256" in str(err.value) and "data.args.path" not in str(err.value)
+    finally:
+        prepare_data([root / "a.jsonl"], tokenizer=tok, out=data, force=True, progress=False)
+    _preflight(root, ckpt, data)  # prepare-data writes the same bytes again: the same identity
 
 
 def test_the_worker_refuses_too_without_the_preflight(trained, group, tmp_path):
