@@ -100,7 +100,9 @@ def test_verify_says_ok_with_counts_and_names_each_bad_file(folder):
     m = json.loads((folder / "manifest.json").read_text())
     code, out = _verify(folder)
     assert code == 0, out
-    assert out.startswith("ok") and f"{m['documents']:,} documents" in out and f"{m['tokens']:,} tokens" in out
+    assert (
+        out.startswith("ok") and f"{m['documents']:,} documents" in out and f"{m['tokens']:,} tokens" in out
+    )
     first, last = folder / m["shards"][0]["file"], folder / m["shards"][-1]["file"]
     assert first != last
     for shard in (first, last):
