@@ -16,6 +16,10 @@ Checkpoints (same spawn, then this process): a stage-3 checkpoint holds each fro
 frozen fragments in the compute dtype (not replicated); it resumes exactly at 2 ranks, at 1 process, at
 stage 1, after an offline reshard to 3 ranks, and convert-checkpoint writes the frozen params; a stage-1
 checkpoint (frozen params replicated, as every checkpoint before stage 3 sharded them) loads into stage 3.
+
+The inference engine (build_inference_engine, for reference models): at stages 0-3, fp32 and bf16, with
+offload_param at stage 3, its outputs equal the plain model's (cast to the compute dtype); at stage 3 a rank
+holds 1/N of the weights (+ padding) and gathers at most the root, the running unit and one prefetched.
 """
 
 from __future__ import annotations
@@ -31,12 +35,19 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from zerolaunch.build import build_inference_engine
 from zerolaunch.checkpoint.convert import convert_checkpoint
 from zerolaunch.checkpoint.load import load_checkpoint
 from zerolaunch.checkpoint.reshard import reshard_checkpoint
 from zerolaunch.checkpoint.save import resolve_checkpoint, save_checkpoint
 from zerolaunch.zero import Engine
-from zerolaunch.zero.options import EngineOptions, OffloadOptions, OptimizerOptions, ZeroOptions
+from zerolaunch.zero.options import (
+    EngineOptions,
+    OffloadOptions,
+    OptimizerOptions,
+    PrecisionOptions,
+    ZeroOptions,
+)
 
 WIDTH, RANK_R, MICRO_BATCH, STEPS = 23, 3, 3, 3
 
@@ -147,8 +158,73 @@ def _checkpoint_round_trip(rank, world_size, folder):
     return {"saved": saved, "loaded": loaded, "after": _full(engine), "fresh_after": _full(fresh)}
 
 
-def _run_cases(rank, world_size, names, folder=None):
+# name -> (stage, dtype, offload_param)
+INFERENCE_CASES = {
+    "stage0": (0, "fp32", False),
+    "stage1_bf16": (1, "bf16", False),
+    "stage2": (2, "fp32", False),
+    "stage3": (3, "fp32", False),
+    "stage3_bf16": (3, "bf16", False),
+    "stage3_offload_param": (3, "fp32", True),
+}
+
+
+def _inference(rank, world_size):
     out = {}
+    x = torch.randn(4, 13, generator=torch.Generator().manual_seed(3))
+    for name, (stage, dtype, offload) in INFERENCE_CASES.items():
+        base = options(offload=offload)
+        opts = replace(
+            base,
+            zero=replace(base.zero, stage=stage),
+            precision=PrecisionOptions(dtype=dtype),
+        )
+        model = FrozenNet(seed=rank)  # rank 0's weights must win
+        engine = build_inference_engine(model, opts)
+        with torch.no_grad():
+            first, second = engine(x.to(engine.dtype)), engine(x.to(engine.dtype))
+        flats = [f for f in engine.sharding.flats if f is not None] if stage == 3 else []
+        out[name] = {
+            "out": first,
+            "again": second,
+            "module_is_model": engine.module is model,
+            "trainable": [n for n, p in model.named_parameters() if p.requires_grad],
+            "bytes": engine.memory_bytes(),
+            "numel": sum(p.numel() for p in FrozenNet().parameters()),
+            "peak_live": engine.sharding.schedule.peak_live_numel if stage == 3 else 0,
+            "units": sorted((f.padded_numel for f in flats), reverse=True),
+            "root_numel": flats[0].padded_numel if flats else 0,
+            "shard_on": [str(f.shard.device) for f in flats if f.shard is not None],
+        }
+    return out
+
+
+def _check_inference(results, world_size):
+    x = torch.randn(4, 13, generator=torch.Generator().manual_seed(3))
+    for name, (stage, dtype, _) in INFERENCE_CASES.items():
+        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        with torch.no_grad():
+            want = FrozenNet(0).to(torch_dtype)(x.to(torch_dtype))
+        for rank, got in enumerate(r["inference"][name] for r in results):
+            label = f"inference {name} rank {rank}"
+            torch.testing.assert_close(got["out"], want, rtol=0, atol=0, msg=label)
+            torch.testing.assert_close(got["again"], want, rtol=0, atol=0, msg=label)
+            assert got["module_is_model"] and got["trainable"] == [], label
+            b = got["bytes"]
+            assert b["grads"] == b["master"] == b["optimizer"] == 0, (label, b)
+            whole = got["numel"] * torch_dtype.itemsize
+            if stage < 3:
+                assert b["params"] == whole, (label, b)
+                continue
+            # 1/N of the weights (+ at most one padded bucket per unit), no unit left gathered
+            assert b["params"] <= whole / world_size + 6 * world_size * torch_dtype.itemsize, (label, b)
+            units = got["units"]
+            assert got["peak_live"] <= got["root_numel"] + units[0] + units[1], label
+            assert set(got["shard_on"]) == {"cpu"}, label  # offloaded, or the compute device (cpu here)
+
+
+def _run_cases(rank, world_size, names, folder=None):
+    out = {"inference": _inference(rank, world_size)}
     if folder is not None:
         out["checkpoint"] = _checkpoint_round_trip(rank, world_size, folder)
     for name in names:
@@ -279,3 +355,4 @@ def test_frozen_params_sharded_parity_and_checkpoints_two_ranks(tmp_path):
     results = run_ranks(_run_cases, 2, list(CASES), str(folder))
     _check(results, 2)
     _check_checkpoints(results, folder, tmp_path)
+    _check_inference(results, 2)
