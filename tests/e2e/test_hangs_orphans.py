@@ -3,7 +3,8 @@
 Covers: an `entrypoint:` script's hung rank ends the run after `zerolaunch train --timeout` (not 1800 s),
 named in the panel; a rank that exits 0 early is named as the cause, not the peer that lost it; a
 rendezvous endpoint whose port another program holds fails in seconds naming it; `zerolaunch.initialize()`
-under plain torchrun honours ZEROLAUNCH_TIMEOUT, and its ranks die within 10 s of a `kill -9` of torchrun.
+under plain torchrun honours ZEROLAUNCH_TIMEOUT, the rank that timed out names the hung one, and its ranks
+die within 10 s of a `kill -9` of torchrun.
 Each run is 2 CPU gloo ranks of a tiny script. Leaves out: the built-in loop's hang and kill cases
 (test_train_failures.py, test_reliability_launcher.py), the HF Trainer (its ddp_timeout:
 tests/unit/test_script_timeout.py), CUDA/nccl.
@@ -159,6 +160,9 @@ def test_initialize_under_torchrun_honours_zerolaunch_timeout(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert "Timed out waiting 5000ms" in out, out[-3000:]
+    assert (
+        "zerolaunch: rank 0: a collective timed out; rank(s) 1 never timed out with it: probably hung" in out
+    )
     assert time.monotonic() - started < 200
 
 

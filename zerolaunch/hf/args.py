@@ -34,8 +34,12 @@ class ZeroArgsMixin:
                 "--use_deepspeed / a DeepSpeed config, and give the ds_config to TrainingArguments(deepspeed=...)"
             )
         if env.launched_by_torchrun():
-            # torchrun / accelerate launch: this rank dies with its launcher (no orphan training on)
+            # torchrun / accelerate launch: this rank dies with its launcher (no orphan training on), and a
+            # collective timeout that ends the script names the hung rank(s)
             orphans.die_with_parent()
+            from zerolaunch.train import hang_census
+
+            hang_census.install()
         timeout_s = env.script_timeout_s()
         if timeout_s is not None and self.ddp_timeout == DEFAULT_DDP_TIMEOUT:
             # the group accelerate starts takes ddp_timeout: `zerolaunch train --timeout` (or the variable)
