@@ -166,10 +166,7 @@ def _launch_in(req, recipe, rdzv, workers, run_dir: Path, checkpoint_root: Path,
         for lock in locks:
             if lock.note:
                 console.print(lock.note, markup=False, highlight=False, soft_wrap=True)
-        moved = check_previous_run(run_dir, checkpoint_root, resume=req.resume, restart=req.restart)
-        if moved:
-            console.print(moved, markup=False, highlight=False, soft_wrap=True)
-        write_owner(checkpoint_root, run_dir)
+        # before anything moves: a resume with nothing left to train leaves every folder as it is
         done = _finished_checkpoint(req.resume, checkpoint_root, recipe.train.steps)
         if done is not None:
             from zerolaunch.checkpoint.save import nothing_to_do
@@ -177,6 +174,10 @@ def _launch_in(req, recipe, rdzv, workers, run_dir: Path, checkpoint_root: Path,
             line = nothing_to_do(done[1], recipe.train.steps, where=done[0])
             console.print(line, markup=False, highlight=False, soft_wrap=True)
             return 0
+        moved = check_previous_run(run_dir, checkpoint_root, resume=req.resume, restart=req.restart)
+        if moved:
+            console.print(moved, markup=False, highlight=False, soft_wrap=True)
+        write_owner(checkpoint_root, run_dir)
         return _launch_locked(req, recipe, rdzv, workers, run_dir, console)
     finally:
         for lock in reversed(locks):
