@@ -6,8 +6,8 @@ rendezvous endpoint whose port another program holds fails in seconds naming it;
 under plain torchrun honours ZEROLAUNCH_TIMEOUT, the rank that timed out names the hung one, and its ranks
 die within 10 s of a `kill -9` of torchrun.
 Each run is 2 CPU gloo ranks of a tiny script. Leaves out: the built-in loop's hang and kill cases
-(test_train_failures.py, test_reliability_launcher.py), the HF Trainer (its ddp_timeout:
-tests/unit/test_script_timeout.py), CUDA/nccl.
+(test_train_failures.py, test_reliability_launcher.py), the HF Trainer's own hang (its ddp_timeout:
+tests/unit/test_script_timeout.py; its ranks do die with `accelerate launch`, here), CUDA/nccl.
 """
 
 import json
@@ -168,22 +168,47 @@ def test_initialize_under_torchrun_honours_zerolaunch_timeout(tmp_path):
 
 def test_kill_9_of_torchrun_takes_its_initialize_ranks_with_it(tmp_path, cli):
     (tmp_path / "forever.py").write_text(FOREVER)
-    log = open(tmp_path / "torchrun.log", "w")
-    proc = subprocess.Popen(
-        _torchrun(tmp_path / "forever.py", str(tmp_path)), cwd=tmp_path, env=_env(), stdout=log, stderr=log
-    )
+    _kill_launcher_and_count_survivors(_torchrun(tmp_path / "forever.py", str(tmp_path)), tmp_path, cli)
+
+
+HF_ARGS_THEN_WAIT = """\
+import os, sys, time
+from zerolaunch.hf import TrainingArguments
+
+TrainingArguments(output_dir=sys.argv[1], use_cpu=True, report_to=[])
+open(os.path.join(sys.argv[1], f"pid_{os.environ['RANK']}"), "w").write(str(os.getpid()))
+time.sleep(300)
+"""
+
+
+def test_kill_9_of_accelerate_launch_takes_its_hf_ranks_with_it(tmp_path, cli):
+    pytest.importorskip("accelerate")
+    pytest.importorskip("transformers")
+    (tmp_path / "hf_wait.py").write_text(HF_ARGS_THEN_WAIT)
+    accelerate = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(_free_port()), str(tmp_path / "hf_wait.py"), str(tmp_path),
+    ]  # fmt: skip
+    _kill_launcher_and_count_survivors(accelerate, tmp_path, cli)
+
+
+def _kill_launcher_and_count_survivors(cmd: list[str], tmp_path: Path, cli) -> None:
+    """Start `cmd` (2 ranks that write pid_<rank> into tmp_path), SIGKILL it, assert no rank outlives it by 10 s."""
+    log = open(tmp_path / "launcher.log", "w")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=log, stderr=log)
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 150
         while len(pids) < 2:
-            assert proc.poll() is None, (tmp_path / "torchrun.log").read_text()[-3000:]
+            assert proc.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the ranks never started"
             time.sleep(0.2)
             pids = [int(p.read_text()) for p in tmp_path.glob("pid_*") if p.read_text()]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         survivors = cli.survivors(pids, within=10)
-        assert not survivors, f"ranks outlived torchrun: {survivors}"
+        assert not survivors, f"ranks outlived their launcher: {survivors}"
     finally:
         log.close()
         if proc.poll() is None:
