@@ -1,6 +1,6 @@
-"""A process that armed launch/orphans.py `die_with_parent` ends when its parent is SIGKILLed (PDEATHSIG,
-or the watchdog that notices it was re-parented), within 10 s; one that did not arm it lives on; a call
-with an `expected_parent` that is already gone exits at once.
+"""A process that armed launch/orphans.py `die_with_parent` ends within 10 s of a SIGKILL of its parent
+(PDEATHSIG for zerolaunch's own workers, and the watchdog that notices the re-parenting, alone for a script);
+one that did not arm it lives on; a call with an `expected_parent` that is already gone exits at once.
 
 Plain Python processes (no torch): a middle process starts the child and is killed. Leaves out: the real
 launchers (tests/e2e/test_hangs_orphans.py: torchrun; test_reliability_launcher.py: zerolaunch train).
@@ -20,10 +20,12 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import os, sys, time
 from zerolaunch.launch import orphans
-if sys.argv[1] == "arm":
-    orphans.die_with_parent()
-elif sys.argv[1] == "watch-only":
-    orphans._arm_pdeathsig = lambda: None  # the watchdog alone must end it
+if sys.argv[1] == "launcher":  # zerolaunch train's worker: PDEATHSIG and the watchdog
+    orphans.die_with_parent(expected_parent=os.getppid())
+elif sys.argv[1] == "launcher-no-prctl":  # the same where prctl cannot be armed: the watchdog alone
+    orphans._arm_pdeathsig = lambda: None
+    orphans.die_with_parent(expected_parent=os.getppid())
+elif sys.argv[1] == "script":  # a script under torchrun / accelerate launch: the watchdog
     orphans.die_with_parent()
 open(sys.argv[2], "w").write(str(os.getpid()))
 time.sleep(120)
@@ -68,7 +70,7 @@ def _orphan_survives(tmp_path, how: str) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and prctl are Linux's")
-@pytest.mark.parametrize("how", ["arm", "watch-only"])
+@pytest.mark.parametrize("how", ["launcher", "launcher-no-prctl", "script"])
 def test_an_armed_process_ends_within_10_s_of_its_parents_kill(tmp_path, how):
     assert not _orphan_survives(tmp_path, how)
 

@@ -3,9 +3,10 @@ before torch is imported).
 
 Owns: torchelastic's / torchrun's worker variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT,
 TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE), zerolaunch's own (ZEROLAUNCH_RECIPE,
-ZEROLAUNCH_BACKEND, ZEROLAUNCH_TIMEOUT, ZEROLAUNCH_LAUNCHER_PID), and the Hugging Face offline default zerolaunch sets before
-importing transformers. Does not own what torch or Hugging Face read for themselves (NCCL_*, HF_HOME, ...),
-nor the variables the launcher hands to its workers through torch's elastic agent (launcher.py).
+ZEROLAUNCH_BACKEND, ZEROLAUNCH_TIMEOUT, ZEROLAUNCH_LAUNCHER_PID), and the Hugging Face offline default
+zerolaunch sets before importing transformers. Does not own what torch or Hugging Face read for themselves
+(NCCL_*, HF_HOME, ...), nor the variables the launcher hands to its workers through torch's elastic agent
+(launcher.py).
 """
 
 from __future__ import annotations
