@@ -1,7 +1,7 @@
 """No silent hangs and no orphans, whichever way a training process was started.
 
 Covers: an `entrypoint:` script's hung rank ends the run after `zerolaunch train --timeout` (not 1800 s),
-named in the panel; a rank that exits 0 early is named as the cause, not the peer that lost it; a
+named in the panel, whether initialize() or the script itself started the group; a rank that exits 0 early is named as the cause, not the peer that lost it; a
 rendezvous endpoint whose port another program holds fails in seconds naming it; `zerolaunch.initialize()`
 under plain torchrun honours ZEROLAUNCH_TIMEOUT, the rank that timed out names the hung one, and its ranks
 die within 10 s of a `kill -9` of torchrun.
@@ -67,11 +67,24 @@ def _entrypoint_recipe(tmp_path: Path, script: str) -> Path:
     return path
 
 
-def test_an_entrypoint_rank_that_hangs_ends_the_run_after_timeout_named(tmp_path, cli):
+PLAIN_HANGS = """\
+import time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # no timeout: torch's default, which --timeout must reach
+if dist.get_rank() == 1:
+    time.sleep(3600)
+dist.all_reduce(torch.ones(3))
+"""
+
+
+@pytest.mark.parametrize("script", ["initialize", "plain"])
+def test_an_entrypoint_rank_that_hangs_ends_the_run_after_timeout_named(tmp_path, cli, script):
     started = time.monotonic()
-    proc = cli.run(
-        _entrypoint_recipe(tmp_path, HANGS), "--cpu", "2", "--timeout", "5", cwd=tmp_path, timeout=240
-    )
+    source = HANGS if script == "initialize" else PLAIN_HANGS
+    recipe = _entrypoint_recipe(tmp_path, source)
+    proc = cli.run(recipe, "--cpu", "2", "--timeout", "5", cwd=tmp_path, timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "timed out after --timeout 5 s: rank(s) 1 did not fail on their own: probably hung" in out

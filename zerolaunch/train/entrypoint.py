@@ -11,6 +11,8 @@ import atexit
 import runpy
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -83,6 +85,32 @@ def run_entrypoint(recipe, resolved_path, backend: str | None = None, timeout_s:
     sys.path.insert(0, str(script.resolve().parent))
     try:
         with env.entrypoint_env(str(Path(resolved_path).resolve()), backend, timeout_s):
-            runpy.run_path(str(script), run_name="__main__")
+            with _default_group_timeout(timeout_s):
+                runpy.run_path(str(script), run_name="__main__")
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+@contextmanager
+def _default_group_timeout(timeout_s: float | None) -> Iterator[None]:
+    """torch's default collective timeout set to `timeout_s` while the script runs in this worker.
+
+    A plain torchrun script calls `dist.init_process_group(backend)` with no timeout: torch then takes
+    `default_pg_timeout` (30 min; NCCL's 10), and `zerolaunch train --timeout` would not reach it. A
+    timeout the script passes itself still wins. The worker process is ours and runs only this script."""
+    if timeout_s is None:
+        yield
+        return
+    from torch.distributed import distributed_c10d
+
+    names = ("default_pg_timeout", "default_pg_nccl_timeout")
+    saved = {name: getattr(distributed_c10d, name, None) for name in names}
+    for name in names:
+        if isinstance(saved[name], timedelta):
+            setattr(distributed_c10d, name, timedelta(seconds=timeout_s))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is not None:
+                setattr(distributed_c10d, name, value)
