@@ -9,9 +9,13 @@ The folder (format "zerolaunch-tokens", version 1):
 - `manifest.json`: documents, tokens, dtype, EOD id, mode, the tokenizer's identity, the sources with sizes and
   document counts, the shards. Written last.
 
-The output appears complete or not at all: everything is written into `.<out>.partial` beside OUT, fsynced,
-and renamed to OUT at the end; a killed run leaves only that hidden folder, which the next run deletes and
-redoes. Records are tokenized in fixed-size chunks, in input order, by `num_proc` forked processes (ordered
+The output appears complete or not at all: everything is written into a hidden `.<out>.partial-<pid>-<random>`
+folder beside OUT, fsynced, and renamed to OUT at the end; a killed run leaves only that hidden folder, which
+the next run deletes and redoes. One run at a time writes an OUT: it holds a flock on `.<out>.lock` beside
+it (util/filelock.py) from before it looks at OUT until OUT is in place, and a second run is refused naming
+the first. OUT is never an input, never holds or lies inside one (the tokenizer folder included), and
+`--force` replaces only a folder an earlier prepare-data wrote and nothing else ([Note: what --force may
+replace]). Records are tokenized in fixed-size chunks, in input order, by `num_proc` forked processes (ordered
 `imap`), so the bytes do not depend on num_proc or on timing. This module owns the folder format; reading
 inputs is readers.py, tokenizing encode.py.
 """
@@ -22,9 +26,11 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +39,9 @@ import numpy as np
 
 from zerolaunch.data.encode import encode, eod_id
 from zerolaunch.data.readers import MODES, DataError, Record, Source, find_sources, read_records
+from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
+from zerolaunch.util.filelock import FileLock, LockHeld, describe_holder
+from zerolaunch.util.overlap import first_overlap, some_entries
 
 FORMAT = "zerolaunch-tokens"
 VERSION = 1
@@ -184,6 +193,104 @@ class _Progress:
             print(self.line(docs, tokens, bytes_done), file=sys.stderr, flush=True)
 
 
+# [Note: what --force may replace]
+# OUT is replaced only when it is a folder prepare-data wrote: its manifest.json says so, and every entry is
+# one of the names below. Anything else there (a user's notes, a corpus, a file named OUT) is refused with
+# its names listed, so `--force` can never delete what this command did not write.
+_OWN_ENTRY = re.compile(r"manifest\.json|documents\.idx|(tokens|loss_mask)-\d{5}\.bin")
+
+
+def _partial_name(out: Path) -> str:
+    """A unique hidden name beside OUT: two runs never share (and so never delete) each other's partial."""
+    return f".{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _is_leftover(out: Path, name: str) -> bool:
+    """A partial or moved-aside folder of OUT that a killed run left (the lock holder's own ones aside)."""
+    stem = re.escape(f".{out.name}.")
+    return re.fullmatch(rf"{stem}(partial|old)(-\d+-[0-9a-f]{{8}})?", name) is not None
+
+
+def check_apart(out: Path, inputs: list[str | Path], tokenizer: str | Path) -> None:
+    """OUT is not an input, does not hold one and does not lie inside one: writing or replacing it there
+    would delete or mix into the data it reads."""
+    found = first_overlap(out, [*inputs, tokenizer])
+    if found is None:
+        return
+    other, how = found
+    role = "the tokenizer folder" if Path(other) == Path(tokenizer) else "the input"
+    sibling = other.resolve().parent / f"{other.name.split('.')[0] or 'data'}-tokens"
+    example = "" if first_overlap(sibling, [*inputs, tokenizer]) else f", e.g. --out {sibling}"
+    raise DataError(
+        f"--out {out} {how} {role} {other}: writing or replacing it would destroy or mix into that input. "
+        f"Give an --out that neither is, holds nor lies inside any input or the tokenizer folder{example}"
+    )
+
+
+def check_replaceable(out: Path, force: bool) -> None:
+    """OUT is free, or (with --force) a folder an earlier prepare-data wrote ([Note: what --force may replace])."""
+    if not out.exists() and not out.is_symlink():
+        return
+    fix = "choose another --out, or move it away yourself"
+    if not out.is_dir():
+        raise DataError(
+            f"--out {out} is a file; prepare-data writes a folder there and --force replaces only a folder "
+            f"an earlier prepare-data wrote, never a file: {fix}"
+        )
+    entries = list(out.iterdir())
+    foreign = [p for p in entries if not _OWN_ENTRY.fullmatch(p.name) or p.is_dir()]
+    if entries and not foreign and not _is_prepared(out):
+        foreign = [out / "manifest.json"] if (out / "manifest.json").exists() else entries
+    if foreign:
+        raise DataError(
+            f"--out {out} holds {some_entries(foreign)}, which prepare-data did not write (it is not a folder "
+            f"an earlier prepare-data made); --force replaces only such a folder, so nothing there is "
+            f"deleted: {fix}"
+        )
+    if not force:
+        raise DataError(f"--out {out}: already exists; pass --force to replace it")
+
+
+def _is_prepared(folder: Path) -> bool:
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
+
+
+def lock_out(out: Path, force: bool) -> FileLock:
+    """Hold OUT's lock (beside it, so it works before OUT exists), check OUT again under it (another run
+    may have finished meanwhile), and clear what killed runs left. Raises DataError when another run holds it."""
+    lock = FileLock(out.parent / f".{out.name}.lock", {"out": str(out.resolve())})
+    try:
+        lock.acquire()
+    except LockHeld as held:
+        raise DataError(
+            f"--out {out} is being written by another prepare-data ({describe_holder(held.holder)}); "
+            "wait for it to end or stop it, or choose another --out"
+        ) from None
+    try:
+        check_replaceable(out, force)
+        for child in out.parent.iterdir():
+            if _is_leftover(out, child.name):  # ours cannot exist yet; the lock keeps other runs out
+                shutil.rmtree(child, ignore_errors=True)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _replace(partial: Path, out: Path) -> None:
+    if out.exists():  # --force: the old folder goes only once the new one is complete
+        old = out.parent / _partial_name(out).replace(".partial-", ".old-")
+        os.rename(out, old)
+        os.rename(partial, out)
+        shutil.rmtree(old)
+    else:
+        os.rename(partial, out)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -210,18 +317,15 @@ def prepare_data(
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise DataError(f"--num-proc must be an integer >= 1, got {num_proc!r}")
     out = Path(out)
-    if out.exists() and not force:
-        raise DataError(f"--out {out}: already exists; pass --force to replace it")
+    check_apart(out, inputs, tokenizer)
+    check_replaceable(out, force)  # early, before the tokenizer loads; again under the lock below
     sources = find_sources(inputs)
     tok_path = Path(tokenizer)
     tok = load_tokenizer(tok_path)
     vocab = len(tok)
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
     eod = eod_id(tok)
-    partial = out.parent / f".{out.name}.partial"
-    if partial.exists():  # a killed run's leftovers: start over, the result is the same
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
+    partial = out.parent / _partial_name(out)
     # the workers are the parallelism; the Rust tokenizer's own threads would oversubscribe the cores
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER.update(tokenizer=tok, mode=mode, eod=eod, dtype=dtype)
@@ -229,8 +333,16 @@ def prepare_data(
     shards = _Shards(partial, with_mask=mode != "text", shard_tokens=shard_tokens)
     report = _Progress(sum(s.size_bytes for s in sources), progress)
     docs = tokens = 0
+    where = {"path": out, "what": "the prepared data", "fix": "choose another --out"}
+    with disk_errors(**where):
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise DataError(f"--out {out}: a file stands where its folder {out.parent} would go") from None
+        lock = lock_out(out, force)
     pool = None
     try:
+        partial.mkdir()
         chunks = _chunks(sources, mode, text_key, counts)
         if num_proc > 1:
             pool = multiprocessing.get_context("fork").Pool(num_proc)
@@ -273,30 +385,29 @@ def prepare_data(
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(partial)
-        if out.exists():  # --force: the old folder goes only once the new one is complete
-            old = out.parent / f".{out.name}.old"
-            if old.exists():
-                shutil.rmtree(old)
-            os.rename(out, old)
-            os.rename(partial, out)
-            shutil.rmtree(old)
-        else:
-            os.rename(partial, out)
+        _replace(partial, out)
         _fsync_dir(out.parent)
         report.maybe(docs, tokens, report.total_bytes, final=True)
         return manifest
-    except BaseException:
-        shards.close()
+    except BaseException as err:
+        try:
+            shards.close()
+        except OSError:
+            pass  # the disk that refused a write may refuse the flush too; the folder goes anyway
         if pool is not None:
             pool.terminate()
             pool = None
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(err, OSError) and is_disk_error(err):
+            after = f"{out} is as it was." if out.exists() else "Nothing was left behind."
+            raise disk_error(err, **where, after=after) from None
         raise
     finally:
         if pool is not None:
             pool.close()
             pool.join()
         _WORKER.clear()
+        lock.release()
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -304,11 +415,7 @@ def read_manifest(path: str | Path) -> dict:
     folder = Path(path)
     f = folder / "manifest.json"
     if not f.is_file():
-        hint = (
-            " (a .partial folder is an unfinished prepare-data run)"
-            if folder.name.endswith(".partial")
-            else ""
-        )
+        hint = " (a .partial folder is an unfinished prepare-data run)" if ".partial" in folder.name else ""
         raise DataError(
             f"{folder}: no manifest.json, so not a prepared folder{hint}; make one with "
             "`zerolaunch prepare-data INPUT... --tokenizer DIR --out DIR`"

@@ -175,8 +175,10 @@ def _read_jsonl(src: Source, mode: str, text_key: str) -> Iterator[Record]:
     try:
         with open(src.path, "rb") as raw_file:
             f = gzip.open(raw_file, "rb") if gz else raw_file
+            seekable = raw_file.seekable()  # a named pipe is read as it comes, with no position for the ETA
             for line_no, raw in enumerate(f, start=1):
-                src.read_bytes[0] = raw_file.tell()
+                if seekable:
+                    src.read_bytes[0] = raw_file.tell()
                 where = f"{src.path}:{line_no}"
                 line = _decode(raw, where)
                 if not line.strip():
