@@ -38,12 +38,20 @@ def register(app: typer.Typer) -> None:
             "--mode",
             help="text | prompt-completion (fields prompt, completion) | chat (field messages).",
         ),
-        force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+        force: bool = typer.Option(
+            False, "--force", help="Replace OUT if it is a folder an earlier prepare-data wrote."
+        ),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Print docs/s, tokens/s, ETA."),
+        max_document_bytes: str = typer.Option(
+            "8MiB",
+            "--max-document-bytes",
+            help="Refuse a document longer than this (8MiB, 64MB, or none): the tokenizer holds about 250 "
+            "bytes of memory per byte of one document's text.",
+        ),
     ) -> None:
         """Tokenize files into memory-mappable token shards + a document index (data.builder zerolaunch.data.tokens:build)."""
         with user_errors():
-            from zerolaunch.data.prepare import prepare_data
+            from zerolaunch.data.prepare import parse_document_limit, prepare_data
 
             manifest = prepare_data(
                 [str(p) for p in inputs],
@@ -54,6 +62,7 @@ def register(app: typer.Typer) -> None:
                 mode=mode,
                 force=force,
                 progress=progress,
+                max_document_bytes=parse_document_limit(max_document_bytes),
             )
             typer.echo(
                 f"wrote {out}: {manifest['documents']:,} documents, {manifest['tokens']:,} tokens "

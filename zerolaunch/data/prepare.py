@@ -38,7 +38,15 @@ from pathlib import Path
 import numpy as np
 
 from zerolaunch.data.encode import encode, eod_id
-from zerolaunch.data.readers import MODES, DataError, Record, Source, find_sources, read_records
+from zerolaunch.data.readers import (
+    MAX_DOCUMENT_BYTES,
+    MODES,
+    DataError,
+    Record,
+    Source,
+    find_sources,
+    read_records,
+)
 from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
 from zerolaunch.util.filelock import FileLock, LockHeld, describe_holder
 from zerolaunch.util.overlap import first_overlap, some_entries
@@ -105,11 +113,13 @@ def _encode_chunk(records: list[Record]):
     return encode(records, w["tokenizer"], w["mode"], w["eod"], w["dtype"])
 
 
-def _chunks(sources: list[Source], mode: str, text_key: str, counts: dict) -> Iterator[list[Record]]:
+def _chunks(
+    sources: list[Source], mode: str, text_key: str, counts: dict, max_document_bytes: int | None
+) -> Iterator[list[Record]]:
     chunk: list[Record] = []
     for src in sources:
         n = 0
-        for record in read_records(src, mode, text_key):
+        for record in read_records(src, mode, text_key, max_document_bytes):
             chunk.append(record)
             n += 1
             if len(chunk) == CHUNK_RECORDS:
@@ -291,6 +301,18 @@ def _replace(partial: Path, out: Path) -> None:
         os.rename(partial, out)
 
 
+def parse_document_limit(text: str) -> int | None:
+    """--max-document-bytes: a size ("8MiB", "50MB") or "none"."""
+    from zerolaunch.util.sizes import EstimateError, parse_bytes
+
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return parse_bytes(text, "--max-document-bytes", example="64MiB")
+    except EstimateError as e:
+        raise DataError(f"{e} (or none for no limit)") from None
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -310,8 +332,10 @@ def prepare_data(
     force: bool = False,
     progress: bool = True,
     shard_tokens: int = SHARD_TOKENS,
+    max_document_bytes: int | None = MAX_DOCUMENT_BYTES,
 ) -> dict:
-    """Tokenize `inputs` into the folder `out`; returns its manifest."""
+    """Tokenize `inputs` into the folder `out`; returns its manifest. A document over `max_document_bytes`
+    of text (None: no limit) is refused by name: tokenizing it would need ~250x its size in memory."""
     if mode not in MODES:
         raise DataError(f"--mode {mode!r} is unknown; choose one of {', '.join(MODES)}")
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
@@ -343,7 +367,7 @@ def prepare_data(
     pool = None
     try:
         partial.mkdir()
-        chunks = _chunks(sources, mode, text_key, counts)
+        chunks = _chunks(sources, mode, text_key, counts, max_document_bytes)
         if num_proc > 1:
             pool = multiprocessing.get_context("fork").Pool(num_proc)
             encoded = pool.imap(_encode_chunk, chunks)
