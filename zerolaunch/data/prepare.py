@@ -46,6 +46,7 @@ from zerolaunch.data.readers import (
     Source,
     find_sources,
     read_records,
+    said,
 )
 from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
 from zerolaunch.util.filelock import FileLock, LockHeld, describe_holder
@@ -101,7 +102,7 @@ def load_tokenizer(path: str | Path):
     try:
         return load(p)
     except (OSError, ValueError) as e:
-        raise DataError(f"--tokenizer {p}: cannot load a tokenizer from it ({e})") from None
+        raise DataError(f"--tokenizer {p}: cannot load a tokenizer from it ({said(e)})") from None
 
 
 # the forked workers inherit these: the tokenizer is loaded once, before the fork

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import reprlib
 import zlib
 from collections.abc import Iterator
@@ -180,6 +181,15 @@ def to_record(row, where: str, mode: str, text_key: str) -> Record:
     return Record(where, messages=messages)
 
 
+def said(err: BaseException) -> str:
+    """A library's own words for `err` on one line, for inside a one-paragraph message (pyarrow's and
+    OSError's messages can hold newlines, the errno and exception class names)."""
+    text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    # pyarrow's words name C++ exception classes ("TProtocolException: Invalid data"): keep the words only
+    text = re.sub(r"\b[A-Z]\w*(Error|Exception):\s*|\[Errno \d+\]\s*", "", text)
+    return " ".join(text.split()) or "unreadable"
+
+
 def _decode(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
@@ -212,7 +222,7 @@ def _read_jsonl(src: Source, mode: str, text_key: str) -> Iterator[Record]:
                     raise DataError(f"{where}: {_TOO_DEEP}") from None
                 yield to_record(row, where, mode, text_key)
     except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz
-        raise DataError(f"{src.path}: cannot be read ({e})") from None
+        raise DataError(f"{src.path}: cannot be read ({said(e)})") from None
 
 
 _TOO_DEEP = (
@@ -277,13 +287,14 @@ def _read_batches(
     while True:
         try:
             batch = next(batches)
+            columns = {c: batch.column(c).to_pylist() for c in wanted}
         except StopIteration:
             return
-        except Exception as e:  # pyarrow: OSError or ArrowInvalid for a damaged page or record batch
+        # pyarrow: OSError or ArrowInvalid for a damaged page, UnicodeDecodeError for damaged string bytes
+        except Exception as e:
             raise DataError(
-                f"{src.path} row {row_no}: cannot be read past here, the file is damaged ({e}); write it again"
+                f"{src.path} row {row_no}: cannot be read past here, the file is damaged ({said(e)}); write it again"
             ) from None
-        columns = {c: batch.column(c).to_pylist() for c in wanted}
         for i in range(batch.num_rows):
             yield to_record({c: columns[c][i] for c in wanted}, f"{src.path} row {row_no}", mode, text_key)
             row_no += 1
@@ -295,7 +306,7 @@ def _read_parquet(src: Source, mode: str, text_key: str) -> Iterator[Record]:
     try:
         f = pq.ParquetFile(src.path)
     except Exception as e:  # pyarrow raises ArrowInvalid / OSError for a non-parquet file
-        raise DataError(f"{src.path}: not a readable parquet file ({e})") from None
+        raise DataError(f"{src.path}: not a readable parquet file ({said(e)})") from None
     names = f.schema_arrow.names
     cols = [c for c in _table_columns(mode, text_key) if c in names]
     yield from _read_batches(src, f.iter_batches(batch_size=_ARROW_ROWS, columns=cols), names, mode, text_key)
@@ -313,7 +324,7 @@ def _read_arrow(src: Source, mode: str, text_key: str) -> Iterator[Record]:
             yield from _read_batches(src, batches, reader.schema.names, mode, text_key)
             return
         except Exception as e:
-            raise DataError(f"{src.path}: not a readable arrow file ({e})") from None
+            raise DataError(f"{src.path}: not a readable arrow file ({said(e)})") from None
     yield from _read_batches(src, reader, reader.schema.names, mode, text_key)
 
 
