@@ -211,9 +211,10 @@ class _Progress:
 _OWN_ENTRY = re.compile(r"manifest\.json|documents\.idx|(tokens|loss_mask)-\d{5}\.bin")
 
 
-def _partial_name(out: Path) -> str:
-    """A unique hidden name beside OUT: two runs never share (and so never delete) each other's partial."""
-    return f".{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+def _partial_name(out: Path, role: str = "partial") -> str:
+    """A unique hidden name beside OUT ("partial": the folder being written; "old": the replaced OUT on its
+    way out): two runs never share (and so never delete) each other's."""
+    return f".{out.name}.{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def _is_leftover(out: Path, name: str) -> bool:
@@ -294,7 +295,7 @@ def lock_out(out: Path, force: bool) -> FileLock:
 
 def _replace(partial: Path, out: Path) -> None:
     if out.exists():  # --force: the old folder goes only once the new one is complete
-        old = out.parent / _partial_name(out).replace(".partial-", ".old-")
+        old = out.parent / _partial_name(out, "old")
         os.rename(out, old)
         os.rename(partial, out)
         shutil.rmtree(old)
