@@ -285,7 +285,7 @@ def test_a_read_only_disk_is_one_paragraph(tmp_path, tok_dir, monkeypatch):
         def read_only(self):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self.path))
 
-        monkeypatch.setattr("zerolaunch.data.prepare.FileLock.acquire", read_only)
+        monkeypatch.setattr("zerolaunch.data.out_folder.FileLock.acquire", read_only)
     try:
         code, output = _run(data, "--tokenizer", tok_dir, "--out", disk / "out")
     finally:

@@ -11,13 +11,12 @@ The folder (format "zerolaunch-tokens", version 1):
 
 The output appears complete or not at all: everything is written into a hidden `.<out>.partial-<pid>-<random>`
 folder beside OUT, fsynced, and renamed to OUT at the end; a killed run leaves only that hidden folder, which
-the next run deletes and redoes. One run at a time writes an OUT: it holds a flock on `.<out>.lock` beside
-it (util/filelock.py) from before it looks at OUT until OUT is in place, and a second run is refused naming
-the first. OUT is never an input, never holds or lies inside one (the tokenizer folder included), and
-`--force` replaces only a folder an earlier prepare-data wrote and nothing else ([Note: what --force may
-replace]). Records are tokenized in fixed-size chunks, in input order, by `num_proc` forked processes (ordered
-`imap`), so the bytes do not depend on num_proc or on timing. This module owns the folder format; reading
-inputs is readers.py, tokenizing encode.py.
+the next run deletes and redoes. One run at a time writes an OUT (a lock beside it); OUT is never an input,
+never holds or lies inside one (the tokenizer folder included), and `--force` replaces only a folder an
+earlier prepare-data wrote: out_folder.py owns those rules ([Note: what --force may replace]). Records are
+tokenized in fixed-size chunks, in input order, by `num_proc` forked processes (ordered `imap`), so the bytes
+do not depend on num_proc or on timing. This module owns the folder format; reading inputs is readers.py,
+tokenizing encode.py.
 """
 
 from __future__ import annotations
@@ -26,11 +25,9 @@ import hashlib
 import json
 import multiprocessing
 import os
-import re
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from zerolaunch.data.encode import encode, eod_id
+from zerolaunch.data.out_folder import check_apart, check_replaceable, lock_out, partial_name, replace_out
 from zerolaunch.data.readers import (
     MAX_DOCUMENT_BYTES,
     MODES,
@@ -49,8 +47,6 @@ from zerolaunch.data.readers import (
     said,
 )
 from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
-from zerolaunch.util.filelock import FileLock, LockHeld, describe_holder
-from zerolaunch.util.overlap import first_overlap, some_entries
 
 FORMAT = "zerolaunch-tokens"
 VERSION = 1
@@ -204,105 +200,6 @@ class _Progress:
             print(self.line(docs, tokens, bytes_done), file=sys.stderr, flush=True)
 
 
-# [Note: what --force may replace]
-# OUT is replaced only when it is a folder prepare-data wrote: its manifest.json says so, and every entry is
-# one of the names below. Anything else there (a user's notes, a corpus, a file named OUT) is refused with
-# its names listed, so `--force` can never delete what this command did not write.
-_OWN_ENTRY = re.compile(r"manifest\.json|documents\.idx|(tokens|loss_mask)-\d{5}\.bin")
-
-
-def _partial_name(out: Path, role: str = "partial") -> str:
-    """A unique hidden name beside OUT ("partial": the folder being written; "old": the replaced OUT on its
-    way out): two runs never share (and so never delete) each other's."""
-    return f".{out.name}.{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def _is_leftover(out: Path, name: str) -> bool:
-    """A partial or moved-aside folder of OUT that a killed run left (the lock holder's own ones aside)."""
-    stem = re.escape(f".{out.name}.")
-    return re.fullmatch(rf"{stem}(partial|old)(-\d+-[0-9a-f]{{8}})?", name) is not None
-
-
-def check_apart(out: Path, inputs: list[str | Path], tokenizer: str | Path) -> None:
-    """OUT is not an input, does not hold one and does not lie inside one: writing or replacing it there
-    would delete or mix into the data it reads."""
-    found = first_overlap(out, [*inputs, tokenizer])
-    if found is None:
-        return
-    other, how = found
-    role = "the tokenizer folder" if Path(other) == Path(tokenizer) else "the input"
-    sibling = other.resolve().parent / f"{other.name.split('.')[0] or 'data'}-tokens"
-    example = "" if first_overlap(sibling, [*inputs, tokenizer]) else f", e.g. --out {sibling}"
-    raise DataError(
-        f"--out {out} {how} {role} {other}: writing or replacing it would destroy or mix into that input. "
-        f"Give an --out that neither is, holds nor lies inside any input or the tokenizer folder{example}"
-    )
-
-
-def check_replaceable(out: Path, force: bool) -> None:
-    """OUT is free, or (with --force) a folder an earlier prepare-data wrote ([Note: what --force may replace])."""
-    if not out.exists() and not out.is_symlink():
-        return
-    fix = "choose another --out, or move it away yourself"
-    if not out.is_dir():
-        raise DataError(
-            f"--out {out} is a file; prepare-data writes a folder there and --force replaces only a folder "
-            f"an earlier prepare-data wrote, never a file: {fix}"
-        )
-    entries = list(out.iterdir())
-    foreign = [p for p in entries if not _OWN_ENTRY.fullmatch(p.name) or p.is_dir()]
-    if entries and not foreign and not _is_prepared(out):
-        foreign = [out / "manifest.json"] if (out / "manifest.json").exists() else entries
-    if foreign:
-        raise DataError(
-            f"--out {out} holds {some_entries(foreign)}, which prepare-data did not write (it is not a folder "
-            f"an earlier prepare-data made); --force replaces only such a folder, so nothing there is "
-            f"deleted: {fix}"
-        )
-    if not force:
-        raise DataError(f"--out {out}: already exists; pass --force to replace it")
-
-
-def _is_prepared(folder: Path) -> bool:
-    try:
-        manifest = json.loads((folder / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
-
-
-def lock_out(out: Path, force: bool) -> FileLock:
-    """Hold OUT's lock (beside it, so it works before OUT exists), check OUT again under it (another run
-    may have finished meanwhile), and clear what killed runs left. Raises DataError when another run holds it."""
-    lock = FileLock(out.parent / f".{out.name}.lock", {"out": str(out.resolve())})
-    try:
-        lock.acquire()
-    except LockHeld as held:
-        raise DataError(
-            f"--out {out} is being written by another prepare-data ({describe_holder(held.holder)}); "
-            "wait for it to end or stop it, or choose another --out"
-        ) from None
-    try:
-        check_replaceable(out, force)
-        for child in out.parent.iterdir():
-            if _is_leftover(out, child.name):  # ours cannot exist yet; the lock keeps other runs out
-                shutil.rmtree(child, ignore_errors=True)
-    except BaseException:
-        lock.release()
-        raise
-    return lock
-
-
-def _replace(partial: Path, out: Path) -> None:
-    if out.exists():  # --force: the old folder goes only once the new one is complete
-        old = out.parent / _partial_name(out, "old")
-        os.rename(out, old)
-        os.rename(partial, out)
-        shutil.rmtree(old)
-    else:
-        os.rename(partial, out)
-
-
 def parse_document_limit(text: str) -> int | None:
     """--max-document-bytes: a size ("8MiB", "50MB") or "none"."""
     from zerolaunch.util.sizes import EstimateError, parse_bytes
@@ -344,14 +241,14 @@ def prepare_data(
         raise DataError(f"--num-proc must be an integer >= 1, got {num_proc!r}")
     out = Path(out)
     check_apart(out, inputs, tokenizer)
-    check_replaceable(out, force)  # early, before the tokenizer loads; again under the lock below
+    check_replaceable(out, force, FORMAT)  # early, before the tokenizer loads; again under the lock below
     sources = find_sources(inputs)
     tok_path = Path(tokenizer)
     tok = load_tokenizer(tok_path)
     vocab = len(tok)
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
     eod = eod_id(tok)
-    partial = out.parent / _partial_name(out)
+    partial = out.parent / partial_name(out)
     # the workers are the parallelism; the Rust tokenizer's own threads would oversubscribe the cores
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER.update(tokenizer=tok, mode=mode, eod=eod, dtype=dtype)
@@ -365,7 +262,7 @@ def prepare_data(
             out.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise DataError(f"--out {out}: a file stands where its folder {out.parent} would go") from None
-        lock = lock_out(out, force)
+        lock = lock_out(out, force, FORMAT)
     pool = None
     try:
         partial.mkdir()
@@ -411,7 +308,7 @@ def prepare_data(
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(partial)
-        _replace(partial, out)
+        replace_out(partial, out)
         _fsync_dir(out.parent)
         report.maybe(docs, tokens, report.total_bytes, final=True)
         return manifest
