@@ -39,13 +39,21 @@ def register(app: typer.Typer) -> None:
             "--mode",
             help="text | prompt-completion (fields prompt, completion) | chat (field messages).",
         ),
-        force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+        force: bool = typer.Option(
+            False, "--force", help="Replace OUT if it is a folder an earlier prepare-data wrote."
+        ),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Print docs/s, tokens/s, ETA."),
         verify: Path = typer.Option(
             None,
             "--verify",
             help="Check a prepared folder instead: every file's size and crc32 against its manifest "
             "(exit 0 ok, exit 2 naming the bad files).",
+        ),
+        max_document_bytes: str = typer.Option(
+            "8MiB",
+            "--max-document-bytes",
+            help="Refuse a document longer than this (8MiB, 64MB, or none): the tokenizer holds about 250 "
+            "bytes of memory per byte of one document's text.",
         ),
     ) -> None:
         """Tokenize files into memory-mappable token shards + a document index (data.builder zerolaunch.data.tokens:build)."""
@@ -72,7 +80,7 @@ def register(app: typer.Typer) -> None:
                     f"prepare-data needs {', '.join(missing)}: `zerolaunch prepare-data INPUT... --tokenizer DIR "
                     "--out DIR` (or `zerolaunch prepare-data --verify DIR` to check a prepared folder)"
                 )
-            from zerolaunch.data.prepare import prepare_data
+            from zerolaunch.data.prepare import parse_document_limit, prepare_data
 
             manifest = prepare_data(
                 [str(p) for p in inputs],
@@ -83,6 +91,7 @@ def register(app: typer.Typer) -> None:
                 mode=mode,
                 force=force,
                 progress=progress,
+                max_document_bytes=parse_document_limit(max_document_bytes),
             )
             typer.echo(
                 f"wrote {out}: {manifest['documents']:,} documents, {manifest['tokens']:,} tokens "
