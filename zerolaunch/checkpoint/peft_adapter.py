@@ -13,19 +13,16 @@ peft is imported only when a PeftModel is in hand (it is then imported already).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
+from zerolaunch.models.peft import is_peft_model
+
+__all__ = ["ADAPTER_FILES", "adapter_source_names", "is_peft_model", "save_peft_adapter"]
+
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_config.json")
 """What PEFT's save_pretrained writes for the default adapter (besides its README.md model card)."""
-
-
-def is_peft_model(model) -> bool:
-    """True for a peft PeftModel (without importing peft when nothing imported it)."""
-    peft = sys.modules.get("peft")
-    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def adapter_source_names(model) -> set[str]:
