@@ -8,7 +8,8 @@ FLOW:
 - sft: TRL's SFTTrainer on prompt/completion data, ENGINE ddp (stock, data parallel) or zerolaunch (
   zero_trainer(SFTTrainer) + zero_args(SFTConfig), stage 3).
 - sft_lora: SFTTrainer with a LoRA `peft_config` over a base model read from a folder, ENGINE ddp (stock) or
-  zerolaunch (stages 2 and 3, checkpoints every 3 steps; then at stage 3 a run stopped after checkpoint-3 and
+  zerolaunch (stages 2 and 3, and stage 0 with a PeftModel handed to the trainer instead of a peft_config;
+  checkpoints every 3 steps; then at stage 3 a run stopped after checkpoint-3 and
   resumed from it); rank 0 reads back the adapter folders and loads them with AutoPeftModelForCausalLM.
 - resume: zerolaunch at stage 2 and 3: an unbroken run of 6 steps, and a run stopped after a checkpoint at step
   3 and resumed from it (ENGINE is zerolaunch).
@@ -322,22 +323,33 @@ def sft_lora(rank: int, engine: str, tmp: str) -> dict:
         stages = (None,)
     base = base_folder(rank, tmp)
 
-    def trainer_for(out: str, stage, **extra):
+    def trainer_for(out: str, stage, handed: bool = False, **extra):
+        """handed: a PeftModel made here is handed to the trainer (no peft_config); the same RNG draws as
+        SFTTrainer's own get_peft_model, so the same adapter init."""
         kw = common_args(out, max_length=32, completion_only_loss=True, bf16=False, **extra)
         if stage is not None:
             kw["deepspeed"] = {"zero_optimization": {"stage": stage}}
+        torch.manual_seed(0)  # every rank and run draws the LoRA init from the same state
+        model = AutoModelForCausalLM.from_pretrained(base)
+        if handed:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, lora_config())
         return SFTTrainer(
-            model=AutoModelForCausalLM.from_pretrained(base),
+            model=model,
             args=SFTConfig(**kw),
             train_dataset=sft_data(),
             processing_class=char_tokenizer(),
-            peft_config=lora_config(),
+            peft_config=None if handed else lora_config(),
         )
 
     results = {}
-    for stage in stages:
+    runs = [(stage, False) for stage in stages]
+    if engine == "zerolaunch":
+        runs.append((0, True))  # a PeftModel handed to the trainer, at stage 0
+    for stage, handed in runs:
         out = os.path.join(tmp, f"lora{stage}")
-        trainer = trainer_for(out, stage, save_strategy="steps", save_steps=3)
+        trainer = trainer_for(out, stage, handed, save_strategy="steps", save_steps=3)
         trainer.train()
         trainer.save_model(out)
         torch.distributed.barrier()

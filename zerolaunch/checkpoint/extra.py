@@ -20,7 +20,7 @@ HF_TOKENIZER_KEY = "hf_tokenizer"
 copies its files into the output (checkpoint/hf_folder.py)."""
 
 HF_PEFT_KEY = "hf_peft"
-"""Key of rank 0's `extra` that holds a PEFT run's adapter config and base class (models/peft.py
+"""Key of rank 0's `extra` that holds a PEFT run's adapter config (models/peft.py
 adapter_record), so convert-checkpoint writes the adapter folder or the merged model."""
 
 _TENSOR = "__tensor__"

@@ -91,7 +91,6 @@ def rebuild(base_config: dict, adapter: dict, *, meta: bool):
     from zerolaunch.models.peft import import_peft
 
     peft = import_peft()
-
     config_class, transformers = _config_object(base_config)
     if config_class is None:
         raise CheckpointError(

@@ -108,13 +108,13 @@ def _is_causal_lm(model) -> bool:
 
 
 def adapter_record(model) -> dict:
-    """JSON of the default adapter's PeftConfig (what adapter_config.json holds) and the base model's class,
-    for a checkpoint's extra: convert-checkpoint rebuilds the PeftModel from it."""
+    """JSON of the default adapter's PeftConfig (what adapter_config.json holds), for a checkpoint's extra:
+    convert-checkpoint rebuilds the PeftModel from it and the base's HF config."""
     import json
 
     # plain JSON, as adapter_config.json holds it: target_modules is a set once PEFT resolved it
     config = json.loads(json.dumps(model.peft_config["default"].to_dict(), default=_jsonable))
-    return {"config": config, "base_architecture": type(model.get_base_model()).__name__}
+    return {"config": config}
 
 
 def _jsonable(value):
