@@ -148,3 +148,11 @@ def test_missing_target_module_refused_before_training(run, tmp_path):
     text = proc.stdout + proc.stderr
     assert "v_projj" in text and "Did you mean `v_proj`" in text
     assert "Traceback" not in text
+
+
+def test_merge_adapter_needs_a_folder_output(run, tmp_path):
+    ckpt = str(run / "run" / "checkpoints")
+    proc = _cli("convert-checkpoint", ckpt, str(tmp_path / "m.safetensors"), "--merge-adapter", cwd=run)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "--merge-adapter" in proc.stdout + proc.stderr and "folder" in proc.stdout + proc.stderr
+    assert not (tmp_path / "m.safetensors").exists()
