@@ -73,7 +73,7 @@ class ZerolaunchSource:
         return config if isinstance(config, dict) else None
 
     def peft_record(self) -> dict | None:
-        """A PEFT run's adapter config and base class (rank 0's extra; models/peft.py adapter_record)."""
+        """A PEFT run's adapter config (rank 0's extra; models/peft.py adapter_record)."""
         record = self.reader.manifest.ranks[0].extra.get(HF_PEFT_KEY)
         return record if isinstance(record, dict) else None
 

@@ -19,10 +19,7 @@ import torch
 
 from zerolaunch.models.peft import is_peft_model
 
-__all__ = ["ADAPTER_FILES", "adapter_source_names", "is_peft_model", "save_peft_adapter"]
-
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_config.json")
-"""What PEFT's save_pretrained writes for the default adapter (besides its README.md model card)."""
+__all__ = ["adapter_source_names", "is_peft_model", "save_peft_adapter"]
 
 
 def adapter_source_names(model) -> set[str]:
