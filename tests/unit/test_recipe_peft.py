@@ -74,3 +74,20 @@ def test_peft_not_installed_is_a_recipe_error(monkeypatch):
     )
     with pytest.raises(RecipeError, match="pip install peft"):
         load_recipe(_recipe({"r": 4}))
+
+
+def test_target_modules_checked_against_the_model():
+    from torch import nn
+
+    from zerolaunch.models.peft import target_problem
+
+    model = nn.Sequential()
+    model.add_module("proj", nn.Linear(3, 3))
+    model.add_module("head", nn.Linear(3, 2))
+    assert target_problem(model, PeftSection(target_modules=("proj",), modules_to_save=("head",))) is None
+    typo = target_problem(model, PeftSection(target_modules=("proj", "heda")))
+    assert "`heda`" in typo and "Did you mean `head`" in typo
+    assert "modules_to_save" in target_problem(
+        model, PeftSection(target_modules=("proj",), modules_to_save=("x",))
+    )
+    assert "all-linear" in target_problem(model, PeftSection(target_modules="all-linear"))
