@@ -38,7 +38,8 @@ FORMATS = ("safetensors", "torch")
 
 
 class ZerolaunchSource:
-    """The consolidated weights of a zerolaunch checkpoint: fp32 master of trainable params, replicated rest."""
+    """The consolidated weights of a zerolaunch checkpoint: fp32 master of trainable params, frozen params
+    (replicated, or stitched from the ranks' frozen fragments at stage 3) and buffers."""
 
     def __init__(self, folder: Path, *, verify: bool = True):
         self.reader = CheckpointReader(folder, verify=verify)
@@ -61,11 +62,11 @@ class ZerolaunchSource:
         return out
 
     def _replicated_dtype(self, name: str) -> str:
-        if name not in self._replicated:
-            raise CheckpointError(
-                f"{self.reader.folder}: frozen param {name!r} is missing from rank 0's file"
-            )
-        return self._replicated[name].dtype
+        if name in self._replicated:
+            return self._replicated[name].dtype
+        if self.reader.holds_sharded_frozen(name) or self.reader.params[name].numel == 0:
+            return self.reader.params[name].dtype
+        raise CheckpointError(f"{self.reader.folder}: frozen param {name!r} is missing from the rank files")
 
     def hf_config(self) -> dict | None:
         """The HF model config rank 0 saved in its extra (zerolaunch.api does), written as config.json."""
@@ -86,6 +87,8 @@ class ZerolaunchSource:
         p = self.reader.params.get(name)
         if p is not None and p.trainable:
             return self.reader.full_param(name)
+        if p is not None:
+            return self.reader.frozen_param(name)
         return self.reader.replicated(name)
 
     def close(self) -> None:

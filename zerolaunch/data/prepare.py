@@ -7,7 +7,7 @@ The folder (format "zerolaunch-tokens", version 1):
   target that carries loss; same shard sizes as the tokens.
 - `documents.idx`: int64 offsets of the documents in the global token stream, N + 1 values (0, ..., M).
 - `manifest.json`: documents, tokens, dtype, EOD id, mode, the tokenizer's identity, the sources with sizes and
-  document counts, the shards. Written last.
+  document counts, the shards, and the crc32 of every file above (`checksums`, data/checksums.py). Written last.
 
 The output appears complete or not at all: everything is written into `.<out>.partial` beside OUT, fsynced,
 and renamed to OUT at the end; a killed run leaves only that hidden folder, which the next run deletes and
@@ -25,12 +25,14 @@ import os
 import shutil
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from zerolaunch.data.checksums import checksum_record
 from zerolaunch.data.encode import encode, eod_id
 from zerolaunch.data.readers import MODES, DataError, Record, Source, find_sources, read_records
 
@@ -122,6 +124,8 @@ class _Shards:
     with_mask: bool
     shard_tokens: int = SHARD_TOKENS
     shards: list[dict] = field(default_factory=list)
+    crcs: dict[str, int] = field(default_factory=dict)
+    """crc32 of every file written, by name, taken as the bytes go out (data/checksums.py)."""
     _files: tuple | None = None
 
     def _open(self) -> None:
@@ -144,11 +148,18 @@ class _Shards:
             last = max(int(np.searchsorted(ends, done + room, side="right")), doc + 1)
             stop = int(ends[last - 1])
             tok, mask_file = self._files
-            tok.write(tokens[done:stop].astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes())
+            self.write_bytes(
+                tok, tokens[done:stop].astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes()
+            )
             if mask_file is not None:
-                mask_file.write(mask[done:stop].tobytes())
+                self.write_bytes(mask_file, mask[done:stop].tobytes())
             self.shards[-1]["tokens"] += stop - done
             done, doc = stop, last
+
+    def write_bytes(self, file, data: bytes) -> None:
+        file.write(data)
+        name = Path(file.name).name
+        self.crcs[name] = zlib.crc32(data, self.crcs.get(name, 0))
 
     def close(self) -> None:
         if self._files is not None:
@@ -238,10 +249,10 @@ def prepare_data(
         else:
             encoded = map(_encode_chunk, chunks)
         with open(partial / "documents.idx", "wb") as idx:
-            idx.write(np.zeros(1, dtype="<i8").tobytes())
+            shards.write_bytes(idx, np.zeros(1, dtype="<i8").tobytes())
             for enc in encoded:
                 shards.write(enc.tokens, enc.loss_mask, enc.lengths)
-                idx.write((tokens + np.cumsum(enc.lengths)).astype("<i8").tobytes())
+                shards.write_bytes(idx, (tokens + np.cumsum(enc.lengths)).astype("<i8").tobytes())
                 docs += int(enc.lengths.size)
                 tokens += int(enc.tokens.size)
                 report.maybe(docs, tokens, sum(src.read_bytes[0] for src in sources))
@@ -266,6 +277,7 @@ def prepare_data(
                 for s in sources
             ],
             "shards": shards.shards,
+            "checksums": checksum_record(shards.crcs),
         }
         with open(partial / "manifest.json", "w") as f:
             json.dump(manifest, f, indent=2)
