@@ -423,7 +423,9 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
 
         total, total_ckpt = (peak_of(profiles[ckpt]) for ckpt in (False, True))
         cpu_node = setup.gpus_per_node * sum(host.values())
-        ds_gpu, ds_cpu = deepspeed_bytes(shape.numel, shape.largest_layer_numel, stage, offload, setup)
+        # DeepSpeed's model_to_params counts every param, frozen ones too: its formulas know no frozen base
+        all_numel = shape.numel + shape.frozen_numel
+        ds_gpu, ds_cpu = deepspeed_bytes(all_numel, shape.largest_layer_numel, stage, offload, setup)
         misfit, misfit_ckpt = (_misfit(t, cpu_node, setup) for t in (total, total_ckpt))
         est.rows.append(
             Row(
