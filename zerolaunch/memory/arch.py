@@ -39,5 +39,3 @@ class Unit:
 
     name: str
     param_names: tuple[str, ...]
-    frozen_names: tuple[str, ...] = ()
-    """The unit's frozen params (requires_grad False), sharded with it (zero/stage3/partition.py)."""

@@ -30,9 +30,7 @@ def detect_units(model, override: tuple[str, ...] = ()) -> tuple[Unit, ...]:
         part = partition(model, tuple(override), persistence_threshold=0)
     except ValueError as e:
         raise EstimateError(str(e)) from None
-    return tuple(
-        Unit(u.name, tuple(n for n, _ in u.params), tuple(n for n, _ in u.frozen)) for u in part.units
-    )
+    return tuple(Unit(u.name, tuple(n for n, _ in u.params)) for u in part.units)
 
 
 def _read(obj, keys):

@@ -50,8 +50,6 @@ class ModelShape:
     """Where the shape came from, shown above the table."""
     exact: bool
     """False for a --params stand-in: totals are exact, the split into tensors is assumed."""
-    frozen_specs: tuple[ParamSpec, ...] = ()
-    """Frozen parameters (requires_grad False) in registration order; their elements sum to frozen_numel."""
 
     @property
     def numel(self) -> int:
@@ -228,25 +226,17 @@ def from_module(model, *, source: str, stage3_units: tuple[str, ...] = ()) -> Mo
     """Exact shape of a real module (typically built on meta)."""
     from zerolaunch.memory.modules import detect_arch, detect_units, largest_layer_numel, moe_note
 
-    specs, frozen, frozen_specs = [], 0, []
+    specs, frozen = [], 0
     for name, p in model.named_parameters():  # named_parameters yields a shared tensor once
         if p.requires_grad:
             specs.append(ParamSpec(name, tuple(p.shape)))
         else:
             frozen += p.numel()
-            frozen_specs.append(ParamSpec(name, tuple(p.shape)))
     if not specs:
         raise EstimateError(f"{source}: the model has no trainable parameters; nothing to estimate")
     units = detect_units(model, stage3_units)
     note = moe_note(model)
     source = source if note is None else f"{source}; {note}"
     return ModelShape(
-        tuple(specs),
-        units,
-        largest_layer_numel(model),
-        frozen,
-        detect_arch(model),
-        source,
-        True,
-        tuple(frozen_specs),
+        tuple(specs), units, largest_layer_numel(model), frozen, detect_arch(model), source, True
     )

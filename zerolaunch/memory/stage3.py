@@ -28,19 +28,6 @@ def unit_padded_numels(
     return units, resident
 
 
-def frozen_padded_numels(shape, world_size: int, threshold: int) -> tuple[list[int], int]:
-    """([padded elements of each unit's frozen bucket, root first], elements of the resident frozen params):
-    zero/stage3/unit_buffers.py [Note: frozen buckets], one bucket per unit padded to a multiple of world_size;
-    frozen params under the persistence threshold stay whole on every rank."""
-    numel = {s.name: s.numel for s in shape.frozen_specs}
-    resident = sum(n for n in numel.values() if n < threshold)
-    padded = []
-    for unit in shape.units:
-        total = sum(numel[n] for n in unit.frozen_names if n in numel and numel[n] >= threshold)
-        padded.append(-(-total // world_size) * world_size)
-    return padded, resident
-
-
 def largest_bucket_shard(shape, world_size: int, threshold: int, decay_1d: bool = False) -> int:
     """Elements of the largest per-rank bucket shard over every unit and the resident unit (a step chunk)."""
     persistent = {s.name for s in shape.specs if s.numel < threshold}
@@ -169,22 +156,10 @@ def stage3_states(shape, setup, offload: str):
         host["params"] = unit_shards + resident_shard
     elif not from_master:
         gpu["params"] = unit_shards + resident_shard
-    # frozen params: sharded with their unit in the compute dtype (a shard even where the trainable ones gather
-    # from the master: they have none), offloaded with the params; small ones whole on every GPU.
-    frozen_units, frozen_resident = frozen_padded_numels(
-        shape, world, setup.stage3_param_persistence_threshold
-    )
-    frozen_shards = b * (sum(frozen_units) // world)
-    if offload == "optimizer+params-nvme":
-        nvme += frozen_shards
-    elif offload == "optimizer+params-cpu":
-        host["params"] += frozen_shards
-    else:
-        gpu["params"] += frozen_shards
-    # the persistent params are also kept whole on every GPU, as are the small frozen ones.
-    gpu["params"] += b * resident + b * frozen_resident
+    # the persistent params are also kept whole on every GPU, as are the frozen ones.
+    gpu["params"] += b * resident + b * shape.frozen_numel
     gathered = gathered_peak_numel(
-        [u + f for u, f in zip(units, frozen_units, strict=True)],
+        units,
         setup.stage3_prefetch_bucket_size,
         setup.stage3_max_live_parameters,
         setup.stage3_max_reuse_distance,
