@@ -10,7 +10,8 @@ The model: a frozen input projection in the root, then 4 units (awkward widths: 
 trainable low-rank adapter (lora_a, lora_b) in the same unit. A trainable gain in the root makes the grads
 flow back through the frozen units (so their backward needs their gathered weights) unless `gain` is off.
 Cases: no checkpointing, torch.utils.checkpoint non-reentrant and reentrant over every unit, checkpointing
-with no grad below the adapters, param + optimizer offload to the host, small frozen params resident.
+with no grad below the adapters, param + optimizer offload to the host (also with reentrant checkpointing,
+and that case again at 3 ranks: other padding), small frozen params resident.
 
 Checkpoints (same spawn, then this process): a stage-3 checkpoint holds each frozen param once, as the ranks'
 frozen fragments in the compute dtype (not replicated); it resumes exactly at 2 ranks, at 1 process, at
@@ -123,6 +124,7 @@ CASES = {
     "checkpoint_no_grad_below": (options(), "nonreentrant", False),
     "offload": (options(offload=True), None, True),
     "small_frozen_resident": (options(persist=30), "reentrant", True),
+    "offload_checkpoint_reentrant": (options(offload=True), "reentrant", True),
 }
 
 
@@ -223,8 +225,8 @@ def _check_inference(results, world_size):
             assert set(got["shard_on"]) == {"cpu"}, label  # offloaded, or the compute device (cpu here)
 
 
-def _run_cases(rank, world_size, names, folder=None):
-    out = {"inference": _inference(rank, world_size)}
+def _run_cases(rank, world_size, names, folder=None, inference=True):
+    out = {"inference": _inference(rank, world_size)} if inference else {}
     if folder is not None:
         out["checkpoint"] = _checkpoint_round_trip(rank, world_size, folder)
     for name in names:
@@ -356,3 +358,9 @@ def test_frozen_params_sharded_parity_and_checkpoints_two_ranks(tmp_path):
     _check(results, 2)
     _check_checkpoints(results, folder, tmp_path)
     _check_inference(results, 2)
+
+
+def test_frozen_params_sharded_parity_three_ranks():
+    """N=3: every bucket's padding differs from N=2's (529-element bases, 23-element norms)."""
+    results = run_ranks(_run_cases, 3, ["offload_checkpoint_reentrant"], None, False)
+    _check(results, 3)
