@@ -14,8 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerolaunch.zero import Engine, plan
-from zerolaunch.zero.optim import host
+from zerolaunch.zero import Engine, placement, plan
 from zerolaunch.zero.options import EngineOptions, OffloadOptions, PrecisionOptions, ZeroOptions
 
 
@@ -43,7 +42,7 @@ def test_each_boundary_asks_the_rule_with_where_the_grads_live(stage, offload, s
     engine = Engine(_model(), EngineOptions(zero=zero))
     asked, waits = [], []
     monkeypatch.setattr(plan, "host_waits_at_boundary", lambda *types: asked.append(types) or says)
-    monkeypatch.setattr(host, "sync", lambda device: waits.append(device))
+    monkeypatch.setattr(placement, "sync", lambda device: waits.append(device))
     for _ in range(2):
         engine.backward(engine(torch.randn(4, 5)).square().mean())
         assert engine.step().stepped

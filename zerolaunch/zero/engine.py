@@ -16,11 +16,10 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from . import comm
+from . import comm, placement
 from .engine_state import EngineStateMixin
 from .layout import Fragment
 from .loss_scale import LossScaler
-from .optim import host
 from .optim.torch_optim import check_and_scale, note_nonfinite_loss, sum_of_squares
 from .option_rules import why_not_fused
 from .options import EngineOptions
@@ -69,7 +68,7 @@ class Engine(EngineStateMixin):
         """Of the master weights and optimizer state: fp32, or bf16 ([Note: bf16 master])."""
         # grads are reduced in fp32 unless asked otherwise: exact sums, FSDP2's choice.
         self.comm_dtype = DTYPES[options.precision.communication_dtype or "fp32"]
-        self.master_device = host.master_device(options.zero.offload_optimizer, self.device)
+        self.master_device = placement.master_device(options.zero.offload_optimizer, self.device)
 
         context = StrategyContext(
             options=options,

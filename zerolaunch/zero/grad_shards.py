@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .optim import host
+from . import placement
 from .plan import GradSegment
 
 
@@ -109,7 +109,7 @@ class GradShards:
         if releasable:
             self.tensors = [torch.zeros(s.numel, dtype=torch.float32, device=device) for s in self.segments]
         else:
-            whole = [host.zeros(n, device, pin=pin) for n in group_numels]
+            whole = [placement.zeros(n, device, pin=pin) for n in group_numels]
             self.tensors = [whole[s.group][s.offset : s.offset + s.numel] for s in self.segments]
         """One fp32 tensor per segment (window_tensors() are what holds this window's grads)."""
         self.compute_dtype = compute_dtype

@@ -26,9 +26,8 @@ from typing import NamedTuple
 
 import torch
 
-from . import comm
+from . import comm, placement
 from .grad_shards import GradShards, GradSlice
-from .optim import host
 from .optim.torch_optim import sum_of_squares
 from .sharding import GradWindow
 
@@ -110,7 +109,7 @@ class ReducePipeline:
     def _staging_for(self, accumulate: bool) -> torch.Tensor | None:
         """The pinned host buffer an accumulating copy to host shards lands in (made at its first use)."""
         if accumulate and self.shard_device != self.device and self._host_staging is None:
-            self._host_staging = host.zeros(self._host_staging_numel, self.shard_device, pin=True)
+            self._host_staging = placement.zeros(self._host_staging_numel, self.shard_device, pin=True)
         return self._host_staging
 
     def take_grad_sq(self) -> torch.Tensor | None:

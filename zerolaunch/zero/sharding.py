@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import comm, plan
-from .optim import host
+from . import comm, placement, plan
 from .options import EngineOptions
 
 
@@ -156,7 +155,7 @@ class Sharding:
         for StepInfo, would wait for the whole step). Waiting here too would drain the queue first, so the
         GPU would sit idle while the host launched the norm's kernels."""
         if plan.host_waits_at_boundary(self.ctx.device.type, self.ctx.master_device.type):
-            host.sync(self.ctx.device)
+            placement.sync(self.ctx.device)
 
     def reset_accumulation(self) -> None:
         """After the norm check: the next window starts accumulating afresh."""

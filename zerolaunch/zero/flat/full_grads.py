@@ -14,10 +14,9 @@ from collections import deque
 import torch
 from torch import nn
 
-from .. import comm
+from .. import comm, placement
 from ..grad_shards import GradShards
 from ..layout import Layout
-from ..optim import host
 from ..optim.torch_optim import sum_of_squares
 from ..sharding import StrategyContext
 from .reducer import FlatParams, bucket_view, grad_shard_view
@@ -142,7 +141,7 @@ def reduce_full_grads(
             out.div_(world)
         if grad_sq is not None:
             grad_sq.add_(sum_of_squares([out]))
-        host.to_host(grad_shard_view(layout, shards, bucket), out, accumulate=False)
+        placement.to_host(grad_shard_view(layout, shards, bucket), out, accumulate=False)
 
     for bucket in layout.buckets:
         src = bucket_view(full_grads, bucket)

@@ -25,10 +25,9 @@ from typing import Protocol
 
 import torch
 
-from .. import comm, plan
+from .. import comm, placement, plan
 from ..grad_shards import GradShards
 from ..layout import BucketPlan, Layout, ParamSlot
-from ..optim import host
 from ..reduce import DirectWrites, ReducePipeline, ReduceWork
 
 
@@ -264,7 +263,7 @@ class BackwardReducer(_HookedReducer):
     def _write_shard(self, index: int, out: torch.Tensor, accumulate: bool, host_staging) -> None:
         """Bucket `index`'s fp32 shard <- (first micro-step of the window) or += the reduced slice."""
         dst = grad_shard_view(self.layout, self.shards, self.layout.buckets[index])
-        host.to_host(dst, out, accumulate=accumulate, staging=host_staging)
+        placement.to_host(dst, out, accumulate=accumulate, staging=host_staging)
 
     def take_grad_sq(self) -> torch.Tensor | None:
         """The sum of squares of the reduced grads since the last call (track_grad_sq), on the device."""

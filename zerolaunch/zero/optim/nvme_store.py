@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from . import host
+from .. import placement
 
 
 class NvmeError(ValueError):
@@ -126,7 +126,8 @@ class SwapStore:
         self._fd = fd
         slot_numel = max(self.chunk_numels, default=0) * len(kinds)
         self.buffers = [
-            host.empty(slot_numel, torch.device("cpu"), dtype=dtype, pin=pin) for _ in range(buffer_count)
+            placement.empty(slot_numel, torch.device("cpu"), dtype=dtype, pin=pin)
+            for _ in range(buffer_count)
         ]
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerolaunch-nvme")
         self._finalizer = weakref.finalize(self, _close_file, fd, self.path, self._io)

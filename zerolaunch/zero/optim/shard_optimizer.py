@@ -18,7 +18,7 @@ elements. Once chunk k has stepped, its fp32 master is copied host->device witho
 memory, cast to the compute dtype on the device), so the copy runs on the copy engine while the CPU steps
 chunk k+1; a bucket's all-gather is issued as soon as its last chunk was sent. Only the last chunk's copy
 and the last bucket's all-gather remain exposed. The pinned master is written again only by the next
-step, which starts after the engine synchronized with the device (host.sync), so no copy is still
+step, which starts after the engine synchronized with the device (placement.sync), so no copy is still
 reading it then.
 
 [Note: bf16 master]
@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .. import placement
 from ..option_rules import fused_step_blocker
 from ..options import OffloadOptions, OptimizerOptions
-from . import host
 from .fused_step import adam_chunk_for, step_scalars
 from .nvme_store import SwapStore
 from .torch_optim import build_optimizer, state_kinds
@@ -163,7 +163,9 @@ class ShardOptimizer:
                     raise ValueError(f"master_tensors {shapes} are not {group_numels} x {master_dtype} here")
                 self.master = list(master_tensors)
             else:
-                self.master = [host.zeros(n, self.device, pin=pin, dtype=master_dtype) for n in group_numels]
+                self.master = [
+                    placement.zeros(n, self.device, pin=pin, dtype=master_dtype) for n in group_numels
+                ]
             self.state = [
                 {k: torch.zeros(n, dtype=master_dtype, device=self.device) for k in self.kinds}
                 for n in group_numels

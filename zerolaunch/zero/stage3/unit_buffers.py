@@ -52,10 +52,9 @@ import enum
 
 import torch
 
-from .. import comm
+from .. import comm, placement
 from ..grad_shards import GradShards, GradSlice
 from ..layout import Fragment, ParamSpec
-from ..optim import host
 from ..optim.nvme_store import SwapStore
 from ..plan import unit_layout
 
@@ -138,7 +137,7 @@ class UnitFlat:
         """Where `shard` starts in this rank's shard of the whole unit (the frozen buckets' start when the
         trainable ones gather from the master)."""
         if shard_device is not None:
-            self.shard = host.zeros(self.shard_numel, shard_device, pin=pin, dtype=dtype)
+            self.shard = placement.zeros(self.shard_numel, shard_device, pin=pin, dtype=dtype)
         self._swap: tuple[SwapStore, int] | None = None
         self._master: list[torch.Tensor] | None = None
         """Each bucket's fp32 master view when the unit gathers from it ([Note: gather from master])."""
@@ -245,7 +244,7 @@ class UnitFlat:
         if self._swap is None:
             return self.shard
         store, chunk = self._swap
-        out = host.empty(self.shard_numel, torch.device("cpu"), pin=self._pin, dtype=self.dtype)
+        out = placement.empty(self.shard_numel, torch.device("cpu"), pin=self._pin, dtype=self.dtype)
         store.read_into("param", chunk, 0, out)
         return out
 
@@ -414,7 +413,7 @@ class UnitFlat:
         reduce-scatter's output. host_staging: a reusable pinned buffer for the accumulating copy to the
         host."""
         for i in self.trainable_buckets:
-            host.to_host(
+            placement.to_host(
                 self.grad_views[i], self.bucket_shard(out, i), accumulate=accumulate, staging=host_staging
             )
 

@@ -1,7 +1,7 @@
 """Where the fp32 master, its gradients and the optimizer state live when the optimizer is offloaded.
 
 This module owns the host side of optimizer offload (offload_optimizer.device "cpu", and the host grad
-shards of "nvme", whose swap files are nvme_store.py's):
+shards of "nvme", whose swap files are optim/nvme_store.py's):
 allocating host buffers (pinned when asked and when there is an accelerator to pin for), and the ordering
 rule that the host may only read device->host copies once the device stream that issued them is done.
 On a CPU-only machine the "host" is the compute device and the copies are plain same-device copies: the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..options import OffloadOptions
+from .options import OffloadOptions
 
 
 def master_device(offload: OffloadOptions, device: torch.device) -> torch.device:
