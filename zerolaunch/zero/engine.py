@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from . import comm, placement
+from . import comm, phases, placement
 from .engine_state import EngineStateMixin
 from .layout import Fragment
 from .loss_scale import LossScaler
@@ -109,11 +109,12 @@ class Engine(EngineStateMixin):
 
     # ---- training step --------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        self.sharding.begin_forward()
-        try:
-            return self.module(*args, **kwargs)
-        finally:
-            self.sharding.end_forward()
+        with phases.phase(phases.FORWARD):
+            self.sharding.begin_forward()
+            try:
+                return self.module(*args, **kwargs)
+            finally:
+                self.sharding.end_forward()
 
     def backward(self, loss: torch.Tensor) -> None:
         """loss * loss_scale / gradient_accumulation_steps, backward; the strategy's grad hooks reduce."""
@@ -128,13 +129,14 @@ class Engine(EngineStateMixin):
         self._loss_nonfinite = note_nonfinite_loss(self._loss_nonfinite, loss)
         self._window_backwards += 1
         scale = self.scaler.scale / self.options.gradient_accumulation_steps
-        try:
-            (loss * scale).backward()
-        except BaseException as error:
-            self.sharding.abort_backward()
-            self._failed_backward = f"{type(error).__name__}: {error}".splitlines()[0][:200]
-            raise
-        self.sharding.finish_backward()
+        with phases.phase(phases.BACKWARD):
+            try:
+                (loss * scale).backward()
+            except BaseException as error:
+                self.sharding.abort_backward()
+                self._failed_backward = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+                raise
+            self.sharding.finish_backward()
 
     def step(self, boundary: bool | None = None) -> StepInfo:
         """Call after every backward; steps the optimizer only at an accumulation boundary: every
@@ -150,18 +152,20 @@ class Engine(EngineStateMixin):
         self._window_start = self.micro_steps
         backwards, self._window_backwards = self._window_backwards, 0
         loss_nonfinite, self._loss_nonfinite = self._loss_nonfinite, None
-        device_sq, loss_nonfinite = self.sharding.finish_window(loss_nonfinite, backwards)
+        with phases.phase(phases.FINISH_WINDOW):
+            device_sq, loss_nonfinite = self.sharding.finish_window(loss_nonfinite, backwards)
         loss_scale = self.scaler.scale
-        scaling = check_and_scale(
-            device_sq if device_sq is not None else sum_of_squares(self.sharding.window_grad_tensors()),
-            self.group,
-            sharded=self.stage > 0,
-            loss_scale=loss_scale,
-            clip_norm=self.options.gradient_clipping,
-            comm_device=self.device,
-            stats=self.comm_stats,
-            loss_nonfinite=loss_nonfinite,
-        )
+        with phases.phase(phases.NORM):
+            scaling = check_and_scale(
+                device_sq if device_sq is not None else sum_of_squares(self.sharding.window_grad_tensors()),
+                self.group,
+                sharded=self.stage > 0,
+                loss_scale=loss_scale,
+                clip_norm=self.options.gradient_clipping,
+                comm_device=self.device,
+                stats=self.comm_stats,
+                loss_nonfinite=loss_nonfinite,
+            )
         skipped = self.scaler.update(scaling.overflow)
         self.sharding.reset_accumulation()
         if skipped:
@@ -169,7 +173,8 @@ class Engine(EngineStateMixin):
             return StepInfo(False, True, scaling.grad_norm, loss_scale, self._lr)
         lrs = self.lrs_at(self.global_steps)
         self._lr = lrs[0]  # StepInfo's lr: the first group's, what DeepSpeed's monitors write (get_lr()[0])
-        self.sharding.step_and_publish(scaling.multiplier, lrs)
+        with phases.phase(phases.STEP):
+            self.sharding.step_and_publish(scaling.multiplier, lrs)
         self.sharding.release_grads()
         self.global_steps += 1
         return StepInfo(True, False, scaling.grad_norm, loss_scale, self._lr)

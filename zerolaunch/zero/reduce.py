@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import comm, placement
+from . import comm, phases, placement
 from .grad_shards import GradShards, GradSlice
 from .optim.torch_optim import sum_of_squares
 from .sharding import GradWindow
@@ -94,11 +94,12 @@ class ReducePipeline:
                 self._grad_sq.add_(sum_of_squares([work.out]))
             self._write_shard(work.unit, work.out, accumulate, self._staging_for(accumulate))
 
-        if self.write_on_reduce_stream:
-            work.pending.wait(then=write)
-        else:
-            work.pending.wait()
-            write()
+        with phases.phase(phases.REDUCE_WRITE):
+            if self.write_on_reduce_stream:
+                work.pending.wait(then=write)
+            else:
+                work.pending.wait()
+                write()
         self.window[work.unit] = GradWindow.ACCUMULATING
         return work
 
@@ -165,7 +166,8 @@ class DirectWrites:
         """From the param's post-accumulate-grad hook."""
         self._seen_this_backward = True
         accumulate = self._window[name] is GradWindow.ACCUMULATING
-        self.grad_shards.write(self.slices[name], grad.reshape(-1), accumulate=accumulate)
+        with phases.phase(phases.STAGE_GRAD):
+            self.grad_shards.write(self.slices[name], grad.reshape(-1), accumulate=accumulate)
         self._window[name] = GradWindow.ACCUMULATING
 
     def finish_backward(self) -> None:

@@ -21,7 +21,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from .. import comm, plan
+from .. import comm, phases, plan
 from ..grad_shards import GradShards
 from ..layout import Fragment, ParamSpec
 from ..optim import shard_optimizer
@@ -312,7 +312,8 @@ class FlatSharding(Sharding):
         """Start the all-gather of bucket `index` from this rank's updated slice; the work keeps `src` alive
         until wait() (gloo and nccl hold their input tensors)."""
         out = reducer.bucket_view(self.flat_params.buffers, self.layout.buckets[index])
-        return comm.all_gather(out, src, self.ctx.group, stats=self.ctx.stats, async_op=True)
+        with phases.phase(phases.PUBLISH):
+            return comm.all_gather(out, src, self.ctx.group, stats=self.ctx.stats, async_op=True)
 
     @torch.no_grad()
     def _step_in_place(self, grad_multiplier: torch.Tensor | None, lr: float) -> None:
@@ -346,8 +347,9 @@ class FlatSharding(Sharding):
             grad_multiplier=grad_multiplier,
             publish_into=publish_into if self.shards.fused_step else None,
         )
-        for pending in issued:
-            pending.wait()
+        with phases.phase(phases.PUBLISH):
+            for pending in issued:
+                pending.wait()
 
     def _start_overlapped_step(self, grad_multiplier: torch.Tensor | None, lr: float) -> OverlappedStep:
         """The step of _step_in_place, in the background, in forward order ([Note: overlapped step])."""

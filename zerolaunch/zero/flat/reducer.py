@@ -25,7 +25,7 @@ from typing import Protocol
 
 import torch
 
-from .. import comm, placement, plan
+from .. import comm, phases, placement, plan
 from ..grad_shards import GradShards
 from ..layout import BucketPlan, Layout, ParamSlot
 from ..reduce import DirectWrites, ReducePipeline, ReduceWork
@@ -218,10 +218,11 @@ class BackwardReducer(_HookedReducer):
             bucket = self.layout.buckets[slot.bucket]
             # here, on the compute stream, not in _write_shard (which may run on the reduce stream): the
             # block then belongs to the stream that frees it after the step.
-            self.shards.prepare_write(self._segment[bucket.index])
-            staging = self._staging_for(bucket)
-            with torch.no_grad():
-                staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
+            with phases.phase(phases.STAGE_GRAD):
+                self.shards.prepare_write(self._segment[bucket.index])
+                staging = self._staging_for(bucket)
+                with torch.no_grad():
+                    staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
             param.grad = None  # the full gradient is released: this rank keeps only its shard
             for index in self.pool.grad_ready(bucket.index):
                 self._issue(self.layout.buckets[index])
@@ -246,10 +247,11 @@ class BackwardReducer(_HookedReducer):
     def _issue(self, bucket: BucketPlan) -> None:
         src = self._staging_for(bucket)
         base = self._staging.pop(bucket.index)[0]
-        out = torch.empty(bucket.shard_numel, dtype=self.comm_dtype, device=self.device)
-        pending = comm.reduce_scatter(
-            out, src, self.group, stats=self.stats, async_op=True, average=True, stream=self.stream
-        )
+        with phases.phase(phases.REDUCE_ISSUE):
+            out = torch.empty(bucket.shard_numel, dtype=self.comm_dtype, device=self.device)
+            pending = comm.reduce_scatter(
+                out, src, self.group, stats=self.stats, async_op=True, average=True, stream=self.stream
+            )
         self.pipeline.issued(ReduceWork(bucket.index, out, pending, keep=base))
         if self.pool.issue(bucket.index):
             self._complete_oldest()

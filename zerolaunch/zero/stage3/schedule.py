@@ -65,7 +65,7 @@ from functools import partial
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
-from .. import comm
+from .. import comm, phases
 from ..grad_shards import GradShards
 from ..plan import IssueOrder
 from ..reduce import DirectWrites, ReducePipeline, ReduceWork
@@ -384,7 +384,8 @@ class Stage3Schedule:
             # copies (a compute-dtype window keeps the copy 16-bit: [Note: compute-dtype grads])
             self.direct_writes.write(name, param.grad)
         else:
-            flat.add_grad(name, param.grad, self.comm_dtype)
+            with phases.phase(phases.STAGE_GRAD):
+                flat.add_grad(name, param.grad, self.comm_dtype)
         param.grad = None  # the full gradient is released: this rank keeps only its shard
         if self.issue_order.arrive(k):
             self._grads_in.add(k)
@@ -407,9 +408,10 @@ class Stage3Schedule:
 
     def _issue(self, k: int) -> None:
         flat = self.flats[k]
-        staging, out, pending = flat.issue_reduce(
-            self.group, comm_dtype=self.comm_dtype, stream=self.reduce_stream, stats=self.stats
-        )
+        with phases.phase(phases.REDUCE_ISSUE):
+            staging, out, pending = flat.issue_reduce(
+                self.group, comm_dtype=self.comm_dtype, stream=self.reduce_stream, stats=self.stats
+            )
         self.pipeline.issued(ReduceWork(k, out, pending, keep=staging))
         self.issue_order.issued(k)
         # without overlap each reduce-scatter is awaited at once; with it, up to max_in_flight stay queued.

@@ -52,7 +52,7 @@ import enum
 
 import torch
 
-from .. import comm, placement
+from .. import comm, phases, placement
 from ..grad_shards import GradShards, GradSlice
 from ..layout import Fragment, ParamSpec
 from ..optim.nvme_store import SwapStore
@@ -352,6 +352,10 @@ class UnitFlat:
         """Start refilling the full buffer from every rank's shard; `wait_gathered()` before reading it."""
         if self.gathered:
             return
+        with phases.phase(phases.GATHER):
+            self._gather(group, stream=stream, stats=stats)
+
+    def _gather(self, group, *, stream, stats: comm.CommStats) -> None:
         self.full.untyped_storage().resize_(self.full_nbytes)
         for p, view in self._params:
             p.data = view
@@ -379,8 +383,11 @@ class UnitFlat:
 
     def wait_gathered(self) -> None:
         """The compute stream may read the full buffer (or free it) from here on."""
-        for pending in self._pending:
-            pending.wait()
+        if not self._pending:
+            return
+        with phases.phase(phases.GATHER_WAIT):
+            for pending in self._pending:
+                pending.wait()
         self._pending = []
 
     # ---- gradients -----------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from .. import comm
+from .. import comm, phases
 from ..grad_shards import GradShards
 from ..layout import ParamSpec
 from ..optim import nvme_store, shard_optimizer
@@ -329,16 +329,18 @@ class UnitSharding(UnitStateMixin, Sharding):
         def on_stepped(c: int, master: torch.Tensor) -> None:
             chunk = self.shards.chunks[c]
             flat, i = self._bucket_refs[chunk.owner]
-            flat.write_shard(
-                flat.shard_offsets[i] + chunk.owner_offset,
-                master,
-                non_blocking=self.shards.copy_may_overlap(master),
-            )
+            with phases.phase(phases.PUBLISH):
+                flat.write_shard(
+                    flat.shard_offsets[i] + chunk.owner_offset,
+                    master,
+                    non_blocking=self.shards.copy_may_overlap(master),
+                )
 
         self.shards.step(self.grad_shards, lr, on_stepped, grad_multiplier=grad_multiplier)
-        for flat in self.flats:
-            if flat is not None:
-                flat.regather_resident(self.ctx.group, stats=self.ctx.stats)
+        with phases.phase(phases.PUBLISH):
+            for flat in self.flats:
+                if flat is not None:
+                    flat.regather_resident(self.ctx.group, stats=self.ctx.stats)
 
     # ---- accounting ----------------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:

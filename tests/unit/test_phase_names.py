@@ -1,0 +1,71 @@
+"""A profile of a training step reads by phase: every phase the step runs shows as `zerolaunch::<phase>`
+(zero/phases.py), as FSDP2's show as `FSDP::...`.
+
+One process, CPU. With optimizer offload the world-size-1 engine takes the reducing path (not the direct
+one), so stage 2 stages and reduce-scatters its buckets and stage 3 also gathers and waits for its units.
+The world-size-1 direct path shows its grads as `stage_grad` and nothing reduced. Leaves out: CUDA streams
+(the names are the same code on both).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from zerolaunch.zero import Engine, phases
+from zerolaunch.zero.options import EngineOptions, OffloadOptions, OptimizerOptions, ZeroOptions
+
+
+class TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _profiled_step_names(stage: int, offload: str) -> set[str]:
+    options = EngineOptions(
+        zero=ZeroOptions(
+            stage=stage,
+            offload_optimizer=OffloadOptions(device=offload),
+            stage3_param_persistence_threshold=0,
+        ),
+        optimizer=OptimizerOptions(name="adamw", lr=1e-2),
+    )
+    engine = Engine(TwoLayers(), options)
+    x, y = torch.randn(2, 8), torch.randn(2, 4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.backward(F.mse_loss(engine(x), y))
+        engine.step()
+    return {event.name for event in prof.events()}
+
+
+ENGINE = {phases.FORWARD, phases.BACKWARD, phases.FINISH_WINDOW, phases.NORM, phases.STEP}
+REDUCING = ENGINE | {phases.STAGE_GRAD, phases.REDUCE_ISSUE, phases.REDUCE_WRITE}
+
+
+@pytest.mark.parametrize(
+    "stage, offload, expected, absent",
+    [
+        (2, "cpu", REDUCING | {phases.PUBLISH}, {phases.GATHER}),
+        (3, "cpu", REDUCING | {phases.GATHER, phases.GATHER_WAIT, phases.PUBLISH}, set()),
+        (2, "none", ENGINE | {phases.STAGE_GRAD}, {phases.REDUCE_ISSUE, phases.REDUCE_WRITE}),
+    ],
+    ids=["stage2-offload", "stage3-offload", "stage2-world1-direct"],
+)
+def test_each_phase_of_a_step_shows_by_name_in_a_cpu_profile(stage, offload, expected, absent):
+    names = _profiled_step_names(stage, offload)
+    assert {phases.label(p) for p in expected} <= names, sorted(n for n in names if "zerolaunch" in n)
+    assert not {phases.label(p) for p in absent} & names
+
+
+def test_the_phase_names_are_distinct_and_prefixed():
+    labels = [phases.label(p) for p in phases.ALL]
+    assert len(set(labels)) == len(labels)
+    assert all(label.startswith("zerolaunch::") for label in labels)
