@@ -9,24 +9,24 @@ The world-size-1 direct path shows its grads as `stage_grad` and nothing reduced
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
-import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from zerolaunch.zero import Engine, phases
-from zerolaunch.zero.options import EngineOptions, OffloadOptions, OptimizerOptions, ZeroOptions
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "dist"))
 
+from _zero_models import Net, micro_batch  # noqa: E402
 
-class TwoLayers(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.a = torch.nn.Linear(8, 16)
-        self.b = torch.nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
+from zerolaunch.zero import Engine, phases  # noqa: E402
+from zerolaunch.zero.options import (  # noqa: E402
+    EngineOptions,
+    OffloadOptions,
+    OptimizerOptions,
+    ZeroOptions,
+)
 
 
 def _profiled_step_names(stage: int, offload: str) -> set[str]:
@@ -38,8 +38,8 @@ def _profiled_step_names(stage: int, offload: str) -> set[str]:
         ),
         optimizer=OptimizerOptions(name="adamw", lr=1e-2),
     )
-    engine = Engine(TwoLayers(), options)
-    x, y = torch.randn(2, 8), torch.randn(2, 4)
+    engine = Engine(Net(), options)
+    x, y = micro_batch(0, 0, 1)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         engine.backward(F.mse_loss(engine(x), y))
         engine.step()

@@ -1,13 +1,15 @@
-"""The backward reduce pipeline of stages 2 and 3, over "reduce units", and the world-size-1 direct path.
+"""The backward reduce pipeline of stages 2 and 3, over reduce units, and the world-size-1 direct path.
 
-A reduce unit is what one reduce-scatter averages into this rank's fp32 grad shard: a stage-2 bucket
-(flat/reducer.py BackwardReducer) or a stage-3 unit (stage3/schedule.py Stage3Schedule). Both issue in the
-one fixed order of plan.IssueOrder (every rank the same, a complete unit waiting for the ones before it);
-the callers decide how many may be in flight (stage 2's plan.StagingPool, stage 3's max_in_flight) and own
-the staging tensors; this module owns what is the same for both, as FSDP2's one `foreach_reduce` serves
-every group:
+A `ReduceUnit` is what one reduce-scatter averages into this rank's fp32 grad shard, and owns everything of
+it, as picotron's `Bucket` and FSDP2's `FSDPParamGroup` do: its params, the staging buffer their grads are
+copied into (`add_grad`), its reduce-scatter (`issue() -> ReduceWork`), the write of the result into its
+slice of the grad shard (`write`) and where that slice stands in the accumulation window (`window`). A
+stage-2 bucket is flat/reducer.py's `BucketUnit`, a stage-3 unit stage3/unit.py's `Stage3Unit`. Both issue
+in the one fixed order of plan.IssueOrder (every rank the same, a complete unit waiting for the ones before
+it); the callers decide how many may be in flight (stage 2's plan.StagingPool, stage 3's max_in_flight).
+What is the same for both is this module's, as FSDP2's one `foreach_reduce` serves every group:
 
-- `ReducePipeline`: the in-flight reduce-scatters in issue order, each completed into the shard --
+- `ReducePipeline`: the in-flight reduce-scatters in issue order, each completed into its unit's shard --
   overwritten by the unit's first reduce of the window, added to after it (`GradWindow`) --, the one pinned
   host staging buffer of an accumulating copy to offloaded shards, and the device sum of squares of what was
   reduced (the norm's, when a window is one micro-step and the shards are on the host).
@@ -15,14 +17,14 @@ every group:
   identity: each param's grad goes straight into its slice of the grad shard ([Note: world size 1] in
   flat/reducer.py, [Note: direct grads] in stage3/schedule.py).
 
-It issues no collective itself (the callers do, through comm.py) and waits only through `comm.Pending`.
+It issues no collective itself (the units do, through comm.py) and waits only through `comm.Pending`.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -35,24 +37,38 @@ from .sharding import GradWindow
 class ReduceWork(NamedTuple):
     """One issued reduce-scatter of a reduce unit."""
 
-    unit: int
-    """The caller's index of the reduce unit (a bucket index, a stage-3 unit index)."""
+    unit: ReduceUnit
     out: torch.Tensor
     """This rank's averaged shard of the unit, in the comm dtype, on the compute device."""
     pending: comm.Pending
-    keep: object = None
-    """What the caller needs back when the work completes (e.g. a staging buffer to reuse)."""
+    staging: torch.Tensor
+    """The staging buffer the reduce-scatter reads, alive until the work completes (then reusable)."""
 
 
-WriteShard = Callable[[int, torch.Tensor, bool, "torch.Tensor | None"], None]
-"""write(unit, out, accumulate, host_staging): the unit's fp32 grad shard <- (accumulate=False) or += out."""
+class ReduceUnit(Protocol):
+    """What one reduce-scatter averages into this rank's fp32 grad shard (see the module docstring)."""
+
+    window: GradWindow
+    """Whether the unit's next write is the window's first (it overwrites its slice of the grad shard)."""
+
+    def add_grad(self, name: str, grad: torch.Tensor) -> None:
+        """Param `name`'s full grad into the unit's staging buffer (which must be there)."""
+        ...
+
+    def issue(self) -> ReduceWork:
+        """Reduce-scatter (average) the staged grads, asynchronously; the unit lets go of its staging."""
+        ...
+
+    def write(self, out: torch.Tensor, *, accumulate: bool, host_staging: torch.Tensor | None) -> None:
+        """The unit's fp32 grad shard <- (accumulate=False) or += a completed reduce-scatter's output.
+        host_staging: a reusable pinned buffer for an accumulating copy to the host."""
+        ...
 
 
 class ReducePipeline:
     def __init__(
         self,
-        num_units: int,
-        write_shard: WriteShard,
+        units: Sequence[ReduceUnit],
         *,
         device: torch.device,
         shard_device: torch.device,
@@ -60,39 +76,40 @@ class ReducePipeline:
         track_grad_sq: bool,
         write_on_reduce_stream: bool,
     ):
-        """write_shard: writes one completed unit into the grad shard. write_on_reduce_stream: it runs on the
+        """units: every unit that may be issued. write_on_reduce_stream: a unit's write runs on the
         collective's stream, before the compute stream waits for it (`Pending.wait(then=)`), else on the
         compute stream after. host_staging_numel: the largest unit shard, for the pinned buffer an
         accumulating copy to host shards lands in."""
-        self.num_units = num_units
-        self._write_shard = write_shard
+        self.units = list(units)
         self.device = device
         self.shard_device = shard_device
         self._host_staging_numel = host_staging_numel
         self._host_staging: torch.Tensor | None = None
         self.write_on_reduce_stream = write_on_reduce_stream
         self._grad_sq = torch.zeros((), dtype=torch.float32, device=device) if track_grad_sq else None
-        self.window = [GradWindow.FRESH] * num_units
-        """Per unit: whether its next reduce is the window's first (it overwrites the grad shard)."""
         self.in_flight: deque[ReduceWork] = deque()
         self.issued_count = 0
         """Reduce-scatters issued since the last reset_issued() (tests read it from inside backward)."""
 
-    def issued(self, work: ReduceWork) -> None:
-        """The caller has issued `work`'s reduce-scatter (on the reduce stream, through comm.py)."""
+    def issue(self, unit: ReduceUnit) -> ReduceWork:
+        """Issue `unit`'s reduce-scatter (on the reduce stream, through comm.py) and queue it."""
+        with phases.phase(phases.REDUCE_ISSUE):
+            work = unit.issue()
         self.in_flight.append(work)
         self.issued_count += 1
+        return work
 
     def complete_oldest(self) -> ReduceWork:
-        """Await the oldest work in flight and write its unit's reduced grads into the shard."""
+        """Await the oldest work in flight and write it into its unit's grad shard."""
         work = self.in_flight.popleft()
-        accumulate = self.window[work.unit] is GradWindow.ACCUMULATING
+        unit = work.unit
+        accumulate = unit.window is GradWindow.ACCUMULATING
 
         def write() -> None:
             if self._grad_sq is not None:
                 # only meaningful when a window is one micro-step (the engine asks for it only then).
                 self._grad_sq.add_(sum_of_squares([work.out]))
-            self._write_shard(work.unit, work.out, accumulate, self._staging_for(accumulate))
+            unit.write(work.out, accumulate=accumulate, host_staging=self._staging_for(accumulate))
 
         with phases.phase(phases.REDUCE_WRITE):
             if self.write_on_reduce_stream:
@@ -100,7 +117,7 @@ class ReducePipeline:
             else:
                 work.pending.wait()
                 write()
-        self.window[work.unit] = GradWindow.ACCUMULATING
+        unit.window = GradWindow.ACCUMULATING
         return work
 
     def drain(self) -> None:
@@ -123,7 +140,8 @@ class ReducePipeline:
 
     def reset_accumulation(self) -> None:
         """After a step: each unit's next reduced grads overwrite its grad shard (no zeroing pass)."""
-        self.window = [GradWindow.FRESH] * self.num_units
+        for unit in self.units:
+            unit.window = GradWindow.FRESH
 
     def reset_issued(self) -> None:
         self.issued_count = 0

@@ -29,6 +29,7 @@ from .. import comm, phases, placement, plan
 from ..grad_shards import GradShards
 from ..layout import BucketPlan, Layout, ParamSlot
 from ..reduce import DirectWrites, ReducePipeline, ReduceWork
+from ..sharding import GradWindow
 
 
 def bucket_view(flats: list[torch.Tensor], bucket: BucketPlan) -> torch.Tensor:
@@ -143,6 +144,62 @@ class _HookedReducer:
         return (device_sq if backwards == 1 else None), loss_nonfinite
 
 
+class BucketUnit:
+    """One stage-2 bucket as a reduce unit (../reduce.py `ReduceUnit`): its params' slots, its piece of the
+    fp32 grad shard, and the staging buffer it holds from its first grad until its reduce-scatter is issued
+    (`stage`: the buffer comes from BackwardReducer's pool, which takes it back once the work completed)."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        bucket: BucketPlan,
+        shards: GradShards,
+        context: comm.CommContext,
+        *,
+        comm_dtype: torch.dtype,
+        stats: comm.CommStats,
+    ):
+        self.bucket = bucket
+        self.slots = {slot.name: slot for slot in layout.slots_in(bucket)}
+        self.segment = shards.index_of(bucket.group, layout.bucket_shard_offset(bucket))
+        self.grad_shard = grad_shard_view(layout, shards, bucket)
+        self.group = context.group
+        self.device = context.device
+        self.stream = context.reduce_stream
+        self.comm_dtype = comm_dtype
+        self.stats = stats
+        self.window = GradWindow.FRESH
+        self.staging: tuple[torch.Tensor, torch.Tensor] | None = None
+        """(the pool's buffer, the bucket's zeroed view of it) from `stage` until `issue`."""
+
+    def stage(self, base: torch.Tensor) -> None:
+        """Stage into `base` (zeroed: padding and params without a grad this micro-step count as zero)."""
+        view = base[: self.bucket.padded_numel]
+        view.zero_()
+        self.staging = (base, view)
+
+    def add_grad(self, name: str, grad: torch.Tensor) -> None:
+        slot = self.slots[name]
+        with torch.no_grad():
+            self.staging[1][slot.offset : slot.offset + slot.numel].copy_(grad.reshape(-1))
+
+    def issue(self) -> ReduceWork:
+        (base, src), self.staging = self.staging, None
+        out = torch.empty(self.bucket.shard_numel, dtype=self.comm_dtype, device=self.device)
+        pending = comm.reduce_scatter(
+            out, src, self.group, stats=self.stats, async_op=True, average=True, stream=self.stream
+        )
+        return ReduceWork(self, out, pending, base)
+
+    def write(self, out: torch.Tensor, *, accumulate: bool, host_staging: torch.Tensor | None) -> None:
+        placement.to_host(self.grad_shard, out, accumulate=accumulate, staging=host_staging)
+
+    def drop_staging(self) -> torch.Tensor | None:
+        """The window is dropped: the staging buffer back (None when none was taken)."""
+        staging, self.staging = self.staging, None
+        return None if staging is None else staging[0]
+
+
 class BackwardReducer(_HookedReducer):
     """Stage 2: per-bucket reduce-scatter issued from post-accumulate-grad hooks during backward.
 
@@ -152,11 +209,12 @@ class BackwardReducer(_HookedReducer):
     overlap, at most `max_in_flight` staging buffers are kept: taking one beyond that first completes the
     oldest issued bucket. Without overlap each reduce-scatter is awaited right after it is issued. Every one
     of these decisions, and the bucket-index issue order, is `plan.StagingPool`'s (estimate-memory drives the
-    same object); this class keeps the tensors.
+    same object); this class keeps the free buffers, each `BucketUnit` the one it stages in.
     On CUDA with overlap the collectives run on `stream` (the context's reduce stream) with comm.py's waits
     ([Note: comm streams]): it waits for the compute stream (the staging copies) before each; the result is
     added into the shard on it, and the compute stream waits for it then, so before a buffer is reused and
-    at the end of backward. Tensors stay alive by reference in `_inflight`, so no record_stream is needed.
+    at the end of backward. Tensors stay alive by reference in the pipeline's works, so no record_stream is
+    needed.
     """
 
     def __init__(
@@ -174,24 +232,21 @@ class BackwardReducer(_HookedReducer):
         self.shards = shards
         """The fp32 grad shards; a bucket's segment is (re-)allocated before its first write ([Note: released
         grad shards])."""
-        self._segment = [shards.index_of(b.group, layout.bucket_shard_offset(b)) for b in layout.buckets]
-        self.group = context.group
+        self.units = [
+            BucketUnit(layout, b, shards, context, comm_dtype=comm_dtype, stats=stats) for b in layout.buckets
+        ]
         self.comm_dtype = comm_dtype
         self.device = context.device
         self.overlap = context.overlap
-        self.stats = stats
         # the staging policy estimate-memory drives too (plan.stage2_staging_buffers)
         self.pool = plan.StagingPool(
             [len(layout.slots_in(b)) for b in layout.buckets], self.overlap, max_in_flight
         )
-        self.stream = context.reduce_stream
         self._buffer_numel = max((b.padded_numel for b in layout.buckets), default=0)
         self._free: list[torch.Tensor] = []
-        self._staging: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        """bucket index -> (the staging buffer, the bucket's view of it) while the bucket is staged."""
+        """Staging buffers no bucket holds, for the pool's next take without allocate."""
         self.pipeline = ReducePipeline(
-            len(layout.buckets),
-            self._write_shard,
+            self.units,
             device=self.device,
             shard_device=shards.tensors[0].device if shards.tensors else self.device,
             host_staging_numel=max((b.shard_numel for b in layout.buckets), default=0),
@@ -215,57 +270,42 @@ class BackwardReducer(_HookedReducer):
         def on_grad_ready(param: torch.Tensor) -> None:
             if param.grad is None:
                 return
-            bucket = self.layout.buckets[slot.bucket]
-            # here, on the compute stream, not in _write_shard (which may run on the reduce stream): the
-            # block then belongs to the stream that frees it after the step.
+            unit = self.units[slot.bucket]
             with phases.phase(phases.STAGE_GRAD):
-                self.shards.prepare_write(self._segment[bucket.index])
-                staging = self._staging_for(bucket)
-                with torch.no_grad():
-                    staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
+                # here, on the compute stream, not in the unit's write (which may run on the reduce stream):
+                # the block then belongs to the stream that frees it after the step.
+                self.shards.prepare_write(unit.segment)
+                self._stage(unit)
+                unit.add_grad(slot.name, param.grad)
             param.grad = None  # the full gradient is released: this rank keeps only its shard
-            for index in self.pool.grad_ready(bucket.index):
-                self._issue(self.layout.buckets[index])
+            for index in self.pool.grad_ready(slot.bucket):
+                self._issue(self.units[index])
 
         return on_grad_ready
 
-    def _staging_for(self, bucket: BucketPlan) -> torch.Tensor:
-        take = self.pool.take(bucket.index)
+    def _stage(self, unit: BucketUnit) -> None:
+        """The unit holds a staging buffer (taken as the pool decides) from here until it is issued."""
+        take = self.pool.take(unit.bucket.index)
         if take is None:
-            return self._staging[bucket.index][1]
+            return
         if take.complete_oldest:
             self._complete_oldest()
         if take.allocate:
-            base = torch.empty(self._buffer_numel, dtype=self.comm_dtype, device=self.device)
+            unit.stage(torch.empty(self._buffer_numel, dtype=self.comm_dtype, device=self.device))
         else:
-            base = self._free.pop()
-        view = base[: bucket.padded_numel]
-        view.zero_()
-        self._staging[bucket.index] = (base, view)
-        return view
+            unit.stage(self._free.pop())
 
-    def _issue(self, bucket: BucketPlan) -> None:
-        src = self._staging_for(bucket)
-        base = self._staging.pop(bucket.index)[0]
-        with phases.phase(phases.REDUCE_ISSUE):
-            out = torch.empty(bucket.shard_numel, dtype=self.comm_dtype, device=self.device)
-            pending = comm.reduce_scatter(
-                out, src, self.group, stats=self.stats, async_op=True, average=True, stream=self.stream
-            )
-        self.pipeline.issued(ReduceWork(bucket.index, out, pending, keep=base))
-        if self.pool.issue(bucket.index):
+    def _issue(self, unit: BucketUnit) -> None:
+        self._stage(unit)
+        self.pipeline.issue(unit)
+        if self.pool.issue(unit.bucket.index):
             self._complete_oldest()
 
     def _complete_oldest(self) -> None:
         """The pool's oldest in-flight bucket (the pool has just counted it completed): its reduced slice is
         added into the shard on the reduce stream, after which the compute stream may overwrite its staging
         buffer (the next bucket's staging copies)."""
-        self._free.append(self.pipeline.complete_oldest().keep)
-
-    def _write_shard(self, index: int, out: torch.Tensor, accumulate: bool, host_staging) -> None:
-        """Bucket `index`'s fp32 shard <- (first micro-step of the window) or += the reduced slice."""
-        dst = grad_shard_view(self.layout, self.shards, self.layout.buckets[index])
-        placement.to_host(dst, out, accumulate=accumulate, staging=host_staging)
+        self._free.append(self.pipeline.complete_oldest().staging)
 
     def take_grad_sq(self) -> torch.Tensor | None:
         """The sum of squares of the reduced grads since the last call (track_grad_sq), on the device."""
@@ -279,7 +319,7 @@ class BackwardReducer(_HookedReducer):
         """Issue every bucket not yet issued (grads missing this micro-step count as zero), await all."""
         self.shards.prepare_all_writes()
         for index in self.pool.unissued():
-            self._issue(self.layout.buckets[index])
+            self._issue(self.units[index])
         while self.pool.in_flight:
             self.pool.complete_oldest()
             self._complete_oldest()
@@ -288,9 +328,8 @@ class BackwardReducer(_HookedReducer):
     def discard(self) -> None:
         """The window is dropped: await the reduce-scatters in flight (their buffers are reused), drop the
         staged grads, every bucket FRESH again."""
-        self._free.extend(work.keep for work in self.pipeline.discard())
-        self._free.extend(base for base, _view in self._staging.values())
-        self._staging.clear()
+        self._free.extend(work.staging for work in self.pipeline.discard())
+        self._free.extend(base for unit in self.units if (base := unit.drop_staging()) is not None)
         self.pool.discard()
 
     @property

@@ -1,7 +1,8 @@
 """When stage 3 gathers, frees and reduces each unit: the forward/backward hooks and their bookkeeping.
 
-This module owns the gather / prefetch / free schedule and the order reduce-scatters are issued in; the
-reduce-scatters in flight and their writes into the grad shard are ../reduce.py's `ReducePipeline`, shared with
+This module owns the gather / prefetch / free schedule and the order reduce-scatters are issued in; each
+unit's own state (its params, staged grads, reduce-scatter and write, held / prefetched / waited-for inputs)
+is unit.py's `Stage3Unit`; the reduce-scatters in flight are ../reduce.py's `ReducePipeline`, shared with
 stage 2, and the world-size-1 direct writes its `DirectWrites`.
 
 [Note: stage-3 schedule]
@@ -68,8 +69,9 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from .. import comm, phases
 from ..grad_shards import GradShards
 from ..plan import IssueOrder
-from ..reduce import DirectWrites, ReducePipeline, ReduceWork
+from ..reduce import DirectWrites, ReducePipeline
 from .partition import ROOT
+from .unit import Stage3Unit
 from .unit_buffers import UnitFlat
 
 
@@ -126,11 +128,24 @@ class Stage3Schedule:
         """flats[k] / params[k]: unit k's buffers and sharded params (None / [] when it has none); the last
         entry is the resident unit of persistent params (modules[-1] is None)."""
         self.flats = flats
+        self.units = [
+            None
+            if flat is None
+            else Stage3Unit(
+                k,
+                flat,
+                modules[k],
+                params[k],
+                context,
+                comm_dtype=comm_dtype,
+                stats=stats,
+                grad_shards=grad_shards,
+            )
+            for k, flat in enumerate(flats)
+        ]
+        """units[k]: unit k's params, buffers, grads and schedule state (unit.py); None where flats[k] is."""
         self.direct = direct
         """World size 1 ([Note: direct grads]): grads go straight into the grad shard from their hooks."""
-        self.grad_shards = grad_shards
-        """Where the units' grad views point; a unit's segments are (re-)allocated before its reduced grads
-        are written ([Note: released grad shards] in ../grad_shards.py)."""
         self.direct_writes: DirectWrites | None = None
         if direct:
             self.direct_writes = DirectWrites(
@@ -138,7 +153,6 @@ class Stage3Schedule:
             )
         self.group = context.group
         self.device = context.device
-        self.comm_dtype = comm_dtype
         self.prefetch_numel = max(0, prefetch_numel)
         self.max_live_numel = max_live_numel
         if max_reuse_numel < 0:
@@ -148,24 +162,19 @@ class Stage3Schedule:
         self.stats = stats
         self.max_in_flight = max(1, max_reduces_in_flight) if self.overlap else 1
         self.gather_stream = context.gather_stream
-        self.reduce_stream = context.reduce_stream
         n = len(flats)
-        self.n_trainable = [len(p) for p in params]
-        self.has_frozen = [f is not None and len(f.frozen_buckets) > 0 for f in flats]
-        """Units whose backward ends when their inputs' grads exist (the Note), not at their last grad."""
-        reduce_order = [k for k in range(n - 2, -1, -1) if flats[k] is not None and self.n_trainable[k]]
-        if flats[-1] is not None and self.n_trainable[-1]:
-            reduce_order.append(n - 1)
-        self.issue_order = IssueOrder(reduce_order, self.n_trainable)
+        units = [u for u in self.units if u is not None]
+        trainable = [k for k, u in enumerate(self.units) if u is not None and u.n_trainable]
+        reduce_order = [k for k in reversed(trainable) if k != n - 1] + [k for k in trainable if k == n - 1]
+        self.issue_order = IssueOrder(reduce_order, [0 if u is None else u.n_trainable for u in self.units])
         """Units are reduced in reverse module order, the resident unit last (the Note)."""
         self.phase = SchedulePhase.IDLE
-        units = [f for f in flats if f is not None and f.grad_views]
+        with_grads = [f for f in flats if f is not None and f.grad_views]
         self.pipeline = ReducePipeline(
-            n,
-            self._write_shard,
+            units,
             device=self.device,
-            shard_device=units[0].grad_views[0].device if units else self.device,
-            host_staging_numel=max((f.train_shard_numel for f in units), default=0),
+            shard_device=with_grads[0].grad_views[0].device if with_grads else self.device,
+            host_staging_numel=max((f.train_shard_numel for f in with_grads), default=0),
             track_grad_sq=track_grad_sq,
             # the compute stream waits for the reduce-scatter, then adds its output into the shard
             write_on_reduce_stream=False,
@@ -175,20 +184,11 @@ class Stage3Schedule:
         self.calls: list[int] = []
         self._bwd_seq: list[int] = []
         self._bwd_pos = 0
-        self._held: set[int] = set()
-        """Units kept gathered from their forward until their backward is done (see the Note)."""
-        self._input_waits = [0] * n
-        """Per unit with frozen params: its input wrappers whose backward has not run yet (the Note)."""
-        self._grads_in: set[int] = set()
-        """Units whose trainable grads all arrived in this backward."""
-        self._hooked: set[int] = set()
-        """Units whose outputs got the pre-backward hook in the forwards since the last backward."""
         self.reuse_kept = 0
         """Units kept gathered by max_reuse_distance, over the run (tests read it)."""
         self._reset_backward_state()
         self.peak_live_numel = 0
         """Largest sum of gathered non-resident elements seen at once (tests read it)."""
-        self._prefetched: set[int] = set()
         self.prefetch_hits = 0
         """Units found already gathered (by a prefetch) when they were needed (tests read it)."""
         self._handles = []
@@ -206,9 +206,9 @@ class Stage3Schedule:
     def _reset_backward_state(self) -> None:
         self.issue_order.reset()
         self.pipeline.reset_issued()
-        self._input_waits = [0] * len(self.flats)
-        self._grads_in = set()
-        self._hooked = set()
+        for unit in self.units:
+            if unit is not None:
+                unit.reset_backward()
 
     @property
     def issued_count(self) -> int:
@@ -230,8 +230,8 @@ class Stage3Schedule:
         flat = self.flats[k]
         if flat is None:
             return
-        if k in self._prefetched:
-            self._prefetched.discard(k)
+        if self.units[k].prefetched:
+            self.units[k].prefetched = False
             self.prefetch_hits += 1
         self._gather(k)
         flat.wait_gathered()
@@ -250,7 +250,7 @@ class Stage3Schedule:
             if flat.padded_numel > budget or self.live_numel() + flat.padded_numel > self.max_live_numel:
                 return
             self._gather(k)
-            self._prefetched.add(k)
+            self.units[k].prefetched = True
             budget -= flat.padded_numel
 
     # ---- forward -------------------------------------------------------------------------------------------
@@ -266,10 +266,10 @@ class Stage3Schedule:
         if self.phase is SchedulePhase.BACKWARD:
             return
         self.phase = SchedulePhase.IDLE
-        keep = {ROOT} | self._held if torch.is_grad_enabled() else set()
-        for k, flat in enumerate(self.flats):
-            if flat is not None and k not in keep:
-                flat.free()
+        grad = torch.is_grad_enabled()
+        for k, unit in enumerate(self.units):
+            if unit is not None and not (grad and (k == ROOT or unit.held)):
+                unit.flat.free()
         self.predicted = list(self.calls)
 
     def _pre_forward(self, k: int, module, args, kwargs):
@@ -277,7 +277,7 @@ class Stage3Schedule:
             self.gather_and_wait(k)
             # a reentrant re-run (no wrapper from its no_grad forward) wraps; a non-reentrant one's forward
             # wrapper is still pending and fires itself (the Note)
-            if self._input_waits[k] == 0:
+            if self.units[k].input_waits == 0:
                 return self._wrap_inputs(k, args, kwargs)
             return None
         self.calls.append(k)
@@ -287,7 +287,7 @@ class Stage3Schedule:
 
     def _wrap_inputs(self, k: int, args, kwargs):
         """A unit with frozen params: its inputs that need grad go through _InputsBackward (the Note)."""
-        if not self.has_frozen[k] or k == ROOT or not torch.is_grad_enabled():
+        if not self.units[k].has_frozen or k == ROOT or not torch.is_grad_enabled():
             return None
         flat, spec = tree_flatten((args, kwargs))
         picked = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -296,33 +296,35 @@ class Stage3Schedule:
         wrapped = _InputsBackward.apply(partial(self._inputs_done, k), *[flat[i] for i in picked])
         for i, t in zip(picked, wrapped, strict=True):
             flat[i] = t
-        self._input_waits[k] += 1
+        self.units[k].input_waits += 1
         return tree_unflatten(flat, spec)
 
     def _inputs_done(self, k: int) -> None:
-        self._input_waits[k] = max(0, self._input_waits[k] - 1)
-        self._maybe_free_after_backward(k)
+        unit = self.units[k]
+        unit.input_waits = max(0, unit.input_waits - 1)
+        self._maybe_free_after_backward(unit)
 
-    def _maybe_free_after_backward(self, k: int) -> None:
-        """Free unit k once nothing in this backward reads it any more (the Note)."""
-        if self._input_waits[k] == 0 and (k in self._grads_in or self.n_trainable[k] == 0):
-            self._held.discard(k)
-            self.flats[k].free()
+    def _maybe_free_after_backward(self, unit: Stage3Unit) -> None:
+        """Free the unit once nothing in this backward reads it any more (the Note)."""
+        if unit.backward_done:
+            unit.held = False
+            unit.flat.free()
 
     def _post_forward(self, k: int, module, args, output):
         if self.phase is SchedulePhase.BACKWARD:
             return output
         if torch.is_grad_enabled():
+            unit = self.units[k]
             tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if not tensors and self.n_trainable[k] > 0:
-                self._held.add(k)
+            if not tensors and unit.n_trainable > 0:
+                unit.held = True
                 return output
             if tensors:
-                self._hooked.add(k)
+                unit.hooked = True
             for t in tensors:
                 t.register_hook(partial(self._pre_backward, k))
             if tensors and self._reused_soon(k):
-                self._held.add(k)
+                unit.held = True
                 self.reuse_kept += 1
                 return output
         self.free(k)
@@ -349,7 +351,11 @@ class Stage3Schedule:
         else:
             return False  # not used again in the predicted trace
         root = self.flats[ROOT]
-        kept = sum(self.flats[j].padded_numel for j in self._held | {k} if not self.flats[j].resident)
+        kept = sum(
+            u.flat.padded_numel
+            for u in self.units
+            if u is not None and (u.held or u.index == k) and not u.flat.resident
+        )
         root_numel = root.padded_numel if root is not None and not root.resident and k != ROOT else 0
         return root_numel + kept + largest <= self.max_live_numel
 
@@ -357,9 +363,13 @@ class Stage3Schedule:
     def begin_backward(self) -> None:
         self.phase = SchedulePhase.BACKWARD
         # a unit with no trainable param and no hooked output has no backward: nothing to prefetch for it
-        self._bwd_seq = [k for k in reversed(self.calls) if self.n_trainable[k] or k in self._hooked]
+        self._bwd_seq = [k for k in reversed(self.calls) if self._has_backward(k)]
         self._bwd_pos = 0
         self.gather_and_wait(ROOT)
+
+    def _has_backward(self, k: int) -> bool:
+        unit = self.units[k]
+        return unit is not None and (unit.n_trainable > 0 or unit.hooked)
 
     def abort_backward(self) -> None:
         """backward() raised: the hooks treat the next call as a forward again (the units it gathered and
@@ -378,50 +388,35 @@ class Stage3Schedule:
     def _on_grad(self, k: int, name: str, param: torch.Tensor) -> None:
         if param.grad is None:
             return
-        flat = self.flats[k]
+        unit = self.units[k]
         if self.direct_writes is not None:
             # the exact copy (upcast) or the fp32 add the reducing path does, without its staging and reduce
             # copies (a compute-dtype window keeps the copy 16-bit: [Note: compute-dtype grads])
             self.direct_writes.write(name, param.grad)
         else:
             with phases.phase(phases.STAGE_GRAD):
-                flat.add_grad(name, param.grad, self.comm_dtype)
+                unit.add_grad(name, param.grad)
         param.grad = None  # the full gradient is released: this rank keeps only its shard
         if self.issue_order.arrive(k):
-            self._grads_in.add(k)
-            if self.has_frozen[k]:
-                self._maybe_free_after_backward(k)
+            unit.grads_in = True
+            if unit.has_frozen:
+                self._maybe_free_after_backward(unit)
             else:
-                self._held.discard(k)
-                flat.free()
+                unit.held = False
+                unit.flat.free()
             if self.direct_writes is None:
                 self._issue_ready()
-
-    def _prepare_grad_writes(self, flat: UnitFlat) -> None:
-        """Before a write into the unit's grad shard, on the compute stream (which writes and later frees it)."""
-        for segment in flat.grad_segments:
-            self.grad_shards.prepare_write(segment)
 
     def _issue_ready(self) -> None:
         for k in self.issue_order.issuable():
             self._issue(k)
 
     def _issue(self, k: int) -> None:
-        flat = self.flats[k]
-        with phases.phase(phases.REDUCE_ISSUE):
-            staging, out, pending = flat.issue_reduce(
-                self.group, comm_dtype=self.comm_dtype, stream=self.reduce_stream, stats=self.stats
-            )
-        self.pipeline.issued(ReduceWork(k, out, pending, keep=staging))
+        self.pipeline.issue(self.units[k])
         self.issue_order.issued(k)
         # without overlap each reduce-scatter is awaited at once; with it, up to max_in_flight stay queued.
         while len(self.pipeline.in_flight) > (self.max_in_flight if self.overlap else 0):
             self.pipeline.complete_oldest()
-
-    def _write_shard(self, k: int, out: torch.Tensor, accumulate: bool, host_staging) -> None:
-        flat = self.flats[k]
-        self._prepare_grad_writes(flat)
-        flat.write_reduced(out, accumulate=accumulate, host_staging=host_staging)
 
     def finish_backward(self) -> None:
         """Issue what is left in the fixed order (zeros where no grad came), await all, free every unit. The
@@ -432,10 +427,10 @@ class Stage3Schedule:
             for k in self.issue_order.unissued():
                 self._issue(k)
             self.pipeline.drain()
-        for flat in self.flats:
-            if flat is not None:
-                flat.free()
-        self._held.clear()
+        for unit in self.units:
+            if unit is not None:
+                unit.flat.free()
+                unit.held = False
         self._reset_backward_state()
         self.phase = SchedulePhase.IDLE
 
@@ -451,12 +446,12 @@ class Stage3Schedule:
         self.pipeline.discard()
         if self.direct_writes is not None:
             self.direct_writes.discard()
-        for flat in self.flats:
-            if flat is not None:
-                flat.staging = None  # its memory: a retry overwrites every staged grad anyway
-                flat.free()
-        self._held.clear()
-        self._prefetched.clear()
+        for unit in self.units:
+            if unit is not None:
+                unit.staging = None  # its memory: a retry overwrites every staged grad anyway
+                unit.flat.free()
+                unit.held = False
+                unit.prefetched = False
         self._reset_backward_state()
         self.phase = SchedulePhase.IDLE
 
@@ -466,4 +461,4 @@ class Stage3Schedule:
 
     @property
     def staging_bytes(self) -> int:
-        return sum(f.staging_bytes for f in self.flats if f is not None)
+        return sum(u.staging_bytes for u in self.units if u is not None)

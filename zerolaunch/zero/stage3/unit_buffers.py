@@ -23,9 +23,10 @@ reduce-scatter covers the trainable buckets only (a prefix of the buffer), and `
 `attach_grad_shards` and `fragments` skip the frozen bucket. Where the unit gathers from its master, the
 frozen bucket still keeps a compute-dtype shard of its own (it has no master), on the compute device.
 
-Gradients: each parameter's full gradient is copied into a staging buffer (comm dtype, the unit's padded
-size, zeroed so padding and grads missing this micro-step count as zero) as soon as it is ready, and
-dropped; once the unit is issued, one reduce-scatter per bucket averages it into the fp32 grad shard.
+Gradients are unit.py's `Stage3Unit`: each parameter's full gradient is copied into a staging buffer (comm
+dtype, the trainable buckets' padded size, zeroed so padding and grads missing this micro-step count as
+zero) as soon as it is ready, and dropped; once the unit is issued, one reduce-scatter averages every
+trainable bucket into the fp32 grad shard (`grad_views`).
 
 On CUDA the all-gathers (with the copy of an offloaded shard to the device) and the reduce-scatters run on
 side streams with comm.py's waits ([Note: comm streams]): each waits for the compute stream before the
@@ -146,7 +147,6 @@ class UnitFlat:
         """(param, its view into the full buffer), set by adopt_params."""
         self._pending: list[comm.Pending] = []
         """The all-gathers of the last gather() until wait_gathered()."""
-        self.staging: torch.Tensor | None = None
         self.grad_views: list[torch.Tensor] = []
         self.grad_segments: list[int] = []
         """The GradShards segment of each bucket's grad view (allocated before a reduced grad is written)."""
@@ -389,44 +389,6 @@ class UnitFlat:
             for pending in self._pending:
                 pending.wait()
         self._pending = []
-
-    # ---- gradients -----------------------------------------------------------------------------------------
-    def add_grad(self, name: str, grad: torch.Tensor, comm_dtype: torch.dtype) -> None:
-        if self.staging is None:
-            self.staging = torch.zeros(self.train_padded_numel, dtype=comm_dtype, device=self.device)
-        with torch.no_grad():
-            self.param_view(self.staging, name).copy_(grad)
-
-    def issue_reduce(
-        self, group, *, comm_dtype: torch.dtype, stream, stats: comm.CommStats
-    ) -> tuple[torch.Tensor, torch.Tensor, comm.Pending]:
-        """Reduce-scatter (average) the staged grads: (the staging buffer, kept alive until the work
-        completes; the output, this rank's shard of every bucket back to back; the pending work)."""
-        if self.staging is None:  # no grad reached this unit this micro-step: it contributes zeros.
-            self.staging = torch.zeros(self.train_padded_numel, dtype=comm_dtype, device=self.device)
-        staging, self.staging = self.staging, None
-        out = torch.empty(self.train_shard_numel, dtype=comm_dtype, device=self.device)
-        # out is the trainable buckets' shards back to back, so one call reduces every one of them.
-        fulls = [self.bucket_full(staging, i) for i in self.trainable_buckets]
-        pending = comm.reduce_scatter(
-            out, fulls, group, stats=stats, async_op=True, average=True, stream=stream
-        )
-        return staging, out, pending
-
-    def write_reduced(
-        self, out: torch.Tensor, *, accumulate: bool, host_staging: torch.Tensor | None = None
-    ) -> None:
-        """The fp32 grad shard <- (accumulate=False: the window's first micro-step) or += the completed
-        reduce-scatter's output. host_staging: a reusable pinned buffer for the accumulating copy to the
-        host."""
-        for i in self.trainable_buckets:
-            placement.to_host(
-                self.grad_views[i], self.bucket_shard(out, i), accumulate=accumulate, staging=host_staging
-            )
-
-    @property
-    def staging_bytes(self) -> int:
-        return 0 if self.staging is None else self.staging.numel() * self.staging.element_size()
 
     # ---- after the optimizer step ------------------------------------------------------------------------
     def regather_resident(self, group, *, stats: comm.CommStats) -> None:
