@@ -8,9 +8,8 @@ The config is taken unchanged (a dict, a JSON file path or a JSON string) and he
 
 from __future__ import annotations
 
-import os
-
 from zerolaunch.config.errors import UserError
+from zerolaunch.hf import accelerate_env
 from zerolaunch.hf.config import TrainerDSConfig, read_ds_config
 
 DEFAULT_CONFIG = {"zero_optimization": {"stage": 0}}
@@ -23,13 +22,8 @@ class ZeroArgsMixin:
     zerolaunch_arguments = True
 
     def __post_init__(self):
-        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes"):
-            raise UserError(
-                "accelerate launch was given a DeepSpeed plugin (ACCELERATE_USE_DEEPSPEED=true), but this "
-                "script trains with zerolaunch's engine: launch with `accelerate launch` without "
-                "--use_deepspeed / a DeepSpeed config, and give the ds_config to TrainingArguments(deepspeed=...)"
-            )
-        given, self.deepspeed = self.deepspeed, None
+        accelerate_env.warn_if_one_of_several()
+        given, self.deepspeed = accelerate_env.deepspeed_plugin_config(self.deepspeed), None
         super().__post_init__()
         self.zero_config = given
         config = read_ds_config(given) if given else read_ds_config(DEFAULT_CONFIG)
