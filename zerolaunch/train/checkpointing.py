@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_TOKENIZER_KEY
-from zerolaunch.train import seeding
+from zerolaunch.train import schedule_change, seeding
 from zerolaunch.train.batches import TrainError
 
 
@@ -99,6 +99,9 @@ class CheckpointHook:
             seeding.set_rng_state(extra["rng"], self.ctx.device)
         if self.ctx.is_rank0:
             print(f"resumed from {path} at step {step}", flush=True)
+            changed = schedule_change.change_line(extra.get("schedule"), self.engine, step)
+            if changed:
+                print(changed, flush=True)
         return step
 
     def maybe_save(self, step: int, eval_loss: float | None = None) -> None:
@@ -121,6 +124,7 @@ class CheckpointHook:
             "rank": self.ctx.rank,
             "data": self.source.state(),
             "rng": seeding.rng_state(self.ctx.device),
+            "schedule": schedule_change.record(self.engine),
         }
         if self.ctx.is_rank0:
             from zerolaunch.models.hf import hf_config_dict
