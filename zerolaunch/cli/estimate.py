@@ -166,6 +166,18 @@ def offload_costs(est: Estimate, bandwidths) -> list:
     ]
 
 
+def print_narrow_table(console, table: Table) -> None:
+    """A table narrower than its title or caption: rich wraps both to the table's own width (43 columns for
+    --measure's), so they are printed as lines of their own, wrapped at the console's width."""
+    title, caption = table.title, table.caption
+    table.title = table.caption = None
+    if title:
+        console.print(title, style="table.title", justify="left")
+    console.print(table)
+    if caption:
+        console.print(caption, style="table.caption", justify="left")
+
+
 def render_offload_cost(est: Estimate, bandwidths) -> Table:
     """Per offload row: seconds per optimizer step its transfers take at the measured bandwidths."""
     gbs = lambda v: "-" if v is None else f"{v / 1e9:.1f}"  # noqa: E731
@@ -460,6 +472,6 @@ def register(app: typer.Typer) -> None:
         if report is not None:
             from zerolaunch.train.measure_memory import render_measure
 
-            console.print(render_measure(report))
+            print_narrow_table(console, render_measure(report))
         if bandwidths is not None:
-            console.print(render_offload_cost(est, bandwidths))
+            print_narrow_table(console, render_offload_cost(est, bandwidths))
