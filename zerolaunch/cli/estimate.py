@@ -294,8 +294,11 @@ def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, 
             )
         units = defaults.pop("_recipe").engine.zero.stage3_units  # --measure needs the recipe's own model
         # the config's engine and batch settings with that model
-        shape, _, _ = _build_inputs(None, params, model, (), world_size, vocab_size, seq_len, units)
-        return dataclasses.replace(shape, source=f"{shape.source}; settings from {recipe}"), fields, defaults
+        shape, _, model_defaults = _build_inputs(
+            None, params, model, (), world_size, vocab_size, seq_len, units
+        )
+        shape = dataclasses.replace(shape, source=f"{shape.source}; settings from {recipe}")
+        return shape, fields, defaults | model_defaults
     if params:
         return synthetic_gpt(parse_count(params), vocab_size, seq_len or 1024), {}, {}
     if model:
@@ -308,10 +311,17 @@ def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, 
             return (
                 from_module(module, source=f"{model} (Hugging Face config)", stage3_units=stage3_units),
                 {},
-                {},
+                _hf_seq_default(module),
             )
         return from_gpt_size(model, vocab_size, seq_len or 1024, stage3_units), {}, {}
     raise AssertionError("unreachable: a RECIPE returned above")
+
+
+def _hf_seq_default(module) -> dict:
+    """A model that reads at most max_position_embeddings tokens is not estimated at the default 1024."""
+    config = getattr(module, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return {"seq_len": int(limit)} if isinstance(limit, int) and 0 < limit < 1024 else {}
 
 
 def _recipe_inputs(path, set_, world_size):
