@@ -144,11 +144,20 @@ def print_run_recipe(recipe: Recipe, console) -> None:
     """What `zerolaunch train` shows before it starts: the values that are not defaults, nothing cut."""
     source = recipe.source or "(dict)"
     rows = recipe_rows(recipe, changed_only=True)
+    if recipe.entrypoint:
+        # values derived from defaults (a batch, a cosine over 100 steps) are the built-in loop's: a script
+        # trains as it says itself, and only what the recipe itself sets can reach it
+        rows = [row for row in rows if row[2] != "derived"]
     defaults = sum(1 for key, _ in flat_items(recipe) if recipe.origins.get(key, "default") == "default")
     footer = (
         f"{defaults} more keys at their defaults: `zerolaunch recipe show {source}` lists every key, "
         "recipe.resolved.json in the run dir holds them all"
     )
+    if recipe.entrypoint:
+        footer += (
+            ". The entrypoint script sets its own batch, schedule and steps; the recipe's train and deepspeed "
+            "values apply only where it calls zerolaunch.initialize(model) without a config"
+        )
     if console.is_terminal:
         console.print(
             render_recipe_table(recipe, f"recipe {source} (values that are not defaults)", changed_only=True)
