@@ -39,6 +39,7 @@ def _port() -> str:
 def _env(**extra) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), COLUMNS="200")
     env.pop("ZEROLAUNCH_RECIPE", None)
+    env.pop("DS_ACCELERATOR", None)  # as on a user's machine: DeepSpeed, where installed, picks its own
     env.update(extra)
     return env
 
@@ -117,7 +118,7 @@ def launched(tmp_path_factory):
         proc = _launch(kind, cwd)
         assert proc.returncode == 0, f"{kind}:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
         out[kind] = [json.loads((cwd / f"hf_{r}.json").read_text()) for r in (0, 1)]
-        out[kind + " stderr"] = proc.stderr
+        out[kind + " output"] = proc.stdout + proc.stderr
     return out
 
 
@@ -133,9 +134,20 @@ def test_same_losses_under_every_launcher(launched):
         assert launched[kind][0]["losses"] == launched["torchrun"][0]["losses"], kind
 
 
+def test_zerolaunch_cpu_workers_do_not_print_deepspeeds_accelerator_warning(launched):
+    # the Trainer (accelerate's unwrap_model) imports DeepSpeed wherever it is installed, and DeepSpeed then
+    # warns that it found no GPU; `zerolaunch train --cpu` asked for the CPU, so its workers say which
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("DeepSpeed is not installed: nothing imports it")
+    assert "Setting accelerator to CPU" not in launched["zerolaunch output"]
+    assert "Setting accelerator to CPU" in launched["torchrun output"]  # the import did happen
+
+
 def test_accelerate_deepspeed_config_file_runs_on_the_engine_saying_so(launched):
     lines = [
-        line for line in launched["accelerate-deepspeed stderr"].splitlines() if "ds_config.json" in line
+        line for line in launched["accelerate-deepspeed output"].splitlines() if "ds_config.json" in line
     ]
     assert len(lines) == 1 and "zerolaunch" in lines[0], lines  # one line, from rank 0 only
 
