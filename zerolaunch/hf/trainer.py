@@ -39,7 +39,13 @@ from zerolaunch.config.errors import UserError
 ENGINE_DIR = "zerolaunch"
 """checkpoint-N/zerolaunch/: the engine's sharded checkpoint (all ranks write their own shard)."""
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "adapter_model.safetensors",  # a PeftModel's save (checkpoint/peft_adapter.py)
+    "adapter_model.bin",
+)
 
 
 class ZeroModel(nn.Module):
