@@ -2,6 +2,8 @@
 
     python bench/lora.py --size 8b                                   # zl-z3, ds-z3, fsdp2 at a Llama-3-8B shape
     python bench/lora.py --size 34b --rows zl-z3-offp,ds-z3-offp     # a CodeLlama-34B-like shape, params on the host
+    python bench/lora.py --size 34b --layers 64 --rows zl-z3,zl-z3-offp  # 44.8e9 params: the bf16 base (83.5 GiB)
+                                                                     # exceeds an 80 GB card (48 layers: 62.9 GiB)
     python bench/lora.py --tiny --device cpu --rows zl-z3,fsdp2      # a 2-layer model (tests/unit/test_bench_lora.py)
 
 The model is transformers' LlamaForCausalLM (bf16, sdpa, random init, no download) built on the meta device where
