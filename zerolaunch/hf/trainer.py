@@ -166,6 +166,18 @@ def _accelerator_class(base: type) -> type:
                 model = model.module
             return super().unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
 
+        def prepare_model(self, model, device_placement=None, evaluation_mode: bool = False):
+            # TRL's trainers send their ref / reward / teacher models here when accelerate runs no DeepSpeed:
+            # those go on an inference engine (hf/reference.py), the trained model takes the trainer's path
+            from zerolaunch.hf.reference import FrozenModel, is_training_model, prepare_frozen
+
+            trainer = self.zero_trainer() if self.zero_trainer is not None else None
+            if isinstance(model, FrozenModel):
+                return model
+            if trainer is None or not evaluation_mode or is_training_model(trainer, model):
+                return super().prepare_model(model, device_placement, evaluation_mode)
+            return prepare_frozen(trainer, model)
+
     ZeroAccelerator.__name__ = f"Zero{base.__name__}"
     return ZeroAccelerator
 
@@ -282,6 +294,7 @@ class ZeroTrainerMixin:
     def _zero_build(self, num_training_steps: int) -> None:
         """Build the engine once (a later train() or evaluate() reuses it) and install this run's schedule."""
         from zerolaunch.build import build_engine
+        from zerolaunch.hf.reference import guard_direct_calls
         from zerolaunch.zero.sched import LRSchedule
 
         config, own_optimizer = self._zero_config(num_training_steps)
@@ -297,6 +310,7 @@ class ZeroTrainerMixin:
             _release_group_at_exit()
             self.model = engine.module
             self._zero_model = ZeroModel(engine)
+            guard_direct_calls(engine)  # TRL's PEFT reference calls the model outside the engine
             if engine.stage == 3 and hasattr(self.model, "generate"):
                 self.model.generate = _synced_generate(self.model.generate, engine)
         engine = self.zero_engine
