@@ -7,8 +7,8 @@ the other in the same ranks:
 - explicit: a separate reference model (another init than the policy), ZeRO stage 3;
 - explicit_stage2: the same at stage 2 (the reference whole on every rank, in the compute dtype);
 - peft: ref_model=None with a LoRA peft_config (the reference is the policy with its adapter disabled), stage 3.
-Each records the logged losses and, under zerolaunch, the bytes the reference model's engine holds on each rank
-against the model's whole bytes.
+Each records the logged losses, an evaluate() after training and, under zerolaunch, the bytes the reference
+model's engine holds on each rank against the model's whole bytes.
 """
 
 from __future__ import annotations
@@ -79,7 +79,16 @@ def dpo_case(rank: int, engine: str, tmp: str, name: str) -> dict:
     out = os.path.join(tmp, name)
     # bf16 off: DPOConfig turns it on by default; the comparison is in fp32
     args = DPOConfig(
-        **_hf_run.common_args(out, max_steps=4, warmup_steps=1, max_length=32, beta=0.5, bf16=False, **extra)
+        **_hf_run.common_args(
+            out,
+            max_steps=4,
+            warmup_steps=1,
+            per_device_eval_batch_size=2,
+            max_length=32,
+            beta=0.5,
+            bf16=False,
+            **extra,
+        )
     )
     kwargs = {}
     if use_peft:
@@ -102,6 +111,8 @@ def dpo_case(rank: int, engine: str, tmp: str, name: str) -> dict:
     )
     trainer.train()
     result = _hf_run.history(trainer)
+    # no_grad forwards: at stage 3 the PEFT reference then runs the policy with nothing gathered
+    result["eval_loss"] = trainer.evaluate(preference_data())["eval_loss"]
     result["rewards_chosen"] = [
         h["rewards/chosen"] for h in trainer.state.log_history if "rewards/chosen" in h
     ]

@@ -3,9 +3,10 @@ reference model whole on every rank), with an explicit reference model at stages
 reference (ref_model=None, a LoRA adapter: the policy with the adapter disabled) at stage 3.
 
 Runs tests/hf/_hf_dpo.py under both (2 CPU gloo ranks, fp32, tiny Llamas with a character tokenizer built
-offline, 4 steps with accumulation 2) and compares every logged loss, grad norm and chosen reward to 1e-5
-relative. Under zerolaunch the reference model goes through the accelerator's prepare_model onto an inference
-engine (hf/reference.py): at stage 3 each rank holds at most 60% of its bytes, at stage 2 all of them.
+offline, 4 steps with accumulation 2, then evaluate()) and compares every logged loss, grad norm and chosen
+reward, and the eval loss, to 1e-5 relative. Under zerolaunch the reference model goes through the
+accelerator's prepare_model onto an inference engine (hf/reference.py): at stage 3 each rank holds at most 60%
+of its bytes, at stage 2 all of them.
 DeepSpeed + TRL does not run on CPU (accelerate sees one process), so the reference run is DDP.
 """
 
@@ -32,6 +33,7 @@ def test_losses_equal_ddp(runs, case):
     for key in ("loss", "grad_norm", "rewards_chosen"):
         torch.testing.assert_close(torch.tensor(ours[key]), torch.tensor(ref[key]), rtol=1e-5, atol=0)
     assert ours["learning_rate"] == pytest.approx(ref["learning_rate"], rel=1e-12)
+    assert ours["eval_loss"] == pytest.approx(ref["eval_loss"], rel=1e-5)
     assert len(set(ref["loss"])) == 4  # the policy moved away from the reference
 
 
