@@ -82,3 +82,51 @@ def test_sync_ref_model_refused_at_stage_3():
     with pytest.raises(UserError) as caught:
         prepare_frozen(trainer, llama(hidden=8))
     assert "sync_ref_model" in str(caught.value)
+
+
+class TrainerStandIn:
+    """What the accelerator reads of the trainer: its model (weakly referenced, as the mixin does)."""
+
+
+def test_accelerator_sends_only_other_models_in_evaluation_mode_to_an_inference_engine(monkeypatch):
+    """The seam TRL's trainers reach: accelerator.prepare_model(model, evaluation_mode=True) (their path without
+    DeepSpeed for ref / reward / teacher models)."""
+    import weakref
+
+    from accelerate import Accelerator
+
+    from zerolaunch.hf import trainer as hf_trainer
+    from zerolaunch.hf.reference import FrozenModel
+
+    class FakeEngine:
+        def __init__(self, module):
+            self.module = module
+
+        def __call__(self, *args, **kwargs):
+            return self.module(*args, **kwargs)
+
+    prepared = []
+
+    def fake_prepare_frozen(trainer, model):
+        prepared.append(model)
+        return FrozenModel(FakeEngine(model))
+
+    monkeypatch.setattr(hf_trainer, "prepare_frozen", fake_prepare_frozen)
+    accelerator = Accelerator(cpu=True)
+    accelerator.__class__ = hf_trainer._accelerator_class(type(accelerator))
+    policy, ref, reward = llama(hidden=8), llama(hidden=8), llama(hidden=8)
+    trainer = TrainerStandIn()
+    trainer.model = trainer.model_wrapped = policy
+    accelerator.zero_trainer = weakref.ref(trainer)
+
+    frozen = accelerator.prepare_model(ref, evaluation_mode=True)
+    assert isinstance(frozen, FrozenModel) and frozen.module is ref and prepared == [ref]
+    assert accelerator.prepare_model(frozen, evaluation_mode=True) is frozen  # not wrapped twice
+    assert accelerator.unwrap_model(frozen) is ref
+    assert accelerator.prepare_model(reward, evaluation_mode=True, device_placement=True).module is reward
+    # the trained model, or a model prepared for training, takes accelerate's own path
+    assert accelerator.prepare_model(policy, evaluation_mode=True) is policy
+    assert (
+        accelerator.prepare_model(llama(hidden=8), evaluation_mode=False).__class__.__name__ != "FrozenModel"
+    )
+    assert prepared == [ref, reward]

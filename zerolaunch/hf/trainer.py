@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from zerolaunch.config.errors import UserError
+from zerolaunch.hf.reference import FrozenModel, guard_direct_calls, is_training_model, prepare_frozen
 
 ENGINE_DIR = "zerolaunch"
 """checkpoint-N/zerolaunch/: the engine's sharded checkpoint (all ranks write their own shard)."""
@@ -162,15 +163,13 @@ def _accelerator_class(base: type) -> type:
             return base.optimizer_step_was_skipped.fget(self)
 
         def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
-            if isinstance(model, ZeroModel):
+            if isinstance(model, ZeroModel | FrozenModel):
                 model = model.module
             return super().unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
 
         def prepare_model(self, model, device_placement=None, evaluation_mode: bool = False):
             # TRL's trainers send their ref / reward / teacher models here when accelerate runs no DeepSpeed:
             # those go on an inference engine (hf/reference.py), the trained model takes the trainer's path
-            from zerolaunch.hf.reference import FrozenModel, is_training_model, prepare_frozen
-
             trainer = self.zero_trainer() if self.zero_trainer is not None else None
             if isinstance(model, FrozenModel):
                 return model
@@ -294,7 +293,6 @@ class ZeroTrainerMixin:
     def _zero_build(self, num_training_steps: int) -> None:
         """Build the engine once (a later train() or evaluate() reuses it) and install this run's schedule."""
         from zerolaunch.build import build_engine
-        from zerolaunch.hf.reference import guard_direct_calls
         from zerolaunch.zero.sched import LRSchedule
 
         config, own_optimizer = self._zero_config(num_training_steps)
