@@ -93,6 +93,7 @@ def prepare_frozen(trainer, model: nn.Module) -> FrozenModel:
                 "sync_ref_model=False, or use stage 0-2 (the reference is then whole on every rank)"
             )
     engine = build_inference_engine(model, frozen_options(trainer.args, model), device=trainer.args.device)
+    guard_direct_calls(engine)  # a caller that unwraps it and runs the module itself
     return FrozenModel(engine)
 
 
@@ -101,7 +102,8 @@ def guard_direct_calls(engine) -> None:
     not gathered (TRL's PEFT reference, `trainer.model(...)` with the adapter disabled, in evaluation or in
     a precompute pass) gets the root gathered around it, as the engine's own forward does. Inside the
     engine's forward it does nothing; nor right after a forward with grad, where the root is still gathered
-    for backward and the units' own hooks gather each unit as it runs."""
+    for backward and the units' own hooks gather each unit as it runs. Without it such a call reads the
+    root's released buffer: wrong log-probs and no error (DPO's evaluate with a PEFT reference showed it)."""
     schedule = getattr(engine.sharding, "schedule", None)
     if engine.stage != 3 or schedule is None:
         return
