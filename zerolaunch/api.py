@@ -445,7 +445,7 @@ def initialize(
     group=None,
     model_parameters=None,
     device: torch.device | str | None = None,
-    timeout_s: float = 1800.0,
+    timeout_s: float | None = None,
 ) -> ZeroLaunchEngine:
     """Wrap `model` in the ZeRO engine and return a ZeroLaunchEngine.
 
@@ -456,7 +456,9 @@ def initialize(
     of lr, weight_decay, betas, eps, name; its groups are the optimizer's (a group's lr follows the schedule as
     DeepSpeed's: zero/sched.py LRSchedule.lrs_at). None: one group of every trainable param, decayed (DeepSpeed with model.parameters()), unless
     the recipe sets train.weight_decay_1d: false.
-    Starts the process group from torchrun's env when none exists; device defaults to this rank's GPU or CPU.
+    Starts the process group from torchrun's env when none exists, with the collective timeout timeout_s, else
+    ZEROLAUNCH_TIMEOUT (`zerolaunch train --timeout` sets it), else 1800 s; under torchrun the rank then dies
+    with its launcher. device defaults to this rank's GPU or CPU.
     """
     init_process_group(timeout_s)
     world_size = comm.world_size(group)
@@ -494,12 +496,16 @@ def save_hf_pretrained(
     written weights (default: as the model holds them; fp32 from a 16-bit model gives the exact master
     weights). Tied weights are written once (HF re-ties them on load); non-persistent buffers (rotary tables)
     are left out, as save_pretrained does. tokenizer: a tokenizer or processor, or a local folder holding
-    one; its own save_pretrained writes it in (checkpoint/hf_folder.py).
+    one; its own save_pretrained writes it in (checkpoint/hf_folder.py). A PEFT model (peft's PeftModel)
+    gets its adapter folder, as its own save_pretrained writes it (checkpoint/peft_adapter.py).
     """
+    from zerolaunch.checkpoint.peft_adapter import is_peft_model, save_peft_adapter
     from zerolaunch.models.hf import is_hf_model
 
     inner = getattr(engine, "engine", engine)
     model = inner.module
+    if is_peft_model(model):  # what PeftModel.save_pretrained writes: the adapter only
+        return save_peft_adapter(inner, out_dir, dtype=dtype, tokenizer=tokenizer)
     if not is_hf_model(model):
         raise ValueError(
             f"save_hf_pretrained needs a transformers PreTrainedModel, got {type(model).__name__}; "

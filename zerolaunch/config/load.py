@@ -27,6 +27,7 @@ from .engine_options import build_engine
 from .errors import RecipeError, did_you_mean
 from .hidden import gpt_hidden_sizes
 from .paths import resolve_path_args
+from .peft_section import resolve_peft
 from .schema import (
     DEFAULT_DATA_BUILDER,
     DEFAULT_MODEL_BUILDER,
@@ -350,7 +351,14 @@ def _sections(
     eval_args = r.convert(eval_path, r.raw(eval_path), "mapping") if r.tree.has(eval_path) else {}
     _record_leaves(r, "data.eval", eval_path, eval_args, default=not r.tree.has(eval_path))
     eval_args = resolve_path_args(r, "data", built["data"][0], eval_args, base_dir, args_key="eval")
-    data = DataSection(builder=built["data"][0], args=built["data"][1], prefetch=prefetch, eval=eval_args)
+    allow_change = r.value("data.allow_change", ("data", "allow_change"), "bool", False)
+    data = DataSection(
+        builder=built["data"][0],
+        args=built["data"][1],
+        prefetch=prefetch,
+        eval=eval_args,
+        allow_change=allow_change,
+    )
     c: Path = ("checkpoint",)
     ckpt_dir = r.value("checkpoint.dir", c + ("dir",), "optional_str", None)
     if ckpt_dir is None:
@@ -460,6 +468,7 @@ def load_recipe(
     check_compile_scope(r, train, engine)
     train, engine = resolve_compile_optimizer(r, train, engine)
     model, data, checkpoint, entrypoint = _sections(r, train, base_dir)
+    peft = resolve_peft(r, entrypoint)
     if bare:
         r.notes["model.builder"] = (
             "a bare DeepSpeed config: the built-in tiny GPT on synthetic data (defaults)"
@@ -486,6 +495,7 @@ def load_recipe(
         notes=r.notes,
         source=None if isinstance(source, dict) else str(FsPath(source).resolve()),
         base_dir=str(base_dir),
+        peft=peft,
     )
 
 

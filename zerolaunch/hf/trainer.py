@@ -40,7 +40,13 @@ from zerolaunch.hf.reference import FrozenModel, guard_direct_calls, is_training
 ENGINE_DIR = "zerolaunch"
 """checkpoint-N/zerolaunch/: the engine's sharded checkpoint (all ranks write their own shard)."""
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "adapter_model.safetensors",  # a PeftModel's save (checkpoint/peft_adapter.py)
+    "adapter_model.bin",
+)
 
 
 class ZeroModel(nn.Module):

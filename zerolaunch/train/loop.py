@@ -115,6 +115,11 @@ class Trainer:
         # the first batch is drawn now: its shape sizes the report (tokens per step, flops per token)
         self.pending = self.source.next()
         self.reporter = self._build_reporter(self.pending) if ctx.is_rank0 else None
+        if self.reporter is not None and self.checkpoints.data_changes:
+            from zerolaunch.data.identity import changes_record, describe_changes
+
+            changes = self.checkpoints.data_changes
+            self.reporter.log_data_change(self.start_step, changes_record(changes), describe_changes(changes))
         self.monitors = None
         if ctx.is_rank0 and recipe.train.monitors:
             from zerolaunch.report.monitors import Monitors
@@ -134,11 +139,17 @@ class Trainer:
 
     def _build_model(self):
         recipe = self.recipe
-        # weights to load need real tensors: meta construction only when the engine will initialise them
-        on_meta = recipe.engine.zero.stage == 3 and not recipe.model.init_from
+        # weights to load need real tensors: meta construction only when the engine will initialise them.
+        # A PEFT adapter is built over real weights: the engine's meta init knows the base model's names and
+        # init, not the adapter's (LoRA's B starts at zero)
+        on_meta = recipe.engine.zero.stage == 3 and not recipe.model.init_from and recipe.peft is None
         model = build_model(_with_meta_arg(recipe) if on_meta else recipe, meta_if_supported=on_meta)
         if recipe.model.init_from:
             load_initial_weights(model, recipe.model.init_from, verify=self.ctx.verify_checkpoints)
+        if recipe.peft is not None:
+            from zerolaunch.models.peft import apply_peft
+
+            model = apply_peft(model, recipe.peft, where=recipe.source or "the recipe")
         if recipe.train.activation_checkpointing:
             enable = getattr(model, "enable_activation_checkpointing", None)
             if enable is None:
