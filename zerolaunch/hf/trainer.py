@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from zerolaunch.config.errors import UserError
+from zerolaunch.hf.reference import FrozenModel, guard_direct_calls, is_training_model, prepare_frozen
 
 ENGINE_DIR = "zerolaunch"
 """checkpoint-N/zerolaunch/: the engine's sharded checkpoint (all ranks write their own shard)."""
@@ -168,9 +169,19 @@ def _accelerator_class(base: type) -> type:
             return base.optimizer_step_was_skipped.fget(self)
 
         def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
-            if isinstance(model, ZeroModel):
+            if isinstance(model, ZeroModel | FrozenModel):
                 model = model.module
             return super().unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
+
+        def prepare_model(self, model, device_placement=None, evaluation_mode: bool = False):
+            # TRL's trainers send their ref / reward / teacher models here when accelerate runs no DeepSpeed:
+            # those go on an inference engine (hf/reference.py), the trained model takes the trainer's path
+            trainer = self.zero_trainer() if self.zero_trainer is not None else None
+            if isinstance(model, FrozenModel):
+                return model
+            if trainer is None or not evaluation_mode or is_training_model(trainer, model):
+                return super().prepare_model(model, device_placement, evaluation_mode)
+            return prepare_frozen(trainer, model)
 
     ZeroAccelerator.__name__ = f"Zero{base.__name__}"
     return ZeroAccelerator
@@ -307,6 +318,7 @@ class ZeroTrainerMixin:
             _release_group_at_exit()
             self.model = engine.module
             self._zero_model = ZeroModel(engine)
+            guard_direct_calls(engine)  # TRL's PEFT reference calls the model outside the engine
             if engine.stage == 3 and hasattr(self.model, "generate"):
                 self.model.generate = _synced_generate(self.model.generate, engine)
         engine = self.zero_engine
