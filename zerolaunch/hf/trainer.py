@@ -218,7 +218,12 @@ class ZeroTrainerMixin:
         self.zero_skipped_steps = 0
         self._zero_model: ZeroModel | None = None
         self._zero_holder = None
-        super().__init__(*args, **kwargs)
+        from zerolaunch.hf.meta_load import plain_from_pretrained
+
+        # a model the constructor loads by name (TRL's model="...", a reference model) loads whole: PEFT puts
+        # adapters on their base layer's device, and a model used outside the engine needs its weights
+        with plain_from_pretrained():
+            super().__init__(*args, **kwargs)
         if not getattr(self.args, "zerolaunch_arguments", False):
             raise UserError(
                 f"{type(self).__name__} trains with zerolaunch's engine and needs zerolaunch's arguments: "

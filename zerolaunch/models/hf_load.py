@@ -132,16 +132,24 @@ class CheckpointInit:
                         f"model.args.path: {', '.join(files)} hold(s) {src!r} with shape "
                         f"{tuple(value.shape)}, the model built from config.json wants {tuple(t.shape)}"
                     )
-                t.copy_(value.to(t.dtype))
+                t.copy_(value)  # converts to t's dtype as it copies: no converted copy of the tensor
                 self.loaded_names.append(name)
 
 
-def build_meta(local: Path, transformers, dtype: torch.dtype, extra: dict) -> nn.Module:
-    """The model of `local` on the meta device, with a CheckpointInit as `model.zerolaunch_init_fn`."""
+def build_meta(
+    local: Path, transformers, dtype: torch.dtype, extra: dict, *, model_class=None, config=None
+) -> nn.Module:
+    """The model of `local` on the meta device, with a CheckpointInit as `model.zerolaunch_init_fn`.
+    model_class: a PreTrainedModel class (from_pretrained's `cls`), else AutoModelForCausalLM; config: the
+    config object to build from, else the folder's config.json."""
     files = weight_files(local)
-    config = transformers.AutoConfig.from_pretrained(str(local), local_files_only=True)
+    if config is None:
+        config = transformers.AutoConfig.from_pretrained(str(local), local_files_only=True)
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config, **extra)
+        if model_class is None:
+            model = transformers.AutoModelForCausalLM.from_config(config, **extra)
+        else:
+            model = model_class._from_config(config, **extra)
     model = model.to(dtype)
     # an instance attribute, not a submodule: nn.Module keeps plain callables in __dict__.
     init = CheckpointInit(model, files)
