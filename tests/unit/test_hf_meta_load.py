@@ -19,7 +19,7 @@ import transformers  # noqa: E402
 from _helpers import tiny_llama  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaForCausalLM  # noqa: E402
 
-from zerolaunch.hf import TrainingArguments, plain_from_pretrained, zero_trainer  # noqa: E402
+from zerolaunch.hf import TrainingArguments, meta_load, plain_from_pretrained, zero_trainer  # noqa: E402
 from zerolaunch.models import hf  # noqa: E402
 from zerolaunch.models.hf import meta_init_fn  # noqa: E402
 from zerolaunch.zero import Engine, EngineOptions  # noqa: E402
@@ -36,6 +36,13 @@ def folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("meta_load") / "model"
     model.save_pretrained(out)
     return out
+
+
+@pytest.fixture(autouse=True)
+def _switched_off_after():
+    """A test's arguments may outlive it in a reference cycle; the tests run after it load as transformers does."""
+    yield
+    meta_load.deactivate()
 
 
 def _args(tmp_path, stage: int):

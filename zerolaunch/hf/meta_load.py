@@ -65,6 +65,12 @@ def activate(args) -> None:
         _install()
 
 
+def deactivate() -> None:
+    """from_pretrained loads as transformers does from now on, whichever arguments still live."""
+    global _active
+    _active = None
+
+
 def is_active() -> bool:
     return _paused == 0 and _active is not None and _active() is not None
 
