@@ -445,7 +445,7 @@ def initialize(
     group=None,
     model_parameters=None,
     device: torch.device | str | None = None,
-    timeout_s: float = 1800.0,
+    timeout_s: float | None = None,
 ) -> ZeroLaunchEngine:
     """Wrap `model` in the ZeRO engine and return a ZeroLaunchEngine.
 
@@ -456,7 +456,9 @@ def initialize(
     of lr, weight_decay, betas, eps, name; its groups are the optimizer's (a group's lr follows the schedule as
     DeepSpeed's: zero/sched.py LRSchedule.lrs_at). None: one group of every trainable param, decayed (DeepSpeed with model.parameters()), unless
     the recipe sets train.weight_decay_1d: false.
-    Starts the process group from torchrun's env when none exists; device defaults to this rank's GPU or CPU.
+    Starts the process group from torchrun's env when none exists, with the collective timeout timeout_s, else
+    ZEROLAUNCH_TIMEOUT (`zerolaunch train --timeout` sets it), else 1800 s; under torchrun the rank then dies
+    with its launcher. device defaults to this rank's GPU or CPU.
     """
     init_process_group(timeout_s)
     world_size = comm.world_size(group)

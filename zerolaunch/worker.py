@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 
-from zerolaunch.launch import env
+from zerolaunch.launch import env, orphans
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -53,31 +53,6 @@ def _attempt_store(worker_env: env.WorkerEnv, timeout: datetime.timedelta):
     return dist.PrefixStore(f"zerolaunch/attempt_{worker_env.restart_count}", client)
 
 
-PR_SET_PDEATHSIG = 1
-"""prctl(2) option: the signal this process gets when the thread that started it exits."""
-
-
-def die_with_parent() -> None:
-    """Arm SIGKILL for this worker when its parent (the launcher, which runs the elastic agent) dies.
-
-    A `kill -9` of the launcher otherwise leaves the workers training as orphans, writing checkpoints a
-    re-launch would share. Armed before torch is imported; a parent that died before that is caught by
-    comparing getppid() with the pid the launcher left in ZEROLAUNCH_LAUNCHER_PID. Linux only (a no-op
-    elsewhere).
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        return  # cannot arm it (seccomp etc.): the worker still runs, as before
-    expected = env.launcher_pid()
-    if expected is not None and os.getppid() != expected:
-        os._exit(1)  # the launcher died before the signal was armed
-
-
 class _Interrupt:
     """Whether this worker got Ctrl-C's SIGINT (forwarded by the agent to every worker)."""
 
@@ -105,7 +80,8 @@ def _interrupted_within(wait_s: float) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    die_with_parent()
+    # a kill -9 of the launcher takes this worker with it (armed before torch is imported)
+    orphans.die_with_parent(env.launcher_pid())
     signal.signal(signal.SIGINT, _on_sigint)
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -192,13 +168,14 @@ def _main(argv: list[str]) -> None:
     if recipe.entrypoint:
         # a user script replaces the built-in loop. No group is started for it: a plain torchrun script calls
         # init_process_group itself (a second one would fail), and zerolaunch.initialize() starts one from
-        # torchrun's env when the script did not. The backend follows --device.
+        # torchrun's env when the script did not. The backend follows --device, the timeout --timeout.
         from zerolaunch.train.entrypoint import run_entrypoint
 
         if args.device == "cuda":
             torch.cuda.set_device(local_rank)
         try:
-            run_entrypoint(recipe, args.recipe, backend="nccl" if args.device == "cuda" else "gloo")
+            backend = "nccl" if args.device == "cuda" else "gloo"
+            run_entrypoint(recipe, args.recipe, backend=backend, timeout_s=args.timeout)
         except BaseException:
             comm.destroy_default_group(every_rank_finished=False)
             raise

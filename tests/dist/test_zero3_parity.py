@@ -202,6 +202,9 @@ def _train_cases(rank, world_size, names):
             "resident_numel": sum(f.numel for f in flats if f.resident),
             "sharded_numel": sum(f.numel for f in flats if not f.resident),
             "buckets": sum(len(f.buckets) for f in flats if not f.resident),
+            "frozen_sharded_numel": sum(f.buckets[i].numel for f in flats for i in f.frozen_buckets),
+            "frozen_buckets": sum(len(f.frozen_buckets) for f in flats),
+            "frozen_resident_numel": sum(p.numel() for _, p in engine.sharding.frozen_params),
             "peak_live": engine.sharding.schedule.peak_live_numel,
             "prefetch_hits": engine.sharding.schedule.prefetch_hits,
             "largest_unit": max(f.padded_numel for f in flats if not f.resident),
@@ -221,7 +224,6 @@ def _assert_matches(got, ref32, ref64, label, exact):
 
 
 def _check(results, world_size, names):
-    n_frozen = 17 * 17 + 17
     for name in names:
         opts, mode = CASES[name]
         init = results[0][name]["init"]
@@ -237,14 +239,18 @@ def _check(results, world_size, names):
             torch.testing.assert_close(got["final"]["shift"], Net3(0).shift, rtol=0, atol=0)
             torch.testing.assert_close(torch.tensor(got["norms"]), torch.tensor(ref_norms), rtol=1e-5, atol=0)
             # after the step no unit is gathered; a rank holds 1/N of the sharded params (+ padding) plus
-            # the resident ones (persistent: full buffer + shard; frozen), in fp32 bytes. Without offload
-            # no shard at all ([Note: gather from master]): the resident full buffer and the frozen params.
+            # the resident ones (persistent: full buffer + shard; small frozen), in fp32 bytes. Without
+            # offload no shard of the trainable params ([Note: gather from master]), only of the frozen ones.
             assert got["full_alive"] == 0, name
             assert got["from_master"] is (opts.zero.offload_optimizer.device == "none"), name
             shards = 0 if got["from_master"] else 1
-            sharded = shards * got["sharded_numel"] / world_size
-            padding = shards * got["buckets"] * (world_size - 1)
-            resident = got["resident_numel"] * (1 + shards / world_size) + n_frozen
+            frozen = got["frozen_sharded_numel"]
+            sharded = (shards * (got["sharded_numel"] - frozen) + frozen) / world_size
+            padding = (shards * (got["buckets"] - got["frozen_buckets"]) + got["frozen_buckets"]) * (
+                world_size - 1
+            )
+            resident = got["resident_numel"] * (1 + shards / world_size) + got["frozen_resident_numel"]
+            assert frozen + got["frozen_resident_numel"] == 17 * 17 + 17, name
             low, high = 4 * (sharded + resident), 4 * (sharded + padding + resident + 2 * (world_size - 1))
             assert low <= got["param_bytes"] <= high, (name, low, got["param_bytes"], high)
             prefetch = opts.zero.stage3_prefetch_bucket_size > 0 and opts.zero.stage3_max_live_parameters > 1

@@ -84,6 +84,10 @@ def _cases(rank: int, world_size: int, root: str) -> dict:
             "nvme": _weights(swapped),
             "mem": swapped.memory_bytes(),
             "plain_mem": plain.memory_bytes(),
+            # without offload the units keep a shard of their frozen params only (they have no master)
+            "plain_frozen_shard_bytes": sum(
+                f.shard_bytes_in_memory for f in plain.sharding.flats if f is not None and not f.resident
+            ),
             "swap_bytes": swapped.sharding.param_swap.file_bytes,
             "shards_in_memory": [f.shard is not None for f in swapped.sharding.flats if f is not None],
             "resident_shard_bytes": swapped.sharding.flats[-1].shard_bytes_in_memory,
@@ -132,10 +136,12 @@ def test_nvme_offload_matches_no_offload_and_resumes(tmp_path):
                 torch.testing.assert_close(case["nvme"][name], ref, rtol=1e-6, atol=1e-7, msg=name)
             # only the resident unit (persistent params) keeps its shard in memory; the units' are on disk
             assert case["shards_in_memory"] == [False] * (len(case["shards_in_memory"]) - 1) + [True]
-            # the plain engine (no offload) holds no shard at all ([Note: gather from master]): the same
-            # resident tensors, without the resident unit's shard
-            assert case["resident_shard_bytes"] > 0
-            assert case["mem"]["params"] == case["plain_mem"]["params"] + case["resident_shard_bytes"]
+            # the plain engine (no offload) holds no shard of trainable params ([Note: gather from master]):
+            # the same resident tensors, without the resident unit's shard, with the frozen params' shard
+            assert case["resident_shard_bytes"] > 0 and case["plain_frozen_shard_bytes"] > 0
+            assert case["mem"]["params"] == (
+                case["plain_mem"]["params"] + case["resident_shard_bytes"] - case["plain_frozen_shard_bytes"]
+            )
             on_disk = case["swap_bytes"] + (
                 case["plain_mem"]["master"] * 3 if optimizer_device == "nvme" else 0
             )

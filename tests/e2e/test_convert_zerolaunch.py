@@ -130,7 +130,7 @@ def test_refusals(tmp_path):
     (tmp_path / "o").mkdir()
     with pytest.raises(CheckpointError, match="already exists; pass --force"):
         convert_checkpoint(ckpt, tmp_path / "o")
-    with pytest.raises(CheckpointError, match="must not be the source"):
+    with pytest.raises(CheckpointError, match="must not be, hold or lie inside the source"):
         convert_checkpoint(ckpt, ckpt / "inside", force=True)
     with pytest.raises(CheckpointError, match="unknown dtype 'int8'"):
         convert_checkpoint(ckpt, tmp_path / "p", dtype="int8")

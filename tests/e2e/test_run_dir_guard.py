@@ -7,6 +7,7 @@ One real run (one CPU worker) is shared by the module's cases. Leaves out: the g
 (tests/unit/test_previous_run.py).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -170,3 +171,27 @@ def test_restart_moves_the_old_run_aside_and_trains(first_run):
     ]
     assert tail[4].split()[0] == "logs" and tail[4].split()[1].startswith("R/logs/")
     assert len((first_run / "R" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_resume_from_another_runs_checkpoint_is_refused_then_restart_starts_there(first_run, tmp_path):
+    import shutil
+
+    shutil.copytree(first_run / "R", tmp_path / "R", ignore=shutil.ignore_patterns(".lock"))
+    shutil.copytree(first_run / "R" / "checkpoints", tmp_path / "B" / "checkpoints")
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    other = "B/checkpoints/step_000002"
+    before = _snapshot(tmp_path)
+    proc = _train("--run-dir", "R", "--resume", other, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    err = " ".join(proc.stderr.split())
+    assert f"--resume {other} is a checkpoint of another run" in err
+    assert "--restart" in err and "--run-dir NEW_DIR" in err
+    assert _snapshot(tmp_path) == before
+    proc = _train("--run-dir", "R", "--resume", other, "--restart", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "moved the previous run aside" in proc.stdout
+    steps = [json.loads(line)["step"] for line in (tmp_path / "R" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [3, 4]  # this run's history starts at the other run's checkpoint
+    assert {p: b for p, b in _snapshot(tmp_path).items() if p.parts[0] == "B"} == {
+        p: b for p, b in before.items() if p.parts[0] == "B"
+    }

@@ -41,6 +41,11 @@ def _run(*args):
     return result.exit_code, result.output + (result.stderr if result.stderr_bytes is not None else "")
 
 
+def _partials(folder: Path, out: str) -> list[Path]:
+    """The hidden partial folders of OUT `out` (each run's has its own unique name)."""
+    return list(folder.glob(f".{out}.partial*"))
+
+
 def _tokens(folder: Path) -> np.ndarray:
     m = json.loads((folder / "manifest.json").read_text())
     return np.concatenate([np.fromfile(folder / s["file"], dtype=m["dtype"]) for s in m["shards"]])
@@ -96,7 +101,7 @@ def test_parallel_and_rerun_give_identical_bytes_and_a_killed_run_leaves_nothing
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 40))
     assert _run(tmp_path / "a.jsonl", "--tokenizer", tok_dir, "--out", tmp_path / "one")[0] == 0
     # a killed run's leftovers: the hidden partial folder, no manifest
-    partial = tmp_path / ".two.partial"
+    partial = tmp_path / ".two.partial-4242-0123abcd"
     partial.mkdir()
     (partial / "tokens-00000.bin").write_bytes(b"junk")
     code, output = _run(
@@ -169,7 +174,7 @@ def test_bad_input_is_exit_2_with_file_and_line_and_no_output(tmp_path, tok_dir,
     assert code == 2, output
     assert where in output and what in output, output
     assert "Traceback" not in output
-    assert not (tmp_path / "out").exists() and not (tmp_path / ".out.partial").exists()
+    assert not (tmp_path / "out").exists() and not _partials(tmp_path, "out")
 
 
 def test_bad_row_in_a_parallel_run_is_exit_2(tmp_path, tok_dir):
@@ -225,7 +230,7 @@ def test_a_killed_run_leaves_no_output_and_the_rerun_gives_the_same_bytes(tmp_pa
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while not (tmp_path / ".out.partial" / "documents.idx").exists():
+        while not any((p / "documents.idx").exists() for p in _partials(tmp_path, "out")):
             assert proc.poll() is None and time.monotonic() < deadline, (
                 "prepare-data ended before it was killed"
             )
@@ -236,6 +241,6 @@ def test_a_killed_run_leaves_no_output_and_the_rerun_gives_the_same_bytes(tmp_pa
     assert not (tmp_path / "out").exists()
     assert _run(tmp_path / "a.jsonl", "--tokenizer", tok_dir, "--out", tmp_path / "out")[0] == 0
     assert _run(tmp_path / "a.jsonl", "--tokenizer", tok_dir, "--out", tmp_path / "clean")[0] == 0
-    assert not (tmp_path / ".out.partial").exists()
+    assert not _partials(tmp_path, "out")
     for name in ("tokens-00000.bin", "documents.idx", "manifest.json"):
         assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name

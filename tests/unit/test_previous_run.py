@@ -126,3 +126,56 @@ def test_a_checkpoint_dir_locked_by_another_run_names_its_run_dir(tmp_path):
     message = err.value.message
     assert message.startswith(f"checkpoint.dir {shared} is in use by another run (run dir {tmp_path / 'R1'}")
     assert "--set checkpoint.dir=DIR" in message
+
+
+def test_resume_from_another_runs_checkpoint_over_an_earlier_run_is_refused_naming_both_ways(tmp_path):
+    run_a, run_b = tmp_path / "A", tmp_path / "B"
+    _old_run(run_a, steps=(15, 20), logged=20)
+    _old_run(run_b, steps=(10,), logged=10)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    other = str(run_b / "checkpoints" / "step_000010")
+    with pytest.raises(PreviousRunFound) as err:
+        check_previous_run(run_a, run_a / "checkpoints", resume=other, restart=False)
+    message = err.value.message
+    assert err.value.exit_code == 2
+    assert f"--resume {other} is a checkpoint of another run" in message
+    assert "step_000015, step_000020" in message
+    assert "--restart" in message and f"{run_a}/previous-" in message and "--run-dir NEW_DIR" in message
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing touched
+
+
+def test_restart_with_resume_from_another_run_moves_this_run_aside_and_leaves_the_other(tmp_path):
+    run_a, run_b = tmp_path / "A", tmp_path / "B"
+    _old_run(run_a, steps=(15, 20), logged=20)
+    _old_run(run_b, steps=(10,), logged=10)
+    other = str(run_b / "checkpoints" / "step_000010")
+    line = check_previous_run(run_a, run_a / "checkpoints", resume=other, restart=True)
+    assert line and "moved the previous run aside" in line
+    aside = [p for p in run_a.iterdir() if p.name.startswith("previous-")]
+    assert len(aside) == 1
+    assert sorted(p.name for p in (aside[0] / "checkpoints").iterdir()) == [
+        "latest",
+        "step_000015",
+        "step_000020",
+    ]
+    assert not (run_a / "metrics.jsonl").exists()
+    assert (run_b / "checkpoints" / "step_000010" / "manifest.json").is_file()
+    assert (run_b / "metrics.jsonl").is_file()
+
+
+def test_resume_from_another_run_into_an_empty_run_dir_just_starts(tmp_path):
+    run_b = tmp_path / "B"
+    _old_run(run_b, steps=(10,), logged=10)
+    fresh = tmp_path / "A"
+    other = str(run_b / "checkpoints" / "step_000010")
+    assert check_previous_run(fresh, fresh / "checkpoints", resume=other, restart=False) is None
+
+
+def test_restart_with_resume_of_this_runs_own_checkpoint_is_still_refused(tmp_path):
+    run_a = tmp_path / "A"
+    _old_run(run_a, steps=(15, 20), logged=20)
+    for resume in ("auto", str(run_a / "checkpoints" / "step_000015"), str(run_a / "checkpoints")):
+        with pytest.raises(UserError, match="give one of them"):
+            check_previous_run(run_a, run_a / "checkpoints", resume=resume, restart=True)
+    # and continuing this run from one of its own checkpoints needs no --restart
+    assert check_previous_run(run_a, run_a / "checkpoints", resume="auto", restart=False) is None

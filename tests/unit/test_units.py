@@ -37,13 +37,21 @@ def test_gpt_blocks_are_the_units_and_the_tied_embedding_is_root():
     assert len(owned) == len(set(owned)) == len(dict(model.named_parameters()))
 
 
-def test_persistent_and_frozen_params_stay_resident():
+def test_small_params_stay_resident_and_frozen_ones_are_sharded_in_their_unit():
     model = _gpt()
     model.transformer.wpe.requires_grad_(False)
+    model.transformer.h[1].requires_grad_(False)
     part = partition(model, persistence_threshold=65)  # the 64-element LayerNorm weights and biases
     persistent = {n for n, _ in part.persistent}
     assert "transformer.h.0.ln_1.weight" in persistent and "transformer.ln_f.bias" in persistent
-    assert [n for n, _ in part.frozen] == ["transformer.wpe.weight"]
+    # frozen params live in their unit like trainable ones (kept apart: no grad, no optimizer state);
+    # small frozen ones stay resident like small trainable ones.
+    assert [n for n, _ in part.units[ROOT].frozen] == ["transformer.wpe.weight"]
+    block1_frozen = {n for n, _ in part.units[2].frozen}
+    assert "transformer.h.1.attn.qkv.weight" in block1_frozen and part.units[2].params == []
+    assert {n for n, _ in part.frozen} == {
+        n for n, p in model.transformer.h[1].named_parameters(prefix="transformer.h.1") if p.numel() < 65
+    }
     sharded = {n for u in part.units for n, _ in u.params}
     assert not sharded & persistent and "transformer.wpe.weight" not in sharded
 

@@ -102,6 +102,10 @@ OPTIONAL_MEMBERS: dict[str, str] = {
     "device": "torch.device for the success flags' all-reduce (default cpu)",
     "stage": "ZeRO stage; 0 = replicated optimizer, only rank 0 writes its fragments",
     "module": "the nn.Module, to mark non-persistent buffers in the manifest",
+    "frozen_fragment_state": "{'name/start': tensor} of the frozen params this rank shards (stage 3), saved "
+    "as frozen fragments; without it frozen params are in replicated_state",
+    "load_frozen_state": "load_frozen_state(read_frozen): fill the frozen params this rank shards from "
+    "read_frozen(name, start, stop) (None: keep the model's values)",
     "options": "EngineOptions: zero.stage and zero.bucket_numel go into the manifest (resharding re-plans "
     "with the bucket size); zero.stage3_gather_16bit_weights_on_model_save asks for the 16-bit model",
 }

@@ -14,7 +14,8 @@ files split where huggingface_hub's planner splits them, and config.json + gener
 tokenizer (when the extra names a tokenizer folder) are added; tied weights are stored once and
 non-persistent buffers left out, so `from_pretrained` loads it with no missing or unexpected keys.
 The output is built under a temp name and renamed into place ([Note: atomic save]); an existing output is
-replaced only with `force`.
+replaced only with `force`, and only when it is a previous conversion's output that neither is, holds nor lies
+inside the source ([Note: what --force may replace]).
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ from zerolaunch.checkpoint.save import resolve_checkpoint
 from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
 from zerolaunch.disk_errors import disk_errors
 from zerolaunch.dtypes import DTYPES, torch_dtype
+from zerolaunch.util.overlap import relation, some_entries
 
 FORMATS = ("safetensors", "torch")
 
 
 class ZerolaunchSource:
-    """The consolidated weights of a zerolaunch checkpoint: fp32 master of trainable params, replicated rest."""
+    """The consolidated weights of a zerolaunch checkpoint: fp32 master of trainable params, frozen params
+    (replicated, or stitched from the ranks' frozen fragments at stage 3) and buffers."""
 
     def __init__(self, folder: Path, *, verify: bool = True):
         self.reader = CheckpointReader(folder, verify=verify)
@@ -61,11 +64,11 @@ class ZerolaunchSource:
         return out
 
     def _replicated_dtype(self, name: str) -> str:
-        if name not in self._replicated:
-            raise CheckpointError(
-                f"{self.reader.folder}: frozen param {name!r} is missing from rank 0's file"
-            )
-        return self._replicated[name].dtype
+        if name in self._replicated:
+            return self._replicated[name].dtype
+        if self.reader.holds_sharded_frozen(name) or self.reader.params[name].numel == 0:
+            return self.reader.params[name].dtype
+        raise CheckpointError(f"{self.reader.folder}: frozen param {name!r} is missing from the rank files")
 
     def hf_config(self) -> dict | None:
         """The HF model config rank 0 saved in its extra (zerolaunch.api does), written as config.json."""
@@ -81,6 +84,8 @@ class ZerolaunchSource:
         p = self.reader.params.get(name)
         if p is not None and p.trainable:
             return self.reader.full_param(name)
+        if p is not None:
+            return self.reader.frozen_param(name)
         return self.reader.replicated(name)
 
     def close(self) -> None:
@@ -149,10 +154,7 @@ def convert_checkpoint(
         raise CheckpointError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if max_shard_bytes is not None and max_shard_bytes < 1:
         raise CheckpointError(f"max shard size must be positive, got {max_shard_bytes} bytes")
-    if out.exists() and not force:
-        raise CheckpointError(f"{out} already exists; pass --force to replace it")
-    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
-        raise CheckpointError(f"output {out} must not be the source {src} or lie inside it")
+    check_out(src, out, force)
     # a full, read-only or forbidden OUT: one paragraph; the writers below remove their temp folder
     where = {"path": out, "what": "the converted checkpoint", "fix": "give another OUT folder"}
     if to_world_size is not None:
@@ -171,6 +173,58 @@ def convert_checkpoint(
     finally:
         source.close()
     return out
+
+
+# [Note: what --force may replace]
+# OUT may be replaced only when it is what a conversion writes: a file for a file name (.safetensors, .bin,
+# .pt), else a folder without sub-folders whose files are weights, JSON, tokenizer files or a checkpoint
+# manifest, with at least one weights file or manifest. Anything else (a run's checkpoints folder, a user's
+# notes) is refused with its names listed, so --force never deletes what convert-checkpoint did not write.
+_OUTPUT_SUFFIXES = (".safetensors", ".bin", ".pt", ".json", ".txt", ".model", ".jinja", ".tiktoken")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+def check_out(src: Path, out: Path, force: bool) -> None:
+    """OUT neither is, holds nor lies inside SRC (either way round, replacing OUT would delete the checkpoint
+    being read), and it is free or, with `force`, a previous conversion's output."""
+    how = relation(out, src)
+    if how is not None:
+        raise CheckpointError(
+            f"OUT {out} {how} the source {src}: OUT must not be, hold or lie inside the source, or writing it "
+            f"would delete the checkpoint being read. Give an OUT outside it, e.g. "
+            f"{src.resolve().parent.parent / (src.resolve().name + '-converted')}"
+        )
+    if not out.exists() and not out.is_symlink():
+        return
+    fix = "give another OUT, or move it away yourself"
+    file_name = out.suffix in _WEIGHT_SUFFIXES
+    if file_name and not out.is_file():
+        raise CheckpointError(
+            f"OUT {out} is a folder; a {out.suffix} OUT is written as one file, and --force replaces only "
+            f"such a file: {fix}"
+        )
+    if not file_name:
+        if not out.is_dir():
+            raise CheckpointError(
+                f"OUT {out} is a file; convert-checkpoint writes a folder there (name a .safetensors, .bin "
+                f"or .pt file as OUT for a single file), and --force replaces only a folder it wrote: {fix}"
+            )
+        entries = list(out.iterdir())
+        foreign = [p for p in entries if p.is_dir() or not p.name.endswith(_OUTPUT_SUFFIXES)]
+        if (
+            entries
+            and not foreign
+            and not any(p.name.endswith(_WEIGHT_SUFFIXES) or p.name == MANIFEST_NAME for p in entries)
+        ):
+            foreign = entries
+        if foreign:
+            raise CheckpointError(
+                f"OUT {out} holds {some_entries(foreign)}, which a conversion does not write (it is not a "
+                f"previous convert-checkpoint output); --force replaces only such an output, so nothing "
+                f"there is deleted: {fix}"
+            )
+    if not force:
+        raise CheckpointError(f"{out} already exists; pass --force to replace it")
 
 
 def _sizes(tensors: list[OutTensor], dtype: torch.dtype) -> list[int]:

@@ -97,7 +97,22 @@ def find_deepspeed_checkpoint(src: Path) -> Path | None:
         return src
     latest = src / "latest"
     if latest.is_file():
-        tag = latest.read_text().strip()
+        raw = latest.read_bytes()
+        try:
+            tag = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as e:
+            if (src / "manifest.json").exists() or any(src.glob("step_*")):
+                return None  # a zerolaunch root: its reader says what is wrong with `latest`
+            tags = sorted(p.name for p in src.iterdir() if _has_ds_files(p))
+            fix = (
+                f"write the tag to use into it (one of {', '.join(tags)})"
+                if tags
+                else "write the tag into it"
+            )
+            raise CheckpointError(
+                f"{latest} is not text (byte {e.start} is {raw[e.start : e.start + 1]!r}); it should hold the "
+                f"name of a checkpoint tag folder in {src}: {fix}, or pass the tag folder itself"
+            ) from None
         if _has_ds_files(src / tag):
             return src / tag
         if not (src / "manifest.json").exists() and not any(src.glob("step_*")):

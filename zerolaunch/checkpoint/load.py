@@ -79,8 +79,18 @@ def load_checkpoint(
     with CheckpointReader(folder, verify=verify) as reader:
         check_compatible(reader, engine.param_specs(), strict=strict)
         engine.load_fragment_state(reader.read)
+        excluded = set(reader.manifest.excluded_frozen)
+        load_frozen = getattr(engine, "load_frozen_state", None)
+        if load_frozen is not None:  # the frozen params the engine shards (stage 3), from either layout
+            load_frozen(lambda name, a, b: None if name in excluded else reader.read_frozen(name, a, b))
         replicated = reader.replicated_state()
         live = engine.replicated_state()
+        # frozen params are replicated on one side and sharded on the other when the stage changed
+        frozen = {p.name for p in reader.manifest.params if not p.trainable}
+        for name in frozen & set(live) - set(replicated) - excluded:
+            replicated[name] = reader.frozen_param(name)
+        for name in frozen & set(replicated) - set(live):
+            del replicated[name]
         for name in reader.manifest.excluded_frozen:  # left out at save: the model's values stay
             if name in live and name not in replicated:
                 replicated[name] = live[name]

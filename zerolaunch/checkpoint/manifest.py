@@ -1,9 +1,12 @@
 """The manifest of a zerolaunch checkpoint: what `manifest.json` holds, and its validation.
 
 A checkpoint folder `step_000123/` holds `manifest.json` and one `rank_{r}.safetensors` per saving rank.
-Rank files hold tensors under three prefixes: `{kind}/{param}/{start}` (one fragment of fp32 state, see
-[Note: layout] in zero/layout.py; kind = master, exp_avg, exp_avg_sq, momentum_buffer, step), `replicated/
-{name}` (frozen params and buffers, rank 0 only) and `extra/{key}` (tensor leaves of that rank's `extra`).
+Rank files hold tensors under four prefixes: `{kind}/{param}/{start}` (one fragment of fp32 state, see
+[Note: layout] in zero/layout.py; kind = master, exp_avg, exp_avg_sq, momentum_buffer, step), `frozen/
+{param}/{start}` (one fragment of a frozen param that stage 3 shards, in the param's dtype, from the rank
+that holds it: each element once), `replicated/{name}` (the other frozen params and buffers, rank 0 only) and
+`extra/{key}` (tensor leaves of that rank's `extra`). A frozen param is in `replicated` or in frozen
+fragments, never both (checkpoints written before stage 3 sharded frozen params have them all replicated).
 The manifest lists every parameter (name, shape, dtype, trainable, aliases), every rank's fragments and
 file size, the step, stage, engine state_meta and each rank's JSON `extra`, so a checkpoint describes itself
 and loads at any world size. The rank files' bytes are covered by per-tensor crc32s (RankEntry.checksums);
@@ -84,6 +87,8 @@ class RankEntry:
     """crc32 of the file's header and of every tensor's bytes, taken while writing
     ({"algorithm": "crc32", "header": int, "tensors": {name: int}}); None in checkpoints written before
     checksums existed (they load unverified)."""
+    frozen_fragments: tuple[tuple[str, int, int], ...] = ()
+    """(param name, start, stop) of every frozen-param fragment the rank saved (stage 3 shards them)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,9 @@ class Manifest:
         d = {"format": FORMAT, "version": VERSION, **asdict(self)}
         if not d["excluded_frozen"]:  # written only when used: other checkpoints keep their manifest
             del d["excluded_frozen"]
+        for r in d["ranks"]:
+            if not r["frozen_fragments"]:  # likewise
+                del r["frozen_fragments"]
         d[CHECKSUM_KEY] = {"algorithm": "crc32", "body": manifest_crc(d)}
         return d
 
@@ -154,6 +162,7 @@ class Manifest:
                         dict(r.get("extra", {})),
                         tuple(r.get("extra_tensors", ())),
                         _checksums(r.get("checksums")),
+                        tuple((_str(n), _int(a), _int(b)) for n, a, b in r.get("frozen_fragments", ())),
                     )
                     for r in d["ranks"]
                 ),
@@ -172,13 +181,29 @@ class Manifest:
         return manifest
 
     def check_coverage(self, where: Path) -> None:
-        """Every trainable param's elements are covered exactly once by the ranks' fragments."""
+        """Every trainable param's elements are covered exactly once by the ranks' fragments; every frozen
+        param is replicated or covered exactly once by the ranks' frozen fragments."""
         pieces: dict[str, list[tuple[int, int]]] = {p.name: [] for p in self.params if p.trainable}
         for r in self.ranks:
             for name, a, b in r.fragments:
                 if name not in pieces:
                     raise CheckpointError(f"{where}: fragment of unknown or frozen param {name!r}")
                 pieces[name].append((a, b))
+        replicated = {r.name for r in self.replicated}
+        frozen: dict[str, list[tuple[int, int]]] = {
+            p.name: [] for p in self.params if not p.trainable and p.name not in replicated
+        }
+        for r in self.ranks:
+            for name, a, b in r.frozen_fragments:
+                if name not in frozen:
+                    raise CheckpointError(
+                        f"{where}: frozen fragment of unknown, trainable or replicated param {name!r}"
+                    )
+                frozen[name].append((a, b))
+        self._check_exact(where, pieces)
+        self._check_exact(where, frozen)
+
+    def _check_exact(self, where: Path, pieces: dict[str, list[tuple[int, int]]]) -> None:
         numel = {p.name: p.numel for p in self.params}
         for name, ranges in pieces.items():
             pos = 0

@@ -53,6 +53,14 @@ class CheckpointReader:
         for pieces in self._index.values():
             pieces.sort()
         self._starts = {n: [a for a, _, _ in p] for n, p in self._index.items()}
+        # name -> sorted [(start, stop, rank)] of the saved frozen fragments (stage 3 shards frozen params).
+        self._frozen_index: dict[str, list[tuple[int, int, int]]] = {}
+        for r, entry in enumerate(self.manifest.ranks):
+            for name, a, b in entry.frozen_fragments:
+                self._frozen_index.setdefault(name, []).append((a, b, r))
+        for pieces in self._frozen_index.values():
+            pieces.sort()
+        self._replicated_names = {e.name for e in self.manifest.replicated}
 
     def read(self, kind: str, name: str, start: int, stop: int) -> torch.Tensor:
         """Elements [start, stop) of the flattened fp32 `kind` state of param `name`.
@@ -111,6 +119,42 @@ class CheckpointReader:
         if param.numel == 0:
             return torch.zeros(param.shape, dtype=torch.float32)
         return self.read(kind, name, 0, param.numel).view(param.shape)
+
+    def frozen_param(self, name: str) -> torch.Tensor:
+        """The whole value of a frozen param, in its saved dtype and shape, wherever it was saved: from the
+        ranks' frozen fragments (stage 3) or from the replicated state (stages 0-2, older checkpoints)."""
+        param = self.params.get(name)
+        if param is None or param.trainable:
+            raise CheckpointError(f"{self.folder} holds no frozen param {name!r}")
+        if name in self._replicated_names:
+            return self.replicated(name)
+        return self.read_frozen(name, 0, param.numel).view(param.shape)
+
+    def read_frozen(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Elements [start, stop) of the flattened frozen param `name`, in its saved dtype."""
+        param = self.params.get(name)
+        if param is None or param.trainable:
+            raise CheckpointError(f"{self.folder} holds no frozen param {name!r}")
+        if name in self._replicated_names:
+            return self.replicated(name).reshape(-1)[start:stop].clone()
+        out: torch.Tensor | None = None
+        for a, b, r in self._frozen_index.get(name, ()):
+            lo, hi = max(a, start), min(b, stop)
+            if lo >= hi:
+                continue
+            piece = self._files[r].read_flat(f"frozen/{name}/{a}", lo - a, hi - a)
+            if out is None:
+                out = torch.empty(stop - start, dtype=piece.dtype)
+            out[lo - start : hi - start] = piece
+        if out is None:
+            if start == stop:
+                return torch.empty(0, dtype=dtype_from_name(param.dtype))
+            raise CheckpointError(f"{self.folder}: no frozen fragment holds {name!r}[{start}:{stop}]")
+        return out
+
+    def holds_sharded_frozen(self, name: str) -> bool:
+        """Whether frozen param `name` was saved as fragments (not in the replicated state)."""
+        return name in self._frozen_index
 
     def replicated(self, name: str) -> torch.Tensor:
         return self._files[0].read(f"replicated/{name}")

@@ -4,7 +4,8 @@ Online resume at another world size needs none of this (load_checkpoint re-slice
 for moving a checkpoint between clusters without the old ranks' files, or for inspecting a layout. The
 new fragments are planned with `zero.layout.plan_layout` at the new world size and the saving engine's
 bucket size (the manifest's `bucket_numel`), i.e. as stages 1/2 would own them; any engine still loads
-them, whatever its own layout. Every kind of state (master, Adam moments, step) is carried over, and
+them, whatever its own layout. Frozen params saved as fragments (stage 3) are re-planned the same way (as
+frozen fragments); replicated ones stay in rank 0's file. Every kind of state (master, Adam moments, step) is carried over, and
 rank r's `extra` is kept for r below the old world size (new ranks get rank 0's). Rank files are written
 one tensor at a time; the output folder is published atomically ([Note: atomic save]).
 """
@@ -63,6 +64,13 @@ def _write(reader: CheckpointReader, tmp: Path, world_size: int, advance) -> Non
     layout = plan_layout(
         [ParamSpec(p.name, p.shape) for p in trainable], world_size, m.bucket_numel or _DEFAULT_BUCKET_NUMEL
     )
+    sharded_frozen = [p for p in m.params if not p.trainable and reader.holds_sharded_frozen(p.name)]
+    frozen_layout = plan_layout(
+        [ParamSpec(p.name, p.shape) for p in sharded_frozen],
+        world_size,
+        m.bucket_numel or _DEFAULT_BUCKET_NUMEL,
+    )
+    frozen_dtype = {p.name: dtype_from_name(p.dtype) for p in sharded_frozen}
     ranks = []
     for r in range(world_size):
         fragments = layout.owned_fragments(r)
@@ -72,6 +80,10 @@ def _write(reader: CheckpointReader, tmp: Path, world_size: int, advance) -> Non
                 numel = 1 if reader.is_scalar(kind, f.name) else f.numel
                 entries.append((fragment_key(kind, f.name, f.start), (numel,), torch.float32))
                 sources.append((kind, f.name, f.start, f.stop))
+        frozen_fragments = frozen_layout.owned_fragments(r)
+        for f in frozen_fragments:
+            entries.append((f"frozen/{f.name}/{f.start}", (f.numel,), frozen_dtype[f.name]))
+            sources.append(("frozen", f.name, f.start, f.stop))
         if r == 0:
             for rep in m.replicated:
                 entries.append((f"replicated/{rep.name}", rep.shape, dtype_from_name(rep.dtype)))
@@ -90,6 +102,8 @@ def _write(reader: CheckpointReader, tmp: Path, world_size: int, advance) -> Non
                     tensor = reader.replicated(source[1])
                 elif source[0] == "extra":
                     tensor = source[2]
+                elif source[0] == "frozen":
+                    tensor = reader.read_frozen(*source[1:])
                 else:
                     tensor = reader.read(*source)
                 writer.write(key, tensor)
@@ -106,6 +120,7 @@ def _write(reader: CheckpointReader, tmp: Path, world_size: int, advance) -> Non
                 extra_json,
                 tuple(sorted(extra_tensors)),
                 writer.checksums(),
+                tuple((f.name, f.start, f.stop) for f in frozen_fragments),
             )
         )
     manifest = dataclasses.replace(m, world_size=world_size, ranks=tuple(ranks))

@@ -181,6 +181,15 @@ def write_rank_files(
         for name, tensor in engine.replicated_state().items():
             if name not in excluded:
                 tensors.append((f"replicated/{name}", tensor.detach()))
+    # frozen params stage 3 shards: each rank saves the elements it holds, in their dtype (no fp32 master)
+    frozen_state = getattr(engine, "frozen_fragment_state", None)
+    frozen_fragments = []
+    for key, tensor in (frozen_state() if frozen_state is not None else {}).items():
+        name, _, start = key.rpartition("/")
+        if name in excluded:
+            continue
+        frozen_fragments.append([name, int(start), int(start) + tensor.numel()])
+        tensors.append((f"frozen/{key}", tensor.detach().reshape(-1)))
     extra_json, extra_tensors = encode_extra(extra)
     tensors.extend(extra_tensors.items())
     path = folder / rank_file_name(rank)
@@ -195,6 +204,7 @@ def write_rank_files(
         "extra_tensors": sorted(extra_tensors),
         "kinds": sorted(kinds),
         "checksums": checksums,
+        "frozen_fragments": frozen_fragments,
     }
     write_json(folder / f"rank_{rank}.json", entry)
 
@@ -234,7 +244,13 @@ def finalize(
         seen.update(fragments)
         ranks.append(
             RankEntry(
-                d["file"], d["bytes"], fragments, d["extra"], tuple(d["extra_tensors"]), d.get("checksums")
+                d["file"],
+                d["bytes"],
+                fragments,
+                d["extra"],
+                tuple(d["extra_tensors"]),
+                d.get("checksums"),
+                tuple(tuple(f) for f in d.get("frozen_fragments", ())),
             )
         )
     transient = _non_persistent_buffers(engine)

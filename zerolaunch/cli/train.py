@@ -37,7 +37,8 @@ def train(
         typer.Option(
             "--restart",
             help="Start over in a run dir that holds an earlier run: its files are moved aside to "
-            "RUN_DIR/previous-<time>/ first (nothing is deleted).",
+            "RUN_DIR/previous-<time>/ first (nothing is deleted). With --resume of another run's checkpoint: "
+            "start over from that checkpoint.",
         ),
     ] = False,
     nnodes: Annotated[

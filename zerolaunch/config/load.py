@@ -350,7 +350,14 @@ def _sections(
     eval_args = r.convert(eval_path, r.raw(eval_path), "mapping") if r.tree.has(eval_path) else {}
     _record_leaves(r, "data.eval", eval_path, eval_args, default=not r.tree.has(eval_path))
     eval_args = resolve_path_args(r, "data", built["data"][0], eval_args, base_dir, args_key="eval")
-    data = DataSection(builder=built["data"][0], args=built["data"][1], prefetch=prefetch, eval=eval_args)
+    allow_change = r.value("data.allow_change", ("data", "allow_change"), "bool", False)
+    data = DataSection(
+        builder=built["data"][0],
+        args=built["data"][1],
+        prefetch=prefetch,
+        eval=eval_args,
+        allow_change=allow_change,
+    )
     c: Path = ("checkpoint",)
     ckpt_dir = r.value("checkpoint.dir", c + ("dir",), "optional_str", None)
     if ckpt_dir is None:

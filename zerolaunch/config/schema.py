@@ -58,6 +58,9 @@ class DataSection:
     eval: dict[str, Any] = field(default_factory=dict)
     """Validation data: args that replace data.args for the eval stream, e.g. {path: DIR} (a second prepared
     folder) or {split: eval} (data.args.holdout's held-out windows); empty = no validation."""
+    allow_change: bool = False
+    """Resume on other data than the checkpoint was trained on (another folder, seed, seq_len, args): refused
+    unless true; then the change is noted in metrics.jsonl at the resumed step (data/identity.py)."""
 
 
 @dataclass(frozen=True)

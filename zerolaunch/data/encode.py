@@ -17,7 +17,7 @@ import itertools
 
 import numpy as np
 
-from zerolaunch.data.readers import DataError, Record
+from zerolaunch.data.readers import DataError, Record, said
 
 
 class Encoded:
@@ -54,9 +54,7 @@ def _chat_ids(tokenizer, record: Record) -> tuple[list[int], list[int]]:
     try:
         full = tokenizer.apply_chat_template(messages, tokenize=False)
     except Exception as e:  # jinja errors, or a tokenizer without a chat template (ValueError)
-        raise DataError(
-            f"{record.where}: the tokenizer's chat template failed ({type(e).__name__}: {e})"
-        ) from None
+        raise DataError(f"{record.where}: the tokenizer's chat template failed ({said(e)})") from None
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":

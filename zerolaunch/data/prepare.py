@@ -7,13 +7,16 @@ The folder (format "zerolaunch-tokens", version 1):
   target that carries loss; same shard sizes as the tokens.
 - `documents.idx`: int64 offsets of the documents in the global token stream, N + 1 values (0, ..., M).
 - `manifest.json`: documents, tokens, dtype, EOD id, mode, the tokenizer's identity, the sources with sizes and
-  document counts, the shards. Written last.
+  document counts, the shards, and the crc32 of every file above (`checksums`, data/checksums.py). Written last.
 
-The output appears complete or not at all: everything is written into `.<out>.partial` beside OUT, fsynced,
-and renamed to OUT at the end; a killed run leaves only that hidden folder, which the next run deletes and
-redoes. Records are tokenized in fixed-size chunks, in input order, by `num_proc` forked processes (ordered
-`imap`), so the bytes do not depend on num_proc or on timing. This module owns the folder format; reading
-inputs is readers.py, tokenizing encode.py.
+The output appears complete or not at all: everything is written into a hidden `.<out>.partial-<pid>-<random>`
+folder beside OUT, fsynced, and renamed to OUT at the end; a killed run leaves only that hidden folder, which
+the next run deletes and redoes. One run at a time writes an OUT (a lock beside it); OUT is never an input,
+never holds or lies inside one (the tokenizer folder included), and `--force` replaces only a folder an
+earlier prepare-data wrote: out_folder.py owns those rules ([Note: what --force may replace]). Records are
+tokenized in fixed-size chunks, in input order, by `num_proc` forked processes (ordered `imap`), so the bytes
+do not depend on num_proc or on timing. This module owns the folder format; reading inputs is readers.py,
+tokenizing encode.py.
 """
 
 from __future__ import annotations
@@ -25,14 +28,27 @@ import os
 import shutil
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from zerolaunch.data.checksums import checksum_record
 from zerolaunch.data.encode import encode, eod_id
-from zerolaunch.data.readers import MODES, DataError, Record, Source, find_sources, read_records
+from zerolaunch.data.out_folder import check_apart, check_replaceable, lock_out, partial_name, replace_out
+from zerolaunch.data.readers import (
+    MAX_DOCUMENT_BYTES,
+    MODES,
+    DataError,
+    Record,
+    Source,
+    find_sources,
+    read_records,
+    said,
+)
+from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
 
 FORMAT = "zerolaunch-tokens"
 VERSION = 1
@@ -84,7 +100,7 @@ def load_tokenizer(path: str | Path):
     try:
         return load(p)
     except (OSError, ValueError) as e:
-        raise DataError(f"--tokenizer {p}: cannot load a tokenizer from it ({e})") from None
+        raise DataError(f"--tokenizer {p}: cannot load a tokenizer from it ({said(e)})") from None
 
 
 # the forked workers inherit these: the tokenizer is loaded once, before the fork
@@ -96,11 +112,13 @@ def _encode_chunk(records: list[Record]):
     return encode(records, w["tokenizer"], w["mode"], w["eod"], w["dtype"])
 
 
-def _chunks(sources: list[Source], mode: str, text_key: str, counts: dict) -> Iterator[list[Record]]:
+def _chunks(
+    sources: list[Source], mode: str, text_key: str, counts: dict, max_document_bytes: int | None
+) -> Iterator[list[Record]]:
     chunk: list[Record] = []
     for src in sources:
         n = 0
-        for record in read_records(src, mode, text_key):
+        for record in read_records(src, mode, text_key, max_document_bytes):
             chunk.append(record)
             n += 1
             if len(chunk) == CHUNK_RECORDS:
@@ -122,6 +140,8 @@ class _Shards:
     with_mask: bool
     shard_tokens: int = SHARD_TOKENS
     shards: list[dict] = field(default_factory=list)
+    crcs: dict[str, int] = field(default_factory=dict)
+    """crc32 of every file written, by name, taken as the bytes go out (data/checksums.py)."""
     _files: tuple | None = None
 
     def _open(self) -> None:
@@ -144,11 +164,18 @@ class _Shards:
             last = max(int(np.searchsorted(ends, done + room, side="right")), doc + 1)
             stop = int(ends[last - 1])
             tok, mask_file = self._files
-            tok.write(tokens[done:stop].astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes())
+            self.write_bytes(
+                tok, tokens[done:stop].astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes()
+            )
             if mask_file is not None:
-                mask_file.write(mask[done:stop].tobytes())
+                self.write_bytes(mask_file, mask[done:stop].tobytes())
             self.shards[-1]["tokens"] += stop - done
             done, doc = stop, last
+
+    def write_bytes(self, file, data: bytes) -> None:
+        file.write(data)
+        name = Path(file.name).name
+        self.crcs[name] = zlib.crc32(data, self.crcs.get(name, 0))
 
     def close(self) -> None:
         if self._files is not None:
@@ -184,6 +211,18 @@ class _Progress:
             print(self.line(docs, tokens, bytes_done), file=sys.stderr, flush=True)
 
 
+def parse_document_limit(text: str) -> int | None:
+    """--max-document-bytes: a size ("8MiB", "50MB") or "none"."""
+    from zerolaunch.util.sizes import EstimateError, parse_bytes
+
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return parse_bytes(text, "--max-document-bytes", example="64MiB")
+    except EstimateError as e:
+        raise DataError(f"{e} (or none for no limit)") from None
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -203,25 +242,24 @@ def prepare_data(
     force: bool = False,
     progress: bool = True,
     shard_tokens: int = SHARD_TOKENS,
+    max_document_bytes: int | None = MAX_DOCUMENT_BYTES,
 ) -> dict:
-    """Tokenize `inputs` into the folder `out`; returns its manifest."""
+    """Tokenize `inputs` into the folder `out`; returns its manifest. A document over `max_document_bytes`
+    of text (None: no limit) is refused by name: tokenizing it would need ~250x its size in memory."""
     if mode not in MODES:
         raise DataError(f"--mode {mode!r} is unknown; choose one of {', '.join(MODES)}")
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise DataError(f"--num-proc must be an integer >= 1, got {num_proc!r}")
     out = Path(out)
-    if out.exists() and not force:
-        raise DataError(f"--out {out}: already exists; pass --force to replace it")
+    check_apart(out, inputs, tokenizer)
+    check_replaceable(out, force, FORMAT)  # early, before the tokenizer loads; again under the lock below
     sources = find_sources(inputs)
     tok_path = Path(tokenizer)
     tok = load_tokenizer(tok_path)
     vocab = len(tok)
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
     eod = eod_id(tok)
-    partial = out.parent / f".{out.name}.partial"
-    if partial.exists():  # a killed run's leftovers: start over, the result is the same
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
+    partial = out.parent / partial_name(out)
     # the workers are the parallelism; the Rust tokenizer's own threads would oversubscribe the cores
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER.update(tokenizer=tok, mode=mode, eod=eod, dtype=dtype)
@@ -229,19 +267,27 @@ def prepare_data(
     shards = _Shards(partial, with_mask=mode != "text", shard_tokens=shard_tokens)
     report = _Progress(sum(s.size_bytes for s in sources), progress)
     docs = tokens = 0
+    where = {"path": out, "what": "the prepared data", "fix": "choose another --out"}
+    with disk_errors(**where):
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise DataError(f"--out {out}: a file stands where its folder {out.parent} would go") from None
+        lock = lock_out(out, force, FORMAT)
     pool = None
     try:
-        chunks = _chunks(sources, mode, text_key, counts)
+        partial.mkdir()
+        chunks = _chunks(sources, mode, text_key, counts, max_document_bytes)
         if num_proc > 1:
             pool = multiprocessing.get_context("fork").Pool(num_proc)
             encoded = pool.imap(_encode_chunk, chunks)
         else:
             encoded = map(_encode_chunk, chunks)
         with open(partial / "documents.idx", "wb") as idx:
-            idx.write(np.zeros(1, dtype="<i8").tobytes())
+            shards.write_bytes(idx, np.zeros(1, dtype="<i8").tobytes())
             for enc in encoded:
                 shards.write(enc.tokens, enc.loss_mask, enc.lengths)
-                idx.write((tokens + np.cumsum(enc.lengths)).astype("<i8").tobytes())
+                shards.write_bytes(idx, (tokens + np.cumsum(enc.lengths)).astype("<i8").tobytes())
                 docs += int(enc.lengths.size)
                 tokens += int(enc.tokens.size)
                 report.maybe(docs, tokens, sum(src.read_bytes[0] for src in sources))
@@ -266,6 +312,7 @@ def prepare_data(
                 for s in sources
             ],
             "shards": shards.shards,
+            "checksums": checksum_record(shards.crcs),
         }
         with open(partial / "manifest.json", "w") as f:
             json.dump(manifest, f, indent=2)
@@ -273,30 +320,29 @@ def prepare_data(
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(partial)
-        if out.exists():  # --force: the old folder goes only once the new one is complete
-            old = out.parent / f".{out.name}.old"
-            if old.exists():
-                shutil.rmtree(old)
-            os.rename(out, old)
-            os.rename(partial, out)
-            shutil.rmtree(old)
-        else:
-            os.rename(partial, out)
+        replace_out(partial, out)
         _fsync_dir(out.parent)
         report.maybe(docs, tokens, report.total_bytes, final=True)
         return manifest
-    except BaseException:
-        shards.close()
+    except BaseException as err:
+        try:
+            shards.close()
+        except OSError:
+            pass  # the disk that refused a write may refuse the flush too; the folder goes anyway
         if pool is not None:
             pool.terminate()
             pool = None
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(err, OSError) and is_disk_error(err):
+            after = f"{out} is as it was." if out.exists() else "Nothing was left behind."
+            raise disk_error(err, **where, after=after) from None
         raise
     finally:
         if pool is not None:
             pool.close()
             pool.join()
         _WORKER.clear()
+        lock.release()
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -304,11 +350,7 @@ def read_manifest(path: str | Path) -> dict:
     folder = Path(path)
     f = folder / "manifest.json"
     if not f.is_file():
-        hint = (
-            " (a .partial folder is an unfinished prepare-data run)"
-            if folder.name.endswith(".partial")
-            else ""
-        )
+        hint = " (a .partial folder is an unfinished prepare-data run)" if ".partial" in folder.name else ""
         raise DataError(
             f"{folder}: no manifest.json, so not a prepared folder{hint}; make one with "
             "`zerolaunch prepare-data INPUT... --tokenizer DIR --out DIR`"

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import reprlib
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +130,19 @@ def _field(row, key: str, where: str, hint: str) -> str:
     value = row[key]
     if not isinstance(value, str):
         raise DataError(f"{where}: {key!r} is {type(value).__name__}, expected a string")
+    return _valid_text(value, where, repr(key))
+
+
+def _valid_text(value: str, where: str, what: str) -> str:
+    """`value`, checked to be encodable text: a JSON escape like "\\ud800" decodes to a lone surrogate, which
+    no tokenizer accepts."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(
+            f"{where}: {what} holds a lone surrogate ({value[e.start]!a} at character {e.start}), which is not "
+            "text; fix or drop that \\u escape in the file"
+        ) from None
     return value
 
 
@@ -157,8 +173,21 @@ def to_record(row, where: str, mode: str, text_key: str) -> Record:
             or not isinstance(m.get("role"), str)
             or not isinstance(m.get("content"), str)
         ):
-            raise DataError(f"{where}: messages[{i}] must be {{'role': str, 'content': str}}, got {m!r:.120}")
+            raise DataError(
+                f"{where}: messages[{i}] must be {{'role': str, 'content': str}}, got {reprlib.repr(m)}"
+            )
+        _valid_text(m["role"], where, f"messages[{i}].role")
+        _valid_text(m["content"], where, f"messages[{i}].content")
     return Record(where, messages=messages)
+
+
+def said(err: BaseException) -> str:
+    """A library's own words for `err` on one line, for inside a one-paragraph message (pyarrow's and
+    OSError's messages can hold newlines, the errno and exception class names)."""
+    text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    # pyarrow's words name C++ exception classes ("TProtocolException: Invalid data"): keep the words only
+    text = re.sub(r"\b[A-Z]\w*(Error|Exception):\s*|\[Errno \d+\]\s*", "", text)
+    return " ".join(text.split()) or "unreadable"
 
 
 def _decode(raw: bytes, where: str) -> str:
@@ -175,8 +204,10 @@ def _read_jsonl(src: Source, mode: str, text_key: str) -> Iterator[Record]:
     try:
         with open(src.path, "rb") as raw_file:
             f = gzip.open(raw_file, "rb") if gz else raw_file
+            seekable = raw_file.seekable()  # a named pipe is read as it comes, with no position for the ETA
             for line_no, raw in enumerate(f, start=1):
-                src.read_bytes[0] = raw_file.tell()
+                if seekable:
+                    src.read_bytes[0] = raw_file.tell()
                 where = f"{src.path}:{line_no}"
                 line = _decode(raw, where)
                 if not line.strip():
@@ -187,9 +218,17 @@ def _read_jsonl(src: Source, mode: str, text_key: str) -> Iterator[Record]:
                     raise DataError(
                         f"{where}: broken JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
                     ) from None
+                except RecursionError:
+                    raise DataError(f"{where}: {_TOO_DEEP}") from None
                 yield to_record(row, where, mode, text_key)
-    except (OSError, EOFError) as e:  # a truncated or corrupt .gz
-        raise DataError(f"{src.path}: cannot be read ({e})") from None
+    except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz
+        raise DataError(f"{src.path}: cannot be read ({said(e)})") from None
+
+
+_TOO_DEEP = (
+    "JSON nested too deeply to read (arrays or objects inside each other past Python's recursion limit); "
+    "a record is an object whose text is a string field"
+)
 
 
 def _line_of(raw: bytes, byte_offset: int) -> int:
@@ -223,6 +262,8 @@ def _read_json(src: Source, mode: str, text_key: str) -> Iterator[Record]:
         rows = json.loads(text)
     except json.JSONDecodeError as e:
         raise DataError(f"{src.path}:{e.lineno}: broken JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise DataError(f"{src.path}: {_TOO_DEEP}") from None
     if not isinstance(rows, list):
         raise DataError(f"{src.path}: a .json input must be an array of objects, got a {type(rows).__name__}")
     for i, row in enumerate(rows):
@@ -242,8 +283,18 @@ def _read_batches(
         hint = " (pass --text-key)" if mode == "text" else ""
         raise DataError(f"{src.path}: no column {missing[0]!r}{hint}; columns: {', '.join(schema_names)}")
     row_no = 0
-    for batch in batches:
-        columns = {c: batch.column(c).to_pylist() for c in wanted}
+    batches = iter(batches)
+    while True:
+        try:
+            batch = next(batches)
+            columns = {c: batch.column(c).to_pylist() for c in wanted}
+        except StopIteration:
+            return
+        # pyarrow: OSError or ArrowInvalid for a damaged page, UnicodeDecodeError for damaged string bytes
+        except Exception as e:
+            raise DataError(
+                f"{src.path} row {row_no}: cannot be read past here, the file is damaged ({said(e)}); write it again"
+            ) from None
         for i in range(batch.num_rows):
             yield to_record({c: columns[c][i] for c in wanted}, f"{src.path} row {row_no}", mode, text_key)
             row_no += 1
@@ -255,7 +306,7 @@ def _read_parquet(src: Source, mode: str, text_key: str) -> Iterator[Record]:
     try:
         f = pq.ParquetFile(src.path)
     except Exception as e:  # pyarrow raises ArrowInvalid / OSError for a non-parquet file
-        raise DataError(f"{src.path}: not a readable parquet file ({e})") from None
+        raise DataError(f"{src.path}: not a readable parquet file ({said(e)})") from None
     names = f.schema_arrow.names
     cols = [c for c in _table_columns(mode, text_key) if c in names]
     yield from _read_batches(src, f.iter_batches(batch_size=_ARROW_ROWS, columns=cols), names, mode, text_key)
@@ -273,20 +324,61 @@ def _read_arrow(src: Source, mode: str, text_key: str) -> Iterator[Record]:
             yield from _read_batches(src, batches, reader.schema.names, mode, text_key)
             return
         except Exception as e:
-            raise DataError(f"{src.path}: not a readable arrow file ({e})") from None
+            raise DataError(f"{src.path}: not a readable arrow file ({said(e)})") from None
     yield from _read_batches(src, reader, reader.schema.names, mode, text_key)
 
 
-def read_records(src: Source, mode: str, text_key: str = "text") -> Iterator[Record]:
-    """The records of one input file, in file order."""
+def read_records(
+    src: Source, mode: str, text_key: str = "text", max_document_bytes: int | None = None
+) -> Iterator[Record]:
+    """The records of one input file, in file order; a document over `max_document_bytes` (None: no limit)
+    is a DataError naming it (see MAX_DOCUMENT_BYTES)."""
     if mode not in MODES:
         raise DataError(f"--mode {mode!r} is unknown; choose one of {', '.join(MODES)}")
     if src.kind == "text":
+        if max_document_bytes is not None and src.size_bytes > max_document_bytes:
+            # the whole file is one document: refuse before reading it
+            raise too_long(f"{src.path}", src.size_bytes, max_document_bytes)
         return _read_text(src, mode)
     if src.kind == "jsonl":
-        return _read_jsonl(src, mode, text_key)
-    if src.kind == "json":
-        return _read_json(src, mode, text_key)
-    if src.kind == "parquet":
-        return _read_parquet(src, mode, text_key)
-    return _read_arrow(src, mode, text_key)
+        records = _read_jsonl(src, mode, text_key)
+    elif src.kind == "json":
+        records = _read_json(src, mode, text_key)
+    elif src.kind == "parquet":
+        records = _read_parquet(src, mode, text_key)
+    else:
+        records = _read_arrow(src, mode, text_key)
+    return records if max_document_bytes is None else _within(records, max_document_bytes)
+
+
+MAX_DOCUMENT_BYTES = 8 << 20
+"""The default --max-document-bytes. A fast tokenizer holds about 250 bytes per byte of a document's text
+while it encodes it (offsets, token strings; measured 1.4 GB RSS and 33 s for one 5 MB line), so a single
+huge document (a 50 MB line took 11 GB) is refused by name rather than exhausting memory."""
+
+
+def _within(records: Iterator[Record], limit: int) -> Iterator[Record]:
+    for record in records:
+        texts = [
+            record.text,
+            record.prompt,
+            record.completion,
+            *(m["content"] for m in record.messages or []),
+        ]
+        chars = sum(len(t) for t in texts if t is not None)
+        # a character is 1 to 4 UTF-8 bytes: count the bytes only where the limit could be passed
+        if chars * 4 > limit:
+            nbytes = sum(len(t.encode("utf-8")) for t in texts if t is not None)
+            if nbytes > limit:
+                raise too_long(record.where, nbytes, limit)
+        yield record
+
+
+def too_long(where: str, nbytes: int, limit: int) -> DataError:
+    from zerolaunch.report.format import fmt_bytes
+
+    return DataError(
+        f"{where}: a document of {fmt_bytes(nbytes)}, over --max-document-bytes {fmt_bytes(limit)}; the "
+        f"tokenizer would hold about {fmt_bytes(250 * nbytes)} of memory for it at once. Split it into "
+        f"smaller documents, or raise the limit (--max-document-bytes {-(-nbytes // (1 << 20))}MiB)"
+    )

@@ -1,6 +1,8 @@
 """Training from a prepared folder (`data.builder: zerolaunch.data.tokens:build`, `args: {path, seq_len}`).
 
 This module owns reading a `zerolaunch prepare-data` folder (prepare.py) and cutting it into batches:
+- Checksums: each file's crc32 (recorded by prepare-data) is checked on its first read, the whole file in
+  pieces (data/checksums.py); a folder prepared before checksums existed is read unchecked.
 - Read on demand: a batch reads only its windows (pread at their offsets, `_File`) and a block of the document
   index; nothing else of the corpus is loaded or stays mapped, so a worker's memory does not grow with the
   corpus or with how much of it a run has read (bench/data_loader.py).
@@ -39,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zerolaunch.data.checksums import FIX, fd_crc32, mismatch_message, recorded_crcs
 from zerolaunch.data.prepare import read_manifest
 from zerolaunch.data.readers import DataError
 from zerolaunch.data.stream import Batch, BatchStream, mix_seed
@@ -57,8 +60,10 @@ class _File:
     descriptor, and unlike a memory map nothing read stays mapped into the process (a map's touched pages,
     and the kernel's fault-around neighbours, count in its RSS and grow with the corpus a run has read)."""
 
-    def __init__(self, path: Path, dtype, count: int):
+    def __init__(self, path: Path, dtype, count: int, crc32: int | None = None):
         self.path, self.dtype, self.count = path, np.dtype(dtype), count
+        self.crc32 = crc32
+        """The manifest's crc32 of the file, checked on the first read; None: not recorded (an older folder)."""
         self.fd = os.open(path, os.O_RDONLY)
         size = os.fstat(self.fd).st_size
         if size != count * self.dtype.itemsize:
@@ -67,7 +72,17 @@ class _File:
                 f"{path}: {size} bytes, expected {count} x {self.dtype.itemsize} (a damaged folder?)"
             )
 
+    def _check_crc(self) -> None:
+        # the whole file once, before its first bytes are used: a rewrite of the same size is caught too,
+        # which the size check above cannot see
+        expected, self.crc32 = self.crc32, None
+        found = fd_crc32(self.fd, self.count * self.dtype.itemsize)
+        if found != expected:
+            raise DataError(mismatch_message(self.path, expected, found))
+
     def read(self, first: int, n: int) -> np.ndarray:
+        if self.crc32 is not None:
+            self._check_crc()
         n = max(0, min(n, self.count - first))
         raw = os.pread(self.fd, n * self.dtype.itemsize, first * self.dtype.itemsize)
         return np.frombuffer(raw, dtype=self.dtype)
@@ -83,14 +98,22 @@ class TokenFolder:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.manifest = m = read_manifest(self.path)
+        try:
+            crcs = recorded_crcs(m) or {}
+        except ValueError as e:
+            raise DataError(f"{self.path / 'manifest.json'}: {e}. {FIX}.") from None
         dtype = np.dtype(m["dtype"]).newbyteorder("<")
         self._tokens, self._masks = [], []
         starts = [0]
         for shard in m["shards"]:
-            self._tokens.append(_File(self.path / shard["file"], dtype, shard["tokens"]))
+            self._tokens.append(
+                _File(self.path / shard["file"], dtype, shard["tokens"], crcs.get(shard["file"]))
+            )
             if m["loss_mask"]:
-                mask_file = self.path / shard["file"].replace("tokens-", "loss_mask-")
-                self._masks.append(_File(mask_file, np.uint8, shard["tokens"]))
+                mask_name = shard["file"].replace("tokens-", "loss_mask-")
+                self._masks.append(
+                    _File(self.path / mask_name, np.uint8, shard["tokens"], crcs.get(mask_name))
+                )
             starts.append(starts[-1] + shard["tokens"])
         self._starts = np.asarray(starts, dtype=np.int64)
         self.tokens = int(starts[-1])
@@ -99,7 +122,7 @@ class TokenFolder:
                 f"{self.path}: the shards hold {self.tokens} tokens, the manifest says {m['tokens']}"
             )
         self.documents = int(m["documents"])
-        self._index = _File(self.path / "documents.idx", "<i8", self.documents + 1)
+        self._index = _File(self.path / "documents.idx", "<i8", self.documents + 1, crcs.get("documents.idx"))
         # the first offset of every block: 16 KiB per million documents
         self._sparse = np.concatenate(
             [self._index.read(i, 1) for i in range(0, self._index.count, INDEX_BLOCK)]

@@ -8,12 +8,16 @@ The config is taken unchanged (a dict, a JSON file path or a JSON string) and he
 
 from __future__ import annotations
 
+import math
 import os
 
 from zerolaunch.config.errors import UserError
 from zerolaunch.hf import meta_load
 from zerolaunch.hf.config import TrainerDSConfig, read_ds_config
+from zerolaunch.launch import env, orphans
 
+DEFAULT_DDP_TIMEOUT = 1800
+"""TrainingArguments' own ddp_timeout default: a value left there takes ZEROLAUNCH_TIMEOUT when it is set."""
 DEFAULT_CONFIG = {"zero_optimization": {"stage": 0}}
 """TrainingArguments without deepspeed=: plain data parallelism, every step still through the engine."""
 
@@ -30,6 +34,18 @@ class ZeroArgsMixin:
                 "script trains with zerolaunch's engine: launch with `accelerate launch` without "
                 "--use_deepspeed / a DeepSpeed config, and give the ds_config to TrainingArguments(deepspeed=...)"
             )
+        if env.launched_by_torchrun():
+            # torchrun / accelerate launch: this rank dies with its launcher (no orphan training on), and a
+            # collective timeout that ends the script names the hung rank(s)
+            orphans.die_with_parent()
+            from zerolaunch.train import hang_census
+
+            hang_census.install()
+        timeout_s = env.script_timeout_s()
+        if timeout_s is not None and self.ddp_timeout == DEFAULT_DDP_TIMEOUT:
+            # the group accelerate starts takes ddp_timeout: `zerolaunch train --timeout` (or the variable)
+            # reaches it unless the script set its own
+            self.ddp_timeout = math.ceil(timeout_s)
         given, self.deepspeed = self.deepspeed, None
         super().__post_init__()
         self.zero_config = given

@@ -3,9 +3,10 @@ before torch is imported).
 
 Owns: torchelastic's / torchrun's worker variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT,
 TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE), zerolaunch's own (ZEROLAUNCH_RECIPE,
-ZEROLAUNCH_BACKEND, ZEROLAUNCH_LAUNCHER_PID), and the Hugging Face offline default zerolaunch sets before
-importing transformers. Does not own what torch or Hugging Face read for themselves (NCCL_*, HF_HOME, ...),
-nor the variables the launcher hands to its workers through torch's elastic agent (launcher.py).
+ZEROLAUNCH_BACKEND, ZEROLAUNCH_TIMEOUT, ZEROLAUNCH_LAUNCHER_PID), and the Hugging Face offline default
+zerolaunch sets before importing transformers. Does not own what torch or Hugging Face read for themselves
+(NCCL_*, HF_HOME, ...), nor the variables the launcher hands to its workers through torch's elastic agent
+(launcher.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ BACKEND_ENV = "ZEROLAUNCH_BACKEND"
 """The process-group backend `zerolaunch train --device` chose for an entrypoint script (gloo / nccl)."""
 LAUNCHER_PID_ENV = "ZEROLAUNCH_LAUNCHER_PID"
 """The launcher's pid, so a worker can tell that its parent died before it armed PDEATHSIG."""
+TIMEOUT_ENV = "ZEROLAUNCH_TIMEOUT"
+"""Collective timeout, seconds, of a process group zerolaunch starts inside a script (`initialize()`, the HF
+Trainer's through zero_args); `zerolaunch train --timeout` sets it for an entrypoint script, under plain
+torchrun or accelerate launch the user may."""
+DEFAULT_SCRIPT_TIMEOUT_SECONDS = 1800.0
+"""Without ZEROLAUNCH_TIMEOUT: torch's own default for a process group (and transformers' ddp_timeout)."""
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """What torchrun (and the elastic agent) set for every worker; all present = a `env://` group can start."""
 
@@ -74,8 +81,28 @@ def launcher_pid() -> int | None:
 
 
 def set_launcher_pid(pid: int) -> None:
-    """Left in the environment the workers inherit (worker.die_with_parent compares it with getppid)."""
+    """Left in the environment the workers inherit (orphans.die_with_parent compares it with getppid)."""
     os.environ[LAUNCHER_PID_ENV] = str(pid)
+
+
+def script_timeout_s() -> float | None:
+    """ZEROLAUNCH_TIMEOUT as seconds, None when unset; a value that is not a positive number is a UserError
+    naming the variable."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        from zerolaunch.config.errors import UserError
+
+        raise UserError(
+            f"{TIMEOUT_ENV}={raw!r} is not a positive number of seconds: set it to the collective timeout you "
+            f"want (e.g. {TIMEOUT_ENV}=600), or unset it for the default {DEFAULT_SCRIPT_TIMEOUT_SECONDS:g} s"
+        )
+    return seconds
 
 
 def launched_by_torchrun() -> bool:
@@ -99,12 +126,15 @@ def entrypoint_backend() -> str | None:
 
 
 @contextmanager
-def entrypoint_env(resolved_path: str, backend: str | None) -> Iterator[None]:
-    """ZEROLAUNCH_RECIPE (and ZEROLAUNCH_BACKEND) set while an entrypoint script runs, restored after."""
-    saved = {k: os.environ.get(k) for k in (RECIPE_ENV, BACKEND_ENV)}
+def entrypoint_env(resolved_path: str, backend: str | None, timeout_s: float | None = None) -> Iterator[None]:
+    """ZEROLAUNCH_RECIPE (and ZEROLAUNCH_BACKEND, ZEROLAUNCH_TIMEOUT) set while an entrypoint script runs,
+    restored after."""
+    saved = {k: os.environ.get(k) for k in (RECIPE_ENV, BACKEND_ENV, TIMEOUT_ENV)}
     os.environ[RECIPE_ENV] = resolved_path
     if backend:
         os.environ[BACKEND_ENV] = backend
+    if timeout_s is not None:
+        os.environ[TIMEOUT_ENV] = f"{timeout_s:g}"
     try:
         yield
     finally:

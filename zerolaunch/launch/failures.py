@@ -5,8 +5,11 @@ rank. The first failure by timestamp is the root cause, except for the ranks tha
 another's death: an exception saying a peer closed the connection, or a SIGTERM / SIGINT (the agent's own
 "stop" to the survivors). A killed rank's timestamp is when the agent noticed (it wrote no error file), so
 without this rule the peer that lost it, which raised a moment earlier, would be blamed. Ties (timestamps
-are whole seconds) go to a rank with an error file, since a rank that raised explains more. The panel says which rank, its exit code or signal, the exception line, the last lines
-of the traceback (from the `@record` error file, else the tail of the rank's stderr log) and the log path.
+are whole seconds) go to a rank with an error file, since a rank that raised explains more. A rank that
+exited 0 while the others failed on a lost peer or a timeout (an entrypoint script that returned early) is
+named instead (`early_exit`): torch records no failure for it. The panel says which rank, its exit code or
+signal, the exception line, the last lines of the traceback (from the `@record` error file, else the tail of
+the rank's stderr log) and the log path.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ def timeout_hint(
     report: FailureReport, failed: set[int], ranks_here: set[int], timeout_seconds: float
 ) -> str | None:
     """For a collective timeout: name the ranks on this node that never failed on their own (hung)."""
-    if "timed out" not in report.exception.lower() and "timeout" not in report.exception.lower():
+    if not is_timeout(report):
         return None
     quiet = sorted(ranks_here - failed)
     who = (
@@ -83,6 +86,41 @@ def timeout_hint(
         else "the stuck rank is on another node or failed too"
     )
     return f"a collective timed out after --timeout {timeout_seconds:g} s: {who}; see their logs"
+
+
+def is_timeout(report: FailureReport) -> bool:
+    return "timed out" in report.exception.lower() or "timeout" in report.exception.lower()
+
+
+def early_exit(report: FailureReport, exited_ok: list[int], log_path_of) -> FailureReport:
+    """The report to show when ranks of this node exited 0 while the others failed, else `report`.
+
+    A rank whose script returned (or called sys.exit(0)) before the others finished leaves them in a
+    collective that loses its peer ("Connection closed by peer") or times out: the rank that left is the
+    cause, though torch records no failure for an exit code of 0. A root cause that raised on its own (not
+    a peer lost, not a timeout) stays the root cause. log_path_of(rank) -> that rank's stderr log."""
+    if not exited_ok or not (report.exception and (_lost_a_peer(report) or is_timeout(report))):
+        return report
+    rank = exited_ok[0]
+    log_path = log_path_of(rank)
+    return FailureReport(
+        rank=rank,
+        exit_text="exit code 0 before the other ranks finished",
+        exception=(
+            f"rank {rank} ended (its script returned or exited 0) while the other ranks were still running; "
+            f"rank {report.rank} then failed waiting for it in a collective: {report.exception.splitlines()[0]}"
+        ),
+        traceback_tail=_tail(log_path, TRACEBACK_LINES),
+        log_path=log_path,
+        hint=(
+            "every rank must run the same steps and collectives to the end: look for an early return, "
+            f"sys.exit or a shorter loop on rank {rank}"
+        ),
+    )
+
+
+def _lost_a_peer(report: FailureReport) -> bool:
+    return any(words in report.exception.lower() for words in PEER_LOST)
 
 
 def describe(rank: int, failure, log_path: str | None) -> FailureReport:

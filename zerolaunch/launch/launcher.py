@@ -24,7 +24,7 @@ from pathlib import Path
 from zerolaunch.disk_errors import disk_errors
 from zerolaunch.launch import env
 from zerolaunch.launch.devices import Workers, choose_workers
-from zerolaunch.launch.ports import LOOPBACK, LaunchError, free_port, parse_endpoint
+from zerolaunch.launch.ports import LOOPBACK, LaunchError, check_endpoint, free_port, parse_endpoint
 from zerolaunch.launch.previous_run import check_previous_run, write_owner
 from zerolaunch.launch.runlock import RunLock, lock_name
 from zerolaunch.launch.writable import check_writable
@@ -89,6 +89,9 @@ def plan_rendezvous(req: LaunchRequest) -> Rendezvous:
         endpoint, local_addr = f"{host}:{port}", None
         if host in (LOOPBACK, "localhost"):
             local_addr = LOOPBACK
+        # before anything is written: a port another program holds would leave the workers waiting silently
+        hosts_the_store = req.nnodes == 1 or (req.rdzv_backend == "static" and not req.node_rank)
+        check_endpoint(host, port, must_host=hosts_the_store)
     configs: dict = {}
     if req.rdzv_backend == "static":
         if req.nnodes > 1 and req.node_rank is None:
@@ -111,7 +114,7 @@ def _worker_args(req: LaunchRequest, resolved: Path, workers: Workers) -> list[s
 
 
 def _prepare_env(workers: Workers) -> None:
-    # The workers' parent: each worker checks it is still there after arming PR_SET_PDEATHSIG (worker.py).
+    # The workers' parent: each worker checks it is still there after arming its guards (orphans.py).
     env.set_launcher_pid(os.getpid())
     # pytorch issue 135712: a c10d restart reuses the rendezvous store and fails or hangs without this.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
@@ -163,10 +166,7 @@ def _launch_in(req, recipe, rdzv, workers, run_dir: Path, checkpoint_root: Path,
         for lock in locks:
             if lock.note:
                 console.print(lock.note, markup=False, highlight=False, soft_wrap=True)
-        moved = check_previous_run(run_dir, checkpoint_root, resume=req.resume, restart=req.restart)
-        if moved:
-            console.print(moved, markup=False, highlight=False, soft_wrap=True)
-        write_owner(checkpoint_root, run_dir)
+        # before anything moves: a resume with nothing left to train leaves every folder as it is
         done = _finished_checkpoint(req.resume, checkpoint_root, recipe.train.steps)
         if done is not None:
             from zerolaunch.checkpoint.save import nothing_to_do
@@ -174,6 +174,10 @@ def _launch_in(req, recipe, rdzv, workers, run_dir: Path, checkpoint_root: Path,
             line = nothing_to_do(done[1], recipe.train.steps, where=done[0])
             console.print(line, markup=False, highlight=False, soft_wrap=True)
             return 0
+        moved = check_previous_run(run_dir, checkpoint_root, resume=req.resume, restart=req.restart)
+        if moved:
+            console.print(moved, markup=False, highlight=False, soft_wrap=True)
+        write_owner(checkpoint_root, run_dir)
         return _launch_locked(req, recipe, rdzv, workers, run_dir, console)
     finally:
         for lock in reversed(locks):
@@ -309,6 +313,10 @@ def _run_agent(
         failed = {r for r, f in err.failures.items() if not failures.is_secondary(f)}
         hint = failures.timeout_hint(report, failed, set(logs.global_ranks.values()), req.timeout_seconds)
         report = dataclasses.replace(report, hint=hint)
+        # a rank of this node missing from the failures exited 0: before the others, since they failed
+        local_of = {g: local for local, g in logs.global_ranks.items()}
+        exited_ok = sorted(set(local_of) - set(err.failures))
+        report = failures.early_exit(report, exited_ok, lambda r: logs.log_files(local_of[r])[1])
         from zerolaunch.util.exit_codes import NONFINITE_EXIT_CODE
 
         if failure.exitcode == NONFINITE_EXIT_CODE:

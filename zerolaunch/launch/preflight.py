@@ -7,7 +7,9 @@ whose model has no trainable parameters (built on the meta device, so a 7B model
 warmup_max_lr) whose length is not the built-in loop's number of param groups, and a data builder that
 raises, returns no iterable or yields nothing (rank 0's iterable is built and one batch drawn, on the CPU, in a thread given
 DATA_PROBE_SECONDS: a builder that reads a large corpus or loads a tokenizer for longer is not judged, and
-the run goes on with a note). It writes nothing. It does not own the recipe's own validation (config/, which
+the run goes on with a note); also a resume on other data than the checkpoint was trained on
+(data/identity.py; unless data.allow_change), and a prepared folder whose tokenizer is larger than the
+model's vocabulary. It writes nothing. It does not own the recipe's own validation (config/, which
 also imports both builders) nor the errors only a worker can meet (those come back through the worker's
 error record).
 """
@@ -21,6 +23,8 @@ from pathlib import Path
 from zerolaunch.config.errors import UserError
 
 HF_BUILDER = "zerolaunch.models.hf:build"
+GPT_BUILDER = "zerolaunch.models.gpt:build"
+TOKENS_BUILDER = "zerolaunch.data.tokens:build"
 DATA_PROBE_SECONDS = 30.0
 """How long the launcher waits for the data builder's first batch before it leaves the check to the workers."""
 
@@ -38,6 +42,8 @@ def preflight(recipe, resume: str | None, world_size: int = 1) -> list[str]:
         check_model_on_meta(recipe, where)
     if not recipe.entrypoint:  # an entrypoint script brings its own data; the built-in loop is not used
         check_scheduler_groups(recipe, where)
+        check_data_unchanged(recipe, resume, where)
+        check_vocab_fits(recipe, where)
         note = check_data_yields(recipe, world_size, where)
         if note:
             notes.append(note)
@@ -54,6 +60,114 @@ def check_resume(resume: str) -> None:
             "checkpoint.dir of a run (its `latest` is used), or `--resume auto`."
         )
     resolve_checkpoint(path)  # a CheckpointError (exit 2) when it holds no checkpoint
+
+
+def check_data_unchanged(recipe, resume: str | None, where: str) -> None:
+    """The checkpoint a resume would load was trained on this recipe's data (its recorded identity), or
+    data.allow_change is set. Reads the checkpoint's manifest only; a checkpoint that cannot be read, or was
+    written before identities existed, is left to the worker's load."""
+    if resume is None or recipe.data.allow_change:
+        return
+    from zerolaunch.checkpoint.errors import CheckpointError
+    from zerolaunch.checkpoint.manifest import read_manifest
+    from zerolaunch.checkpoint.save import latest_checkpoint, resolve_checkpoint
+    from zerolaunch.data.identity import IDENTITY_KEY, data_identity, identity_changes, refusal
+
+    try:
+        if resume == "auto":
+            root = Path(recipe.checkpoint.dir or Path(recipe.train.run_dir) / "checkpoints")
+            folder = latest_checkpoint(root) if root.is_dir() else None
+        else:
+            folder = resolve_checkpoint(Path(resume))
+        if folder is None:
+            return
+        manifest = read_manifest(folder)
+    except CheckpointError:
+        return
+    extra = manifest.ranks[0].extra if manifest.ranks else {}
+    current = data_identity(recipe.data.builder, dict(recipe.data.args), recipe.train.seed)
+    changes = identity_changes(extra.get(IDENTITY_KEY), current)
+    if changes:
+        shown = resume if resume != "auto" else f"auto ({folder})"
+        raise UserError(refusal(changes, shown, where, int(extra.get("train_step", manifest.step))))
+
+
+def model_vocab_size(recipe) -> tuple[int, str] | None:
+    """(vocabulary size, where it was read) of the built-in GPT or a Hugging Face model; None for a model
+    whose vocabulary is not known without building it (a user builder, an inline config without one)."""
+    args = recipe.model.args
+    if recipe.model.builder == GPT_BUILDER:
+        if "vocab_size" in args:
+            return int(args["vocab_size"]), "model.args.vocab_size"
+        import inspect
+
+        from zerolaunch.models.gpt import build
+
+        default = inspect.signature(build).parameters["vocab_size"].default
+        return int(default), "the built-in GPT's default, model.args.vocab_size being unset"
+    if recipe.model.builder != HF_BUILDER:
+        return None
+    if "path" in args:
+        import json
+
+        where = Path(str(args["path"])) / "config.json"
+        try:
+            config = json.loads(where.read_text())
+        except (OSError, ValueError):
+            return None
+        where = f"vocab_size in {where}"
+    elif isinstance(args.get("config"), dict):
+        config, where = args["config"], "model.args.config.vocab_size"
+    else:
+        return None
+    text_config = config.get("text_config") if isinstance(config, dict) else None
+    vocab = config.get("vocab_size") if isinstance(config, dict) else None
+    if vocab is None and isinstance(text_config, dict):  # a multimodal config keeps the text model's apart
+        vocab = text_config.get("vocab_size")
+    if isinstance(vocab, bool) or not isinstance(vocab, int):
+        return None
+    return vocab, where
+
+
+def check_vocab_fits(recipe, where: str) -> None:
+    """A prepared folder's token ids fit the model's embedding: its tokenizer (manifest.json) is not larger
+    than the model's vocabulary, which would end in an IndexError in every worker's first forward."""
+    if recipe.data.builder != TOKENS_BUILDER:
+        return
+    model = model_vocab_size(recipe)
+    if model is None:
+        return
+    model_vocab, model_where = model
+    from zerolaunch.data.prepare import read_manifest
+    from zerolaunch.data.readers import DataError
+
+    folders = [
+        ("data.args.path", recipe.data.args.get("path")),
+        ("data.eval.path", recipe.data.eval.get("path")),
+    ]
+    for key, folder in folders:
+        if folder is None:
+            continue
+        try:
+            tokenizer = read_manifest(folder).get("tokenizer") or {}
+        except (DataError, OSError, ValueError):
+            continue  # not a readable prepared folder: the data check below reports it
+        data_vocab = tokenizer.get("vocab_size")
+        if isinstance(data_vocab, bool) or not isinstance(data_vocab, int) or data_vocab <= model_vocab:
+            continue
+        fix = (
+            f"Set model.args.vocab_size: {data_vocab} (or more)"
+            if recipe.model.builder == GPT_BUILDER
+            else "Use the model's own tokenizer, or resize the model's embeddings to it "
+            "(model.resize_token_embeddings, then save_pretrained)"
+        )
+        raise UserError(
+            f"{where}: {key} {folder} was prepared with a tokenizer of {data_vocab:,} tokens (its "
+            f"manifest.json, tokenizer.vocab_size), but the model's vocabulary has {model_vocab:,} "
+            f"({model_where}): token ids from {model_vocab:,} up have no embedding row, and every worker "
+            f"would fail with an IndexError. {fix}, or prepare the data again with a tokenizer of at most "
+            f"{model_vocab:,} tokens."
+        )
 
 
 def check_hf_path(value, where: str) -> None:

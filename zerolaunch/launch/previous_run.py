@@ -7,7 +7,9 @@ ones survive, leaving one folder with two runs' checkpoints under one `latest`. 
 naming what is there, unless `--resume` continues that run or `--restart` moves it aside first: the run's
 own files (never other files in the folder) go to `previous-<time of its last write>/` in the run dir, and
 the checkpoints of a checkpoint.dir outside the run dir to `previous-<time>/` inside that checkpoint.dir.
-Nothing is deleted. The folder name comes from the old run's files, not the clock, so the launchers of a
+Nothing is deleted. `--resume` of another run's checkpoint (outside this checkpoint root) starts this
+run's history there, so it counts as a fresh start: refused over an earlier run, or after --restart moved it
+aside; into an empty run dir it simply starts from that checkpoint. The folder name comes from the old run's files, not the clock, so the launchers of a
 multi-node job sharing the run dir pick the same one.
 
 Owns: the look and the move. Not: the locks (runlock.py) nor what `--resume` loads (train/checkpointing.py).
@@ -187,21 +189,50 @@ def refusal(found: PreviousRun, *, what: str) -> PreviousRunFound:
     )
 
 
+def from_another_run(resume: str | None, checkpoint_root) -> bool:
+    """True when --resume names a checkpoint outside this run's checkpoint root (another run's).
+
+    Resuming it starts this run's history from that checkpoint: whatever this run dir already holds is not
+    continued but would be written over (same-named steps) and mixed (metrics.jsonl)."""
+    if not resume or resume == "auto":
+        return False
+    return not _inside(Path(resume), Path(checkpoint_root))
+
+
+def foreign_resume_refusal(found: PreviousRun, resume: str) -> PreviousRunFound:
+    own = found.in_run_dir or _inside(found.checkpoint_root, found.run_dir)
+    where = f"run dir {found.run_dir}" if own else f"checkpoint.dir {found.checkpoint_root}"
+    new_folder = "--run-dir NEW_DIR" if own else "--set checkpoint.dir=NEW_DIR"
+    places = " and ".join(f"{p}/" for p in aside_places(found))
+    return PreviousRunFound(
+        f"--resume {resume} is a checkpoint of another run, but {where} already holds a run: {describe(found)}. "
+        f"Starting there from that checkpoint would overwrite this run's same-named checkpoints and mix the two "
+        f"runs' metrics. Either add --restart to move this run aside to {places} (nothing is deleted) and start "
+        f"from {resume}, or give the new run its own folder with {new_folder}."
+    )
+
+
 def check_previous_run(run_dir, checkpoint_root, *, resume: str | None, restart: bool) -> str | None:
     """Refuse a fresh start over an earlier run, or with `restart` move that run aside.
 
+    A resume from another run's checkpoint (`from_another_run`) is a fresh start of this run's history: it
+    is refused over an earlier run as a fresh start is, and `restart` moves that run aside before it.
     Returns a line to print (where the old run went), or None when there was nothing to do."""
-    if resume and restart:
+    foreign = from_another_run(resume, checkpoint_root)
+    if resume and restart and not foreign:
         raise UserError(
-            f"--restart starts over and --resume {resume} continues: give one of them. --restart moves the old "
-            "run aside; --resume auto continues it."
+            f"--restart starts over and --resume {resume} continues this run: give one of them. --restart moves "
+            "the old run aside; --resume auto continues it. (--restart with --resume of another run's "
+            "checkpoint starts over from that checkpoint.)"
         )
-    if resume:
+    if resume and not foreign:
         return None
     found = find_previous(run_dir, checkpoint_root)
     if not found:
         return None
     if not restart:
+        if foreign:
+            raise foreign_resume_refusal(found, resume)
         own = found.in_run_dir or _inside(found.checkpoint_root, found.run_dir)
         raise refusal(found, what="run_dir" if own else "checkpoint.dir")
     return set_aside(found)

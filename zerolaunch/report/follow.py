@@ -107,7 +107,7 @@ class LiveProgress:
         """Draw every record appended since the last poll; returns how many there were."""
         records = self._follower.poll()
         for record in records:
-            if "eval_loss" in record:  # an evaluation, not a step (the workers print its line)
+            if "eval_loss" in record or "event" in record:  # not a step (the workers print its line)
                 continue
             metrics, rates = record_to_step(record)
             self._skipped_total += metrics.skipped

@@ -2,7 +2,9 @@
 
 `CheckpointHook.resume(...)` picks what to resume from (--resume auto|PATH, or `latest` after an elastic
 restart) and loads it; `maybe_save(step)` saves every `checkpoint.every` steps and `save(step)` at the end.
-Each rank saves its own shard and its `extra`: the loop step, RNG streams and data position.
+Each rank saves its own shard and its `extra`: the loop step, RNG streams, data position and the data's
+identity (data/identity.py). A resume on other data is refused unless data.allow_change; the launcher's
+pre-flight makes the same check first, this one is the safety net (an elastic restart, a direct worker).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 import torch
 
 from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_TOKENIZER_KEY
+from zerolaunch.data.identity import IDENTITY_KEY, data_identity, identity_changes, refusal
 from zerolaunch.train import seeding
 from zerolaunch.train.batches import TrainError
 
@@ -22,8 +25,25 @@ def checkpoint_root(recipe) -> Path:
     )
 
 
-def _other_checkpoint(path: Path) -> str:
-    """Where else to resume from when `path` cannot be loaded: the newest other complete checkpoint."""
+def _would_load(folder: Path, specs) -> bool:
+    """Whether `folder` passes what a load checks before it reads tensors: the manifest (and its crc32),
+    every rank file's size and header, and the model's params (names, shapes, trainable)."""
+    from zerolaunch.checkpoint import CheckpointError
+    from zerolaunch.checkpoint.load import check_compatible
+    from zerolaunch.checkpoint.reader import CheckpointReader
+
+    try:
+        with CheckpointReader(folder) as reader:
+            check_compatible(reader, specs)
+    except CheckpointError:
+        return False
+    return True
+
+
+def _other_checkpoint(path: Path, specs) -> str:
+    """Where else to resume from when `path` cannot be loaded: the newest other complete checkpoint that
+    would pass the same checks with this model (a suggestion that fails the same way helps nobody), or
+    that none would."""
     from zerolaunch.checkpoint.save import complete_checkpoints, resolve_checkpoint
 
     try:
@@ -31,9 +51,16 @@ def _other_checkpoint(path: Path) -> str:
     except Exception:  # the path itself is what is broken: the error already says so
         return ""
     others = [p for _, p in complete_checkpoints(folder.parent) if p != folder]
+    for other in reversed(others):  # newest first: checking stops at the first that would load
+        if _would_load(other, specs):
+            return f" The newest other complete checkpoint is {other.name}: resume from it with --resume {other}."
     if not others:
         return ""
-    return f" The newest other complete checkpoint is {others[-1].name}: resume from it with --resume {others[-1]}."
+    return (
+        f" None of the {len(others)} other complete checkpoint(s) in {folder.parent} would load either (each "
+        "was checked against this model's params and its own files): resume with the model.args of the run "
+        "that saved them, or train from the start without --resume (a fresh --run-dir, or --restart)."
+    )
 
 
 class CheckpointHook:
@@ -50,6 +77,11 @@ class CheckpointHook:
         self.ctx = ctx
         self.source = source
         self.last_saved_step: int | None = None
+        self.data_identity = data_identity(recipe.data.builder, dict(recipe.data.args), recipe.train.seed)
+        self.allow_data_change = recipe.data.allow_change
+        self.recipe_file = recipe.source or "the recipe"
+        self.data_changes: list = []
+        """(field, saved, current) of a resume on other data that data.allow_change let through."""
         from zerolaunch.checkpoint.hf_folder import recipe_tokenizer_dir
 
         # the tokenizer the recipe names travels (as a path) with the weights: convert copies its files
@@ -85,11 +117,15 @@ class CheckpointHook:
                 self.engine, path, group=self.ctx.group, verify=self.ctx.verify_checkpoints
             )
         except CheckpointError as err:
-            other = _other_checkpoint(path)
+            other = _other_checkpoint(path, self.engine.param_specs())
             if not other:
                 raise
             raise CheckpointError(err.message.rstrip(". ") + "." + other) from None
         step = int(extra.get("train_step", self.engine.global_steps))
+        changes = identity_changes(extra.get(IDENTITY_KEY), self.data_identity)
+        if changes and not self.allow_data_change:
+            raise TrainError(refusal(changes, str(path), self.recipe_file, step))
+        self.data_changes = changes
         if "data" in extra:
             self.source.restore(extra["data"])
         else:
@@ -121,6 +157,7 @@ class CheckpointHook:
             "rank": self.ctx.rank,
             "data": self.source.state(),
             "rng": seeding.rng_state(self.ctx.device),
+            IDENTITY_KEY: self.data_identity,
         }
         if self.ctx.is_rank0:
             from zerolaunch.models.hf import hf_config_dict

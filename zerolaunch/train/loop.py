@@ -126,6 +126,11 @@ class Trainer:
         # the first batch is drawn now: its shape sizes the report (tokens per step, flops per token)
         self.pending = self.source.next()
         self.reporter = self._build_reporter(self.pending) if ctx.is_rank0 else None
+        if self.reporter is not None and self.checkpoints.data_changes:
+            from zerolaunch.data.identity import changes_record, describe_changes
+
+            changes = self.checkpoints.data_changes
+            self.reporter.log_data_change(self.start_step, changes_record(changes), describe_changes(changes))
         self.monitors = None
         if ctx.is_rank0 and recipe.train.monitors:
             from zerolaunch.report.monitors import Monitors

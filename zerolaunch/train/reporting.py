@@ -86,6 +86,14 @@ class StepReporter:
         file.write({k: (v if math.isfinite(v) else None) for k, v in record.items()})
         print(f"step {step}/{self.total_steps} eval_loss {loss:.4f} eval_ppl {perplexity:.2f}", flush=True)
 
+    def log_data_change(self, step: int, changes: dict, described: str) -> None:
+        """A resume on other data that data.allow_change let through: a line, and a metrics.jsonl record
+        {step, event: "data_changed", changes: {field: {old, new}}} at the step it resumed from."""
+        record = {"step": step, "event": "data_changed", "changes": changes}
+        file = self._reporter.metrics_file if self._reporter is not None else self._plain_file
+        file.write(record)
+        print(f"step {step}: resumed on other data (data.allow_change: true): {described}", flush=True)
+
     def finish(self, memory_by_rank: list[dict], zero_stage: int, **kwargs) -> None:
         if self._reporter is not None:
             self._reporter.finish(memory_by_rank, zero_stage, **kwargs)

@@ -5,4 +5,6 @@
 - `hf_env.py`: the Hugging Face environment zerolaunch runs under (offline).
 - `exit_codes.py`: the worker's documented exit codes.
 - `errors.py`: `UserError`, the base of every error in the user's input.
+- `filelock.py`: an exclusive flock whose file names its holder (run locks, prepare-data's OUT lock).
+- `overlap.py`: whether an output path is, holds or lies inside an input path.
 """

@@ -1,6 +1,7 @@
 """The engine side of the checkpoint contract, as a mixin of `Engine` (engine.py).
 
-Owns: the param specs, frozen params + buffers (identical on every rank), the JSON-able meta (steps, schedule,
+Owns: the param specs, the replicated frozen params + buffers (identical on every rank; stage 3 shards
+frozen params over the persistence threshold: `frozen_fragment_state` / `load_frozen_state`), the JSON-able meta (steps, schedule,
 loss scale, the optimizer's step count), and the master + optimizer state of the fragments a rank owns, read
 from the engine's `shards` (optim.shard_optimizer.ShardOptimizer) wherever they live. Which fragments a rank
 owns, and the params they fill, are the sharding strategy's (`owned_fragments()`, `load_fragment_state()`).
@@ -42,6 +43,16 @@ class EngineStateMixin:
             )
         for name, t in expected.items():
             t.copy_(state[name])
+
+    def frozen_fragment_state(self) -> dict[str, torch.Tensor]:
+        """{f"{name}/{start}": flat tensor in the param's dtype} for the frozen params this rank holds a
+        shard of (stage 3); every element is held by one rank. Empty at stages 0-2."""
+        return self.sharding.frozen_fragment_state()
+
+    def load_frozen_state(self, read_frozen) -> None:
+        """read_frozen(name, start, stop) -> flat tensor, or None to keep the model's values: the frozen
+        params this rank shards (stage 3; nothing at stages 0-2, where they are replicated state)."""
+        self.sharding.load_frozen_state(read_frozen)
 
     def fragment_state(self) -> dict[str, torch.Tensor]:
         """{f"{kind}/{name}/{start}": flat tensor} for every owned fragment, in the master's dtype (fp32, or bf16:

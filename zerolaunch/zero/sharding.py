@@ -191,6 +191,14 @@ class Sharding:
     def load_fragment_state(self, read) -> None:
         raise NotImplementedError
 
+    def frozen_fragment_state(self) -> dict[str, torch.Tensor]:
+        """{f"{name}/{start}": this rank's elements of a frozen param it shards}; none where frozen params
+        are whole on every rank (stages 0-2: they are in replicated_state)."""
+        return {}
+
+    def load_frozen_state(self, read_frozen) -> None:
+        """Fill the frozen params this rank shards from read_frozen(name, start, stop) (None: keep)."""
+
     def full_params(self, dtype: torch.dtype | None = None):
         """COLLECTIVE: (name, full tensor) of every param, trainable and frozen (Engine.iter_full_state)."""
         raise NotImplementedError

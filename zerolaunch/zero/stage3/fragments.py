@@ -30,12 +30,42 @@ class UnitStateMixin:
         for flat in self.flats:
             if flat is None:
                 continue
-            for i in range(len(flat.buckets)):
+            for i in flat.trainable_buckets:
                 flat.write_shard(flat.shard_offsets[i], self._bucket_master(flat, i))
             if flat.resident:
-                for name, slot in flat.slots.items():
+                for name, slot in flat.trainable_slots.items():
                     full = read("master", name, 0, slot.numel)
                     flat.param_view(flat.full, name).copy_(full.reshape(slot.shape))
+
+    def frozen_fragments(self) -> list[Fragment]:
+        """This rank's fragments of the sharded frozen params ([Note: frozen buckets] in unit_buffers.py):
+        the checkpoint saves them from every rank, once, like the trainable fragments."""
+        return [frag for f in self.flats if f is not None for frag in f.frozen_fragments()]
+
+    def frozen_fragment_state(self) -> dict[str, torch.Tensor]:
+        """{f"{name}/{start}": this rank's elements of that frozen param, in the compute dtype} (copies)."""
+        out = {}
+        for flat in self.flats:
+            if flat is None or not flat.frozen_buckets:
+                continue
+            stored = flat.read_shard()
+            base = flat.shard_base
+            for frag in flat.frozen_fragments():
+                lo = frag.shard_offset - base
+                out[f"{frag.name}/{frag.start}"] = stored[lo : lo + frag.numel].clone()
+        return out
+
+    @torch.no_grad()
+    def load_frozen_state(self, read_frozen) -> None:
+        """read_frozen(name, start, stop) -> flat tensor, or None to keep the current values (a param the
+        checkpoint left out): this rank's elements of every sharded frozen param (no collective)."""
+        for flat in self.flats:
+            if flat is None:
+                continue
+            for frag in flat.frozen_fragments():
+                values = read_frozen(frag.name, frag.start, frag.stop)
+                if values is not None:
+                    flat.write_shard(frag.shard_offset, values.to(self.ctx.device))
 
     @torch.no_grad()
     def full_params(self, dtype: torch.dtype | None = None):
@@ -63,11 +93,14 @@ class UnitStateMixin:
     def _gather_for_save(self, flat: UnitFlat, from_master: bool) -> torch.Tensor:
         """A standalone full copy of the unit (compute dtype, or the fp32 master). A unit without a shard
         gathers its master, which comm casts to the compute dtype ([Note: gather from master])."""
-        if from_master or flat.gathers_from_master:
-            sources = [self._bucket_master(flat, i).to(self.ctx.device) for i in range(len(flat.buckets))]
-        else:
-            shard = flat.read_shard().to(self.ctx.device)
-            sources = [flat.bucket_shard(shard, i) for i in range(len(flat.buckets))]
+        stored = flat.read_shard()
+        stored = None if stored is None else stored.to(self.ctx.device)
+        sources = [
+            flat.stored_bucket_shard(stored, i)
+            if flat.is_frozen_bucket(i) or not (from_master or flat.gathers_from_master)
+            else self._bucket_master(flat, i).to(self.ctx.device)
+            for i in range(len(flat.buckets))
+        ]
         dtype = torch.float32 if from_master else self.ctx.dtype
         out = torch.empty(flat.padded_numel, dtype=dtype, device=self.ctx.device)
         for i, src in enumerate(sources):

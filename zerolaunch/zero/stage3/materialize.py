@@ -4,7 +4,7 @@ This module owns the step from "a module tree whose tensors may live on the meta
 on the compute device", done for one unit's region at a time so that no rank ever holds the whole model:
 
 - the unit's sharded params become views of one fp32 buffer of the unit's size (the caller shards it and
-  drops it before the next unit), its resident tensors (small params, frozen params, buffers) become real
+  drops it before the next unit), its resident tensors (small params, buffers) become real
   tensors of their own;
 - when the region had meta tensors, it is initialized under a seed every rank agrees on (`unit_seed`):
   `init_fn(module)` for every module of the region when given, else `reset_parameters()` of the outermost
@@ -88,7 +88,7 @@ def materialize(
     {name: value} of the `deliver` params: tied params another unit owns whose init this unit runs).
 
     sharded: {name: fp32 view in the unit's init buffer} for the unit's sharded params. resident_names:
-    the resident params (persistent + frozen) whose home is this unit. `named_params` is updated in place
+    the resident params (persistent + small frozen) whose home is this unit. `named_params` is updated in place
     when a meta param is replaced by a new Parameter.
     """
     meta_sites = [

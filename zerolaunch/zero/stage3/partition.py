@@ -8,8 +8,11 @@ This module owns two pure decisions over the module tree (it allocates nothing a
 - Parameter ownership. A unit's *region* is its module subtree minus the subtrees of other units (the root's
   region is every module outside the units). A parameter used by the region of exactly one unit belongs to
   that unit; one used by several regions (tied weights) belongs to the root unit, which stays gathered for
-  the whole forward and backward, so every user of the tie sees it. Frozen parameters and parameters with
-  fewer than `persistence_threshold` elements are not sharded: they stay resident on every rank.
+  the whole forward and backward, so every user of the tie sees it. Frozen parameters (requires_grad
+  False) are sharded in their unit like trainable ones (DeepSpeed ZeRO-3 does the same: a LoRA base or a
+  reference model is never whole on a rank), kept apart so that they get no grad, master or optimizer
+  state. Parameters with fewer than `persistence_threshold` elements, trainable or frozen, are not
+  sharded: they stay resident on every rank.
 
 The gather/free machinery (unit_buffers.py), materialization (materialize.py) and the engine
 (unit_sharding.py) read the `Partition` built here.
@@ -36,6 +39,8 @@ class Unit:
     """(path, module) of every module whose own tensors this unit materializes, in registration order."""
     params: list[tuple[str, nn.Parameter]] = field(default_factory=list)
     """The sharded trainable parameters the unit owns (canonical names), in registration order."""
+    frozen: list[tuple[str, nn.Parameter]] = field(default_factory=list)
+    """The sharded frozen parameters (requires_grad False) the unit owns, in registration order."""
 
 
 @dataclass
@@ -45,7 +50,8 @@ class Partition:
     persistent: list[tuple[str, nn.Parameter]]
     """Trainable parameters under the persistence threshold: resident on every rank."""
     frozen: list[tuple[str, nn.Parameter]]
-    """Parameters with requires_grad False: resident on every rank, never stepped."""
+    """Frozen parameters (requires_grad False) under the persistence threshold, or not floating point:
+    resident on every rank, never stepped."""
     home_unit: dict[str, int]
     """Canonical param name -> the unit that holds it (owner rule above)."""
     init_unit: dict[str, int]
@@ -126,10 +132,11 @@ def partition(
         owner = next(iter(using)) if len(using) == 1 else ROOT
         home[name] = owner
         init[name] = owner if owner in using else min(using)
-        if not p.requires_grad:
-            frozen.append((name, p))
-        elif p.numel() < persistence_threshold:
-            persistent.append((name, p))
-        else:
+        if p.numel() < persistence_threshold or not p.is_floating_point():
+            # an integer tensor cannot live in a float unit buffer: it stays whole (it cannot train either)
+            (persistent if p.requires_grad else frozen).append((name, p))
+        elif p.requires_grad:
             units[owner].params.append((name, p))
+        else:
+            units[owner].frozen.append((name, p))
     return Partition(units, persistent, frozen, home, init)

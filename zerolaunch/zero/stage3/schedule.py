@@ -27,6 +27,18 @@ stage 2, and the world-size-1 direct writes its `DirectWrites`.
   accumulates a leaf once per backward, also for a unit called twice, so when every trainable param of a
   unit has reported, nothing in this backward reads the unit's params any more: it is freed, and its
   reduce-scatter becomes ready.
+- Frozen params ([Note: frozen buckets] in unit_buffers.py) change when a unit's backward is over: a frozen
+  weight is read by the node that computes the grad of the unit's input, which may run after the last
+  trainable grad of the unit arrived (LoRA: the adapter's grads come before the base Linear's input grad),
+  and a unit of frozen params only has no grad at all. So a unit with frozen params wraps its forward's
+  inputs that need grad in `_InputsBackward` (FSDP2's post-backward trick): its backward runs once the
+  grads of those inputs are computed, i.e. after every node of the unit. Such a unit is freed in backward
+  once its trainable grads arrived (if any) and every wrapper of this window fired. Its outputs get the
+  pre-backward hook whenever they need grad (also with no trainable param). A reentrant checkpoint runs
+  the forward under no_grad (no wrapper) and re-runs it inside backward: the re-run wraps its inputs, whose
+  grads the inner backward computes; a non-reentrant re-run does not wrap (the forward's wrapper fires,
+  the re-run's graph is thrown away). Backward prefetches skip units without trainable params whose
+  outputs needed no grad (a frozen base below the trainable layers has no backward).
 - Reduce-scatters are issued in one fixed order on every rank (units in reverse module order, root, then
   the resident params), a ready unit waiting for the ones before it, so all ranks issue the same
   collectives even when autograd orders grads differently. At the end of backward every unit not yet
@@ -51,7 +63,7 @@ import enum
 from functools import partial
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from .. import comm
 from ..grad_shards import GradShards
@@ -76,6 +88,21 @@ class SchedulePhase(enum.Enum):
     """From begin_backward until finish_backward: units are gathered again for their backward, a forward
     hook only makes sure its unit is gathered (activation-checkpoint recompute), and grads are moved into
     staging buffers and reduce-scattered in the fixed order."""
+
+
+class _InputsBackward(torch.autograd.Function):
+    """Identity on a unit's inputs that need grad; its backward calls `on_done` (the unit's backward is over:
+    every node that reads its params ran before the grads of its inputs exist)."""
+
+    @staticmethod
+    def forward(ctx, on_done, *tensors):
+        ctx.on_done = on_done
+        return tensors  # as they are (FSDP2's RegisterPostBackwardFunction): in-place ops on them stay legal
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.on_done()
+        return (None, *grads)
 
 
 class Stage3Schedule:
@@ -124,19 +151,21 @@ class Stage3Schedule:
         self.reduce_stream = context.reduce_stream
         n = len(flats)
         self.n_trainable = [len(p) for p in params]
-        reduce_order = [k for k in range(n - 2, -1, -1) if flats[k] is not None]
-        if flats[-1] is not None:
+        self.has_frozen = [f is not None and len(f.frozen_buckets) > 0 for f in flats]
+        """Units whose backward ends when their inputs' grads exist (the Note), not at their last grad."""
+        reduce_order = [k for k in range(n - 2, -1, -1) if flats[k] is not None and self.n_trainable[k]]
+        if flats[-1] is not None and self.n_trainable[-1]:
             reduce_order.append(n - 1)
         self.issue_order = IssueOrder(reduce_order, self.n_trainable)
         """Units are reduced in reverse module order, the resident unit last (the Note)."""
         self.phase = SchedulePhase.IDLE
-        units = [f for f in flats if f is not None]
+        units = [f for f in flats if f is not None and f.grad_views]
         self.pipeline = ReducePipeline(
             n,
             self._write_shard,
             device=self.device,
             shard_device=units[0].grad_views[0].device if units else self.device,
-            host_staging_numel=max((f.shard_numel for f in units), default=0),
+            host_staging_numel=max((f.train_shard_numel for f in units), default=0),
             track_grad_sq=track_grad_sq,
             # the compute stream waits for the reduce-scatter, then adds its output into the shard
             write_on_reduce_stream=False,
@@ -148,6 +177,12 @@ class Stage3Schedule:
         self._bwd_pos = 0
         self._held: set[int] = set()
         """Units kept gathered from their forward until their backward is done (see the Note)."""
+        self._input_waits = [0] * n
+        """Per unit with frozen params: its input wrappers whose backward has not run yet (the Note)."""
+        self._grads_in: set[int] = set()
+        """Units whose trainable grads all arrived in this backward."""
+        self._hooked: set[int] = set()
+        """Units whose outputs got the pre-backward hook in the forwards since the last backward."""
         self.reuse_kept = 0
         """Units kept gathered by max_reuse_distance, over the run (tests read it)."""
         self._reset_backward_state()
@@ -160,7 +195,9 @@ class Stage3Schedule:
         for k, module in enumerate(modules):
             if module is None or flats[k] is None or k == ROOT:
                 continue
-            self._handles.append(module.register_forward_pre_hook(partial(self._pre_forward, k)))
+            self._handles.append(
+                module.register_forward_pre_hook(partial(self._pre_forward, k), with_kwargs=True)
+            )
             self._handles.append(module.register_forward_hook(partial(self._post_forward, k)))
         for k, unit_params in enumerate(params):
             for name, p in unit_params:
@@ -169,6 +206,9 @@ class Stage3Schedule:
     def _reset_backward_state(self) -> None:
         self.issue_order.reset()
         self.pipeline.reset_issued()
+        self._input_waits = [0] * len(self.flats)
+        self._grads_in = set()
+        self._hooked = set()
 
     @property
     def issued_count(self) -> int:
@@ -232,25 +272,56 @@ class Stage3Schedule:
                 flat.free()
         self.predicted = list(self.calls)
 
-    def _pre_forward(self, k: int, module, args) -> None:
+    def _pre_forward(self, k: int, module, args, kwargs):
         if self.phase is SchedulePhase.BACKWARD:  # activation-checkpoint recompute: pre_backward gathered it
             self.gather_and_wait(k)
-            return
+            # a reentrant re-run (no wrapper from its no_grad forward) wraps; a non-reentrant one's forward
+            # wrapper is still pending and fires itself (the Note)
+            if self._input_waits[k] == 0:
+                return self._wrap_inputs(k, args, kwargs)
+            return None
         self.calls.append(k)
         self.gather_and_wait(k)
         self._prefetch(self.predicted[len(self.calls) :])
+        return self._wrap_inputs(k, args, kwargs)
+
+    def _wrap_inputs(self, k: int, args, kwargs):
+        """A unit with frozen params: its inputs that need grad go through _InputsBackward (the Note)."""
+        if not self.has_frozen[k] or k == ROOT or not torch.is_grad_enabled():
+            return None
+        flat, spec = tree_flatten((args, kwargs))
+        picked = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not picked:
+            return None
+        wrapped = _InputsBackward.apply(partial(self._inputs_done, k), *[flat[i] for i in picked])
+        for i, t in zip(picked, wrapped, strict=True):
+            flat[i] = t
+        self._input_waits[k] += 1
+        return tree_unflatten(flat, spec)
+
+    def _inputs_done(self, k: int) -> None:
+        self._input_waits[k] = max(0, self._input_waits[k] - 1)
+        self._maybe_free_after_backward(k)
+
+    def _maybe_free_after_backward(self, k: int) -> None:
+        """Free unit k once nothing in this backward reads it any more (the Note)."""
+        if self._input_waits[k] == 0 and (k in self._grads_in or self.n_trainable[k] == 0):
+            self._held.discard(k)
+            self.flats[k].free()
 
     def _post_forward(self, k: int, module, args, output):
         if self.phase is SchedulePhase.BACKWARD:
             return output
-        if torch.is_grad_enabled() and self.n_trainable[k] > 0:
+        if torch.is_grad_enabled():
             tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if not tensors:
+            if not tensors and self.n_trainable[k] > 0:
                 self._held.add(k)
                 return output
+            if tensors:
+                self._hooked.add(k)
             for t in tensors:
                 t.register_hook(partial(self._pre_backward, k))
-            if self._reused_soon(k):
+            if tensors and self._reused_soon(k):
                 self._held.add(k)
                 self.reuse_kept += 1
                 return output
@@ -285,7 +356,8 @@ class Stage3Schedule:
     # ---- backward ------------------------------------------------------------------------------------------
     def begin_backward(self) -> None:
         self.phase = SchedulePhase.BACKWARD
-        self._bwd_seq = list(reversed(self.calls))
+        # a unit with no trainable param and no hooked output has no backward: nothing to prefetch for it
+        self._bwd_seq = [k for k in reversed(self.calls) if self.n_trainable[k] or k in self._hooked]
         self._bwd_pos = 0
         self.gather_and_wait(ROOT)
 
@@ -296,6 +368,8 @@ class Stage3Schedule:
 
     def _pre_backward(self, k: int, grad):
         self.gather_and_wait(k)
+        if k not in self._bwd_seq:
+            return None
         while self._bwd_pos < len(self._bwd_seq) and self._bwd_seq[self._bwd_pos] != k:
             self._bwd_pos += 1
         self._prefetch(self._bwd_seq[self._bwd_pos + 1 :])
@@ -313,8 +387,12 @@ class Stage3Schedule:
             flat.add_grad(name, param.grad, self.comm_dtype)
         param.grad = None  # the full gradient is released: this rank keeps only its shard
         if self.issue_order.arrive(k):
-            self._held.discard(k)
-            flat.free()
+            self._grads_in.add(k)
+            if self.has_frozen[k]:
+                self._maybe_free_after_backward(k)
+            else:
+                self._held.discard(k)
+                flat.free()
             if self.direct_writes is None:
                 self._issue_ready()
 

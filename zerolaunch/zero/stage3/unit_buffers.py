@@ -14,6 +14,15 @@ offloaded; none when it gathers from the master, below), plus its fp32 grad shar
 the engine's per-group flat grads) and its fp32 master and optimizer state (the engine's ShardOptimizer, at
 `master_offsets`).
 
+[Note: frozen buckets]
+A unit's frozen params (requires_grad False: a LoRA base, a reference model) sit in the same flat buffer,
+in one bucket of their own after the trainable ones (group FROZEN_GROUP), so one all-gather brings the whole
+unit and one free releases it. They have a shard like the trainable buckets (compute dtype, offloaded with
+the params, in the swap file under nvme), but no grad, no staging, no master and no optimizer state: the
+reduce-scatter covers the trainable buckets only (a prefix of the buffer), and `place_in_master`,
+`attach_grad_shards` and `fragments` skip the frozen bucket. Where the unit gathers from its master, the
+frozen bucket still keeps a compute-dtype shard of its own (it has no master), on the compute device.
+
 Gradients: each parameter's full gradient is copied into a staging buffer (comm dtype, the unit's padded
 size, zeroed so padding and grads missing this micro-step count as zero) as soon as it is ready, and
 dropped; once the unit is issued, one reduce-scatter per bucket averages it into the fp32 grad shard.
@@ -50,6 +59,10 @@ from ..optim import host
 from ..optim.nvme_store import SwapStore
 from ..plan import unit_layout
 
+FROZEN_GROUP = 2**31 - 1
+"""The group of a unit's frozen bucket ([Note: frozen buckets]): above every optimizer group, so the layout
+puts it after the trainable buckets."""
+
 
 class UnitState(enum.Enum):
     """Whether a unit's full buffer exists (`UnitFlat.state`; a resident unit stays GATHERED)."""
@@ -77,8 +90,10 @@ class UnitFlat:
         shard_device: torch.device | None,
         pin: bool,
         resident: bool,
+        frozen_specs: list[ParamSpec] = (),
     ):
-        """shard_device: where this rank's compute-dtype shard lives; None = no shard in memory: in a swap
+        """specs: the trainable params; frozen_specs: the frozen ones ([Note: frozen buckets]).
+        shard_device: where this rank's compute-dtype shard lives; None = no shard in memory: in a swap
         file, attached with `attach_swap` (offload_param nvme), or the master's, `attach_master`."""
         self.index = index
         self.rank = rank
@@ -87,8 +102,11 @@ class UnitFlat:
         self.device = device
         self.resident = resident
         """Resident units (the persistent params) are gathered once and never freed."""
-        self.layout = unit_layout(specs, world_size)
+        frozen = [ParamSpec(s.name, s.shape, FROZEN_GROUP) for s in frozen_specs]
+        self.layout = unit_layout([*specs, *frozen], world_size)
         self.buckets = list(self.layout.buckets)
+        self.n_trainable_buckets = sum(b.group != FROZEN_GROUP for b in self.buckets)
+        """The trainable buckets come first; the frozen one (if any) after them."""
         self.bucket_offsets: list[int] = []
         self.shard_offsets: list[int] = []
         full_off = shard_off = 0
@@ -99,8 +117,13 @@ class UnitFlat:
             shard_off += b.shard_numel
         self.padded_numel = full_off
         self.shard_numel = shard_off
-        self.numel = sum(s.numel for s in specs)
+        n = self.n_trainable_buckets
+        self.train_padded_numel = sum(b.padded_numel for b in self.buckets[:n])
+        """Elements of the trainable buckets: the prefix of the buffer that grads are staged and reduced in."""
+        self.train_shard_numel = sum(b.shard_numel for b in self.buckets[:n])
+        self.numel = sum(s.numel for s in [*specs, *frozen])
         self.slots = {s.name: s for s in self.layout.params}
+        self.trainable_slots = {s.name: s for s in self.layout.params if s.group != FROZEN_GROUP}
         self.full = torch.empty(self.padded_numel, dtype=dtype, device=device)
         self.full_nbytes = self.full.untyped_storage().nbytes()
         self.state = UnitState.GATHERED
@@ -110,7 +133,10 @@ class UnitFlat:
         self._pin = pin
         self.shard: torch.Tensor | None = None
         """The resident shard (None while it lives in a swap file: read_shard / write_shard, or when the unit
-        gathers from the master)."""
+        gathers from the master; then only the frozen buckets' shard, from `shard_base` on)."""
+        self.shard_base = 0
+        """Where `shard` starts in this rank's shard of the whole unit (the frozen buckets' start when the
+        trainable ones gather from the master)."""
         if shard_device is not None:
             self.shard = host.zeros(self.shard_numel, shard_device, pin=pin, dtype=dtype)
         self._swap: tuple[SwapStore, int] | None = None
@@ -147,12 +173,28 @@ class UnitFlat:
     def bucket_shard(self, shard: torch.Tensor, i: int) -> torch.Tensor:
         return shard[self.shard_offsets[i] : self.shard_offsets[i] + self.buckets[i].shard_numel]
 
+    def stored_bucket_shard(self, stored: torch.Tensor, i: int) -> torch.Tensor:
+        """Bucket i's shard inside what `read_shard()` returned (which starts at `shard_base`)."""
+        start = self.shard_offsets[i] - self.shard_base
+        return stored[start : start + self.buckets[i].shard_numel]
+
+    def is_frozen_bucket(self, i: int) -> bool:
+        return i >= self.n_trainable_buckets
+
+    @property
+    def trainable_buckets(self) -> range:
+        return range(self.n_trainable_buckets)
+
+    @property
+    def frozen_buckets(self) -> range:
+        return range(self.n_trainable_buckets, len(self.buckets))
+
     # ---- where this unit's shards sit in the per-group master and grad shards --------------------------
     def place_in_master(self, cursor: list[int]) -> None:
         """Each bucket's shard goes at `cursor[group]` of its group's fp32 master (and grad shard), which
         advances past it."""
         self.master_offsets = []
-        for b in self.buckets:
+        for b in self.buckets[: self.n_trainable_buckets]:  # the frozen bucket has no master
             self.master_offsets.append(cursor[b.group])
             cursor[b.group] += b.shard_numel
 
@@ -160,12 +202,12 @@ class UnitFlat:
         """Take this unit's views into the fp32 grad shards (after place_in_master, while the segments are
         held): each bucket's view and segment, and with `per_param` (world size 1, where a bucket's shard is
         the whole bucket: [Note: direct grads] in schedule.py) each param's slice."""
+        trainable = self.buckets[: self.n_trainable_buckets]
         self.grad_views = [
-            grad_shards.view(b.group, self.master_offsets[i], b.shard_numel)
-            for i, b in enumerate(self.buckets)
+            grad_shards.view(b.group, self.master_offsets[i], b.shard_numel) for i, b in enumerate(trainable)
         ]
         self.grad_segments = [
-            grad_shards.index_of(b.group, self.master_offsets[i]) for i, b in enumerate(self.buckets)
+            grad_shards.index_of(b.group, self.master_offsets[i]) for i, b in enumerate(trainable)
         ]
         if per_param:
             self.grad_slices = {
@@ -174,7 +216,7 @@ class UnitFlat:
                     self.master_offsets[slot.bucket] + slot.offset,
                     slot.numel,
                 )
-                for name, slot in self.slots.items()
+                for name, slot in self.trainable_slots.items()
             }
 
     # ---- this rank's shard, resident or swapped ------------------------------------------------------------
@@ -184,17 +226,20 @@ class UnitFlat:
         self.shard = None
 
     def attach_master(self, views: list[torch.Tensor]) -> None:
-        """Gather from these fp32 master views, one per bucket, and keep no shard ([Note: gather from
-        master]); the caller keeps the master up to date."""
+        """Gather the trainable buckets from these fp32 master views, one per bucket, and keep no shard of
+        them ([Note: gather from master]); the caller keeps the master up to date. The frozen bucket keeps its
+        compute-dtype shard, on the compute device ([Note: frozen buckets])."""
         self._master = list(views)
-        self.shard = None
+        self.shard_base = self.train_shard_numel
+        frozen_numel = self.shard_numel - self.train_shard_numel
+        self.shard = torch.zeros(frozen_numel, dtype=self.dtype, device=self.device) if frozen_numel else None
 
     @property
     def gathers_from_master(self) -> bool:
         return self._master is not None
 
     def read_shard(self) -> torch.Tensor:
-        """This rank's whole compute-dtype shard: the resident tensor itself, or a new host copy read from the
+        """This rank's stored compute-dtype shard (from `shard_base`): the resident tensor itself, or a new host copy read from the
         swap file (pinned when asked: blocks come from torch's pinned-memory cache, so a gathered unit's copy
         is recycled once its host->device copy has completed)."""
         if self._swap is None:
@@ -208,9 +253,12 @@ class UnitFlat:
     def write_shard(self, start: int, values: torch.Tensor, *, non_blocking: bool = False) -> None:
         """Shard elements [start, start + values.numel()) <- values (any float dtype; cast). non_blocking: the
         caller guarantees `values` stays unchanged until the device's current stream has passed the copy.
-        Nothing to write when the unit gathers from the master (the caller writes the master)."""
+        Nothing to write into a trainable bucket that gathers from the master (the caller writes the
+        master)."""
         if self._master is not None:
-            return
+            if start < self.shard_base:
+                return
+            start -= self.shard_base
         if self._swap is None:
             self.shard[start : start + values.numel()].copy_(values, non_blocking=non_blocking)
             return
@@ -222,9 +270,19 @@ class UnitFlat:
         return 0 if self.shard is None else self.shard.numel() * self.shard.element_size()
 
     def fragments(self) -> list[Fragment]:
-        """This rank's fragments, with shard offsets into the engine's per-group fp32 master."""
+        """This rank's fragments of trainable params, with shard offsets into the engine's per-group fp32
+        master."""
+        return self._fragments(self.trainable_buckets, self.master_offsets)
+
+    def frozen_fragments(self) -> list[Fragment]:
+        """This rank's fragments of frozen params, with offsets into this rank's shard of the unit
+        (`shard_offset`; group FROZEN_GROUP)."""
+        return self._fragments(self.frozen_buckets, self.shard_offsets)
+
+    def _fragments(self, buckets: range, bases: list[int]) -> list[Fragment]:
         out = []
-        for i, bucket in enumerate(self.buckets):
+        for i in buckets:
+            bucket = self.buckets[i]
             lo, hi = bucket.shard_range(self.rank)
             for slot in self.layout.slots_in(bucket):
                 a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
@@ -235,7 +293,7 @@ class UnitFlat:
                             a - slot.offset,
                             b - slot.offset,
                             bucket.group,
-                            self.master_offsets[i] + a - lo,
+                            bases[i] + a - lo,
                         )
                     )
         return out
@@ -243,7 +301,8 @@ class UnitFlat:
     @torch.no_grad()
     def write_owned(self, name: str, value: torch.Tensor, write_master) -> None:
         """shard + master <- this rank's elements of one full parameter value (fp32);
-        write_master(bucket, start inside the bucket's shard, values) writes the master."""
+        write_master(bucket, start inside the bucket's shard, values) writes the master (not called for a
+        frozen param, which has none)."""
         slot = self.slots[name]
         lo, hi = self.buckets[slot.bucket].shard_range(self.rank)
         a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
@@ -251,7 +310,8 @@ class UnitFlat:
             return
         src = value.reshape(-1)[a - slot.offset : b - slot.offset]
         self.write_shard(self.shard_offsets[slot.bucket] + a - lo, src)
-        write_master(slot.bucket, a - lo, src)
+        if not self.is_frozen_bucket(slot.bucket):
+            write_master(slot.bucket, a - lo, src)
 
     # ---- gather / free -----------------------------------------------------------------------------------
     @property
@@ -299,11 +359,17 @@ class UnitFlat:
         self.state = UnitState.GATHERED
         fulls = [self.bucket_full(self.full, i) for i in range(len(self.buckets))]
         if self._master is not None:
-            # one call per bucket, its fp32 master cast by comm on `stream` ([Note: gather from master])
+            # one call per bucket, its fp32 master cast by comm on `stream` ([Note: gather from master]);
+            # the frozen bucket from its own shard ([Note: frozen buckets])
+            n = self.n_trainable_buckets
             self._pending = [
                 comm.all_gather(full, master, group, stats=stats, async_op=True, stream=stream)
-                for full, master in zip(fulls, self._master, strict=True)
+                for full, master in zip(fulls[:n], self._master, strict=True)
             ]
+            if n < len(fulls):
+                self._pending.append(
+                    comm.all_gather(fulls[n:], self.shard, group, stats=stats, async_op=True, stream=stream)
+                )
             return
         # an offloaded shard is copied to the device by comm.all_gather, on `stream`, ahead of use
         # (non-blocking from pinned memory; a swapped shard is read from its file first). The shard is the
@@ -321,7 +387,7 @@ class UnitFlat:
     # ---- gradients -----------------------------------------------------------------------------------------
     def add_grad(self, name: str, grad: torch.Tensor, comm_dtype: torch.dtype) -> None:
         if self.staging is None:
-            self.staging = torch.zeros(self.padded_numel, dtype=comm_dtype, device=self.device)
+            self.staging = torch.zeros(self.train_padded_numel, dtype=comm_dtype, device=self.device)
         with torch.no_grad():
             self.param_view(self.staging, name).copy_(grad)
 
@@ -331,11 +397,11 @@ class UnitFlat:
         """Reduce-scatter (average) the staged grads: (the staging buffer, kept alive until the work
         completes; the output, this rank's shard of every bucket back to back; the pending work)."""
         if self.staging is None:  # no grad reached this unit this micro-step: it contributes zeros.
-            self.staging = torch.zeros(self.padded_numel, dtype=comm_dtype, device=self.device)
+            self.staging = torch.zeros(self.train_padded_numel, dtype=comm_dtype, device=self.device)
         staging, self.staging = self.staging, None
-        out = torch.empty(self.shard_numel, dtype=comm_dtype, device=self.device)
-        # out is the buckets' shards back to back, so one call reduces every bucket.
-        fulls = [self.bucket_full(staging, i) for i in range(len(self.buckets))]
+        out = torch.empty(self.train_shard_numel, dtype=comm_dtype, device=self.device)
+        # out is the trainable buckets' shards back to back, so one call reduces every one of them.
+        fulls = [self.bucket_full(staging, i) for i in self.trainable_buckets]
         pending = comm.reduce_scatter(
             out, fulls, group, stats=stats, async_op=True, average=True, stream=stream
         )
@@ -347,7 +413,7 @@ class UnitFlat:
         """The fp32 grad shard <- (accumulate=False: the window's first micro-step) or += the completed
         reduce-scatter's output. host_staging: a reusable pinned buffer for the accumulating copy to the
         host."""
-        for i in range(len(self.buckets)):
+        for i in self.trainable_buckets:
             host.to_host(
                 self.grad_views[i], self.bucket_shard(out, i), accumulate=accumulate, staging=host_staging
             )

@@ -11,8 +11,9 @@ none without any offload, where a unit gathers from its fp32 master: [Note: gath
 grad shards per param group and, in ../optim/shard_optimizer.py's ShardOptimizer, the fp32 master +
 optimizer state (on the host with offload_optimizer cpu, in a swap file with nvme), the resident tensors
 (params under `stage3_param_persistence_threshold` -- replicated, their grads averaged by reduce-scatter then
-re-gathered after the step, the bytes of an all-reduce --, frozen params, buffers), and, only while a unit
-runs, that unit's full buffer. The step walks the master chunk by chunk (one per unit bucket, cut smaller with
+re-gathered after the step, the bytes of an all-reduce --, frozen params under it, buffers), and, only while a
+unit runs, that unit's full buffer. Frozen params over the threshold are sharded in their unit, in the
+compute dtype, with nothing else ([Note: frozen buckets] in unit_buffers.py). The step walks the master chunk by chunk (one per unit bucket, cut smaller with
 cpu offload) and refreshes each chunk's compute-dtype shard, where there is one, as soon as it has stepped.
 """
 
@@ -72,13 +73,14 @@ class UnitSharding(UnitStateMixin, Sharding):
         part = partition(model, zero_options.stage3_units, zero_options.stage3_param_persistence_threshold)
         self.units = part.units
 
-        def make_flat(index, names, resident):
-            if not names:
+        def make_flat(index, names, resident, frozen_names=()):
+            if not names and not frozen_names:
                 return None
             specs = [ParamSpec(n, tuple(named[n].shape), group_of[n]) for n in names]
             return UnitFlat(
                 index,
                 specs,
+                frozen_specs=[ParamSpec(n, tuple(named[n].shape)) for n in frozen_names],
                 world_size=self.ctx.world_size,
                 rank=self.ctx.rank,
                 dtype=self.ctx.dtype,
@@ -88,7 +90,9 @@ class UnitSharding(UnitStateMixin, Sharding):
                 pin=zero_options.offload_param.pin_memory,
             )
 
-        self.flats = [make_flat(u.index, [n for n, _ in u.params], False) for u in part.units]
+        self.flats = [
+            make_flat(u.index, [n for n, _ in u.params], False, [n for n, _ in u.frozen]) for u in part.units
+        ]
         self.flats.append(make_flat(len(part.units), [n for n, _ in part.persistent], True))
         self._flat_of = {n: k for k, f in enumerate(self.flats) if f is not None for n in f.slots}
         self.param_swap: nvme_store.SwapStore | None = None
@@ -115,7 +119,8 @@ class UnitSharding(UnitStateMixin, Sharding):
         self._materialize(part, named, init_fn)
 
         self.named_params = dict(collect_params(model))
-        self.frozen_params = [(n, p) for n, p in self.named_params.items() if not p.requires_grad]
+        self.frozen_params = [(n, self.named_params[n]) for n, _ in part.frozen]
+        """The resident frozen params (replicated_state); the others are sharded in their units."""
         self.model_buffers = list(model.named_buffers())
         unit_params = [[(n, self.named_params[n]) for n, _ in u.params] for u in part.units]
         unit_params.append([(n, self.named_params[n]) for n, _ in part.persistent])
@@ -152,7 +157,7 @@ class UnitSharding(UnitStateMixin, Sharding):
             if flat is None:
                 continue
             flat.place_in_master(cursor)
-            for i, b in enumerate(flat.buckets):
+            for i, b in enumerate(flat.buckets[: flat.n_trainable_buckets]):
                 pieces.append(
                     Chunk(b.group, flat.master_offsets[i], b.shard_numel, owner=len(self._bucket_refs))
                 )
@@ -192,7 +197,7 @@ class UnitSharding(UnitStateMixin, Sharding):
                 flat.attach_master(
                     [
                         self.shards.read("master", b.group, flat.master_offsets[i], b.shard_numel)
-                        for i, b in enumerate(flat.buckets)
+                        for i, b in enumerate(flat.buckets[: flat.n_trainable_buckets])
                     ]
                 )
 
@@ -224,7 +229,7 @@ class UnitSharding(UnitStateMixin, Sharding):
                 flat.padded_numel if flat else 0, dtype=torch.float32, device=self.ctx.device
             )
             self.init_peak_numel = max(self.init_peak_numel, init32.numel())
-            sharded = {n: flat.param_view(init32, n) for n, _ in unit.params} if flat else {}
+            sharded = {n: flat.param_view(init32, n) for n, _ in unit.params + unit.frozen} if flat else {}
             homed = [n for n in resident if part.home_unit[n] == unit.index]
             tied_here = tuple(
                 n
@@ -276,7 +281,8 @@ class UnitSharding(UnitStateMixin, Sharding):
         for i in range(len(flat.buckets)):
             owned = flat.bucket_owned(init32, i)
             flat.write_shard(flat.shard_offsets[i], owned)
-            self._write_master(flat, i, 0, owned)
+            if not flat.is_frozen_bucket(i):
+                self._write_master(flat, i, 0, owned)
         # views can only be taken of allocated storage; they stay valid while it is freed again.
         flat.full.untyped_storage().resize_(flat.full_nbytes)
         if flat.resident:

@@ -1,0 +1,355 @@
+"""What the engine costs on a model it did not write: zerolaunch's public API against torch.compile, one GPU.
+
+    python bench/engine_tax.py                                # every row, the bench's own GPT at 1.3B
+    python bench/engine_tax.py --model hf-llama --rows torch-bf16,zl-z2-bf16
+    python bench/engine_tax.py --profile torch-bf16,zl-z2-bf16 --out DIR   # + a profile table per row
+    python bench/engine_tax.py --tiny --device cpu            # the smoke test (tests/unit/test_bench_engine_tax.py)
+
+The model is NOT zerolaunch's: `OwnGPT` below is a plain nn.Module written here (pre-norm blocks, fused qkv, sdpa,
+tied embedding), or transformers' LlamaForCausalLM with sdpa (`--model hf-llama`, random init, no download).
+Each row runs in its own process (one engine's allocator state and compiled kernels never leak into another's
+numbers) and trains the same synthetic batches from the same weights:
+
+- torch-bf16:   bf16 params, torch.compile(model), fused torch AdamW on the bf16 params, clip at 1.0.
+- zl-z{2,3}-bf16: `zerolaunch.initialize` with DeepSpeed's pure-bf16 keys (bf16 master and moments), then
+                `engine.compile()`; the same AdamW, clip and lr.
+- torch-amp:    fp32 params + bf16 autocast, torch.compile(model), fused AdamW: the numerics of an fp32 master.
+- zl-z{2,3}:    `zerolaunch.initialize` with bf16 compute and the fp32 master, then `engine.compile()`.
+
+A row prints `RESULT {json}`: median step ms over the timed steps, peak allocated GiB, final loss. With
+`--profile`, the row then profiles three more steps with torch.profiler and writes `profile-ROW.txt` under --out:
+GPU busy time against wall time per step, kernel launches, host syncs (cudaStreamSynchronize / D2H copies), and
+the top ops by self CUDA and self CPU time. The driver prints the table with each row's ratio to its torch row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROWS = ("torch-bf16", "zl-z2-bf16", "zl-z3-bf16", "torch-amp", "zl-z2", "zl-z3")
+SIZES = {  # (layers, d_model, heads)
+    "tiny": (2, 64, 4),
+    "350m": (24, 1024, 16),
+    "1.3b": (24, 2048, 16),
+}
+HF_LLAMA = {  # a Llama-1B shape (recipes/hf-llama-1b.yaml)
+    "model_type": "llama",
+    "vocab_size": 32000,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+LR, BETAS, WEIGHT_DECAY, CLIP = 3e-4, (0.9, 0.95), 0.1, 1.0
+
+
+def own_gpt(n_layer: int, d_model: int, n_head: int, vocab: int, seq_len: int):
+    """A GPT written here, not zerolaunch.models.gpt: the engine must not rely on anything of its own model."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+            self.qkv = nn.Linear(d_model, 3 * d_model)
+            self.proj = nn.Linear(d_model, d_model)
+            self.up, self.down = nn.Linear(d_model, 4 * d_model), nn.Linear(4 * d_model, d_model)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, n_head, C // n_head).unbind(2)  # (B, T, H, D) each
+            y = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
+            x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+            return x + self.down(F.gelu(self.up(self.ln2(x)), approximate="tanh"))
+
+    class OwnGPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, d_model), nn.Embedding(seq_len, d_model)
+            self.blocks = nn.ModuleList(Block() for _ in range(n_layer))
+            self.ln_f = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab, bias=False)
+            self.head.weight = self.wte.weight
+            for name, p in self.named_parameters():
+                if p.dim() == 2:
+                    std = (
+                        0.02 / math.sqrt(2 * n_layer)
+                        if name.endswith(("proj.weight", "down.weight"))
+                        else 0.02
+                    )
+                    nn.init.normal_(p, std=std)
+                elif name.endswith("bias"):
+                    nn.init.zeros_(p)
+
+        def forward(self, input_ids, labels):
+            pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+            x = self.wte(input_ids) + self.wpe(pos)
+            for block in self.blocks:
+                x = block(x)
+            logits = self.head(self.ln_f(x)).float()  # (B, T, V)
+            return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+    return OwnGPT()
+
+
+def build_model(args):
+    """(the row's model in fp32, its vocabulary size): the same weights in every row (seed 0)."""
+    import torch
+
+    torch.manual_seed(0)
+    if args.model == "hf-llama":
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = dict(HF_LLAMA)
+        if args.tiny:
+            cfg.update(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=512,
+            )
+        config = AutoConfig.for_model(**cfg)
+        config._attn_implementation = "sdpa"
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        return model, config.vocab_size
+    n_layer, d_model, n_head = SIZES["tiny" if args.tiny else args.size]
+    vocab = 512 if args.tiny else 50304
+    return own_gpt(n_layer, d_model, n_head, vocab, args.seq_len), vocab
+
+
+def loss_of(model, batch, hf: bool):
+    if hf:  # a causal LM shifts its labels itself
+        return model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+    return model(batch["input_ids"], batch["labels"])
+
+
+def ds_config(stage: int, pure_bf16: bool, micro_batch: int) -> dict:
+    bf16 = {"enabled": True}
+    if pure_bf16:
+        bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": CLIP,
+        "bf16": bf16,
+        "zero_optimization": {"stage": stage},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": LR, "betas": list(BETAS), "weight_decay": WEIGHT_DECAY},
+        },
+    }
+
+
+def build_step(row: str, args, device):
+    """(step(batch) -> loss tensor, the module, the ZeroLaunchEngine or None) of one row."""
+    import torch
+
+    hf = args.model == "hf-llama"
+    model, _ = build_model(args)
+    on_gpu = device.type == "cuda"
+    if row.startswith("torch-"):
+        if row == "torch-bf16":
+            model = model.to(device, torch.bfloat16)
+        else:
+            model = model.to(device)
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, fused=on_gpu
+        )
+        compiled = torch.compile(model) if not args.eager else model
+
+        def step(batch):
+            with torch.autocast(device.type, torch.bfloat16, enabled=row == "torch-amp"):
+                loss = loss_of(compiled, batch, hf)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP, foreach=on_gpu or None)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        return step, model, None
+    import zerolaunch
+
+    stage = int(row[4])
+    engine = zerolaunch.initialize(
+        model, ds_config(stage, row.endswith("-bf16"), args.micro_batch), device=device
+    )
+    if not args.eager:
+        engine.compile()
+
+    def step(batch):
+        loss = loss_of(engine, batch, hf)
+        engine.backward(loss)
+        engine.step()
+        return loss
+
+    return step, engine.module, engine
+
+
+def profile_steps(step, batches, path: Path) -> None:
+    """Three steps under torch.profiler: where the step's time goes, written as text."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for b in batches:
+            step(b)
+        torch.cuda.synchronize()
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_ms = sum(e.device_time_total for e in kernels if e.device_time_total) / 1e3
+    steps = len(batches)
+    syncs = {
+        name: sum(1 for e in events if e.name == name)
+        for name in (
+            "cudaStreamSynchronize",
+            "cudaDeviceSynchronize",
+            "cudaEventSynchronize",
+            "aten::item",
+            "aten::_local_scalar_dense",
+            "cudaMemcpyAsync",
+        )
+    }
+    lines = [
+        f"steps profiled: {steps}",
+        f"kernel time per step: {gpu_ms / steps:.2f} ms; kernels per step: {len(kernels) / steps:.0f}",
+        "host syncs and copies per step: " + ", ".join(f"{k} {v / steps:g}" for k, v in syncs.items()),
+        "",
+        "top ops by self CUDA time:",
+        prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=60),
+        "",
+        "top ops by self CPU time:",
+        prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def run_row(row: str, args) -> dict:
+    import torch
+
+    device = torch.device(args.device)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+        torch.backends.cuda.matmul.allow_tf32 = True
+    step, _, _ = build_step(row, args, device)
+    vocab = 512 if args.tiny else (HF_LLAMA["vocab_size"] if args.model == "hf-llama" else 50304)
+    g = torch.Generator().manual_seed(1234)
+    n = args.warmup + args.steps
+    data = torch.randint(0, vocab, (n, args.micro_batch, args.seq_len + 1), generator=g)
+    batches = [{"input_ids": d[:, :-1].to(device), "labels": d[:, 1:].to(device)} for d in data]
+    times, loss = [], None
+    cuda = device.type == "cuda"
+    for i, b in enumerate(batches):
+        if cuda and i == args.warmup:
+            torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        loss = step(b)
+        if cuda:
+            end.record()
+            torch.cuda.synchronize()
+            if i >= args.warmup:
+                times.append(start.elapsed_time(end))
+    out = {
+        "row": row,
+        "model": args.model,
+        "size": "tiny" if args.tiny else (args.size if args.model == "gpt" else "llama-1b"),
+        "step_ms": statistics.median(times) if times else None,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "final_loss": float(loss.detach().float()),
+        "torch": torch.__version__,
+        "card": torch.cuda.get_device_name(0) if cuda else "cpu",
+    }
+    if args.profile_row and cuda:
+        profile_steps(step, batches[:3], Path(args.out) / f"profile-{row}.txt")
+    return out
+
+
+def drive(args) -> None:
+    rows = ROWS if args.rows == "all" else tuple(args.rows.split(","))
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise SystemExit(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+    profiled = set(args.profile.split(",")) if args.profile else set()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    results = []
+    for row in rows:
+        cmd = [sys.executable, __file__, "--one", row, *sys.argv[1:]]
+        if row in profiled:
+            cmd.append("--profile-row")
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+            if p.returncode or not line:
+                raise RuntimeError(" | ".join((p.stderr or p.stdout).strip().splitlines()[-5:]))
+            results.append(json.loads(line[-1][len("RESULT ") :]))
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            results.append({"row": row, "error": str(e)[-400:]})
+        print(json.dumps(results[-1]), flush=True)
+    (Path(args.out) / "engine_tax.json").write_text(json.dumps(results, indent=1))
+    print_table(results)
+
+
+def print_table(results: list[dict]) -> None:
+    by_row = {r["row"]: r for r in results}
+    base = {"bf16": by_row.get("torch-bf16"), "amp": by_row.get("torch-amp")}
+    print(f"{'row':<12} {'step ms':>9} {'vs torch':>9} {'peak GiB':>9} {'loss':>9}")
+    for r in results:
+        if "error" in r:
+            print(f"{r['row']:<12} failed: {r['error'][-120:]}")
+            continue
+        ref = base["bf16" if r["row"].endswith("bf16") else "amp"]
+        ratio = r["step_ms"] / ref["step_ms"] if ref and "step_ms" in ref and r["step_ms"] else float("nan")
+        ms = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
+        peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else "-"
+        print(f"{r['row']:<12} {ms:>9} {ratio:>8.3f}x {peak:>9} {r['final_loss']:>9.4f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="all")
+    ap.add_argument("--model", choices=("gpt", "hf-llama"), default="gpt")
+    ap.add_argument("--size", choices=tuple(SIZES), default="1.3b")
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--eager", action="store_true", help="no torch.compile / engine.compile()")
+    ap.add_argument("--profile", default="", help="rows to profile, comma-separated")
+    ap.add_argument("--out", default="bench/results/engine_tax")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer model: the smoke test")
+    ap.add_argument("--timeout", type=float, default=420)
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-row", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print("RESULT " + json.dumps(run_row(args.one, args)), flush=True)
+    else:
+        drive(args)
+
+
+if __name__ == "__main__":
+    main()
