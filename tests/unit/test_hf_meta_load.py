@@ -103,3 +103,21 @@ def test_a_trainer_constructor_loads_whole(folder, tmp_path):
     assert _on_meta(model)
     zero_trainer(Loading)(model=model, args=args)
     assert not _on_meta(loaded[0])
+
+
+def test_frozen_params_of_a_meta_load_are_filled_from_the_files(folder, tmp_path):
+    """Frozen params are sharded in their units at stage 3: they too are read from the files as each unit is
+    built (the LoRA-style case: all but the last layer and the head frozen)."""
+    args = _args(tmp_path, 3)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith(("model.layers.3.", "lm_head.")))
+    with plain_from_pretrained():
+        plain = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    engine = Engine(model, STAGE3, init_fn=meta_init_fn(model, STAGE3))
+    assert engine.sharding.frozen_params == []  # every frozen param sits in a unit, none resident
+    assert sorted(model.zerolaunch_init_fn.loaded_names) == sorted(plain.state_dict())
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(engine(input_ids=ids).logits, plain(input_ids=ids).logits)
+    del args
