@@ -121,3 +121,26 @@ def test_frozen_params_of_a_meta_load_are_filled_from_the_files(folder, tmp_path
     with torch.no_grad():
         assert torch.equal(engine(input_ids=ids).logits, plain(input_ids=ids).logits)
     del args
+
+
+def test_peft_on_a_meta_load(folder, tmp_path):
+    """PEFT puts adapters on their base layer's device: on a meta-built model they have no values. A Trainer
+    given a peft_config gets the model loaded whole; adapters added by hand are refused at the engine build,
+    with the way out."""
+    peft = pytest.importorskip("peft")
+    seen = []
+
+    class TakesPeft(transformers.Trainer):  # as TRL's trainers: peft_config applied in the constructor
+        def __init__(self, model=None, args=None, peft_config=None, **k):
+            seen.append(model)
+            super().__init__(model=model, args=args, **k)
+
+    args = _args(tmp_path, 3)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    config = peft.LoraConfig(r=2, target_modules=["q_proj"])
+    zero_trainer(TakesPeft)(model=model, args=args, peft_config=config)
+    assert not _on_meta(seen[0]) and seen[0] is not model
+    adapted = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), config)
+    with pytest.raises(ValueError, match="plain_from_pretrained"):
+        Engine(adapted, STAGE3, init_fn=meta_init_fn(adapted.base_model.model, STAGE3))
+    del args

@@ -14,7 +14,8 @@ What falls through to transformers' own load, whole on every rank until the engi
 path cannot reproduce exactly (a hub id or a folder without safetensors, quantization, device_map, adapters,
 config overrides passed as keywords, fp32-kept modules under a 16-bit dtype, extra model arguments), loads
 made inside a Trainer's constructor (TRL loads its models there, then PEFT puts adapters on their base
-layer's device, which must be a real one), and loads under `plain_from_pretrained()`.
+layer's device, which must be a real one), and loads under `plain_from_pretrained()`. A meta-built model handed
+to a Trainer with a `peft_config` is loaded again whole for the same reason (`reload_whole`).
 It does not know the engine; build.py's meta_init_fn finds the CheckpointInit on the model.
 """
 
@@ -152,7 +153,23 @@ def _load_on_meta(cls, local: Path, kwargs: dict):
     if generation.is_file() and model.can_generate():
         model.generation_config = transformers.GenerationConfig.from_pretrained(str(local))
     model.eval()  # from_pretrained hands back eval mode
+    # how to load it whole after all (reload_whole: a Trainer given a peft_config)
+    model.zerolaunch_plain_load = functools.partial(_plain_load, cls, str(local), dict(kwargs))
     return model
+
+
+def _plain_load(cls, name: str, kwargs: dict):
+    with plain_from_pretrained():
+        return cls.from_pretrained(name, **kwargs)
+
+
+def reload_whole(model):
+    """A model this module built on meta, loaded again by transformers (whole, with values); any other model
+    as it is. PEFT adds adapters on their base layer's device, which must then be a real one."""
+    load = getattr(model, "zerolaunch_plain_load", None)
+    if load is None or not any(p.is_meta for p in model.parameters()):
+        return model
+    return load()
 
 
 def _resolve_dtype(kwargs: dict, config, local: Path):

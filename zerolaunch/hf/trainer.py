@@ -218,10 +218,16 @@ class ZeroTrainerMixin:
         self.zero_skipped_steps = 0
         self._zero_model: ZeroModel | None = None
         self._zero_holder = None
-        from zerolaunch.hf.meta_load import plain_from_pretrained
+        from zerolaunch.hf.meta_load import plain_from_pretrained, reload_whole
 
-        # a model the constructor loads by name (TRL's model="...", a reference model) loads whole: PEFT puts
-        # adapters on their base layer's device, and a model used outside the engine needs its weights
+        if kwargs.get("peft_config") is not None:
+            # PEFT puts adapters on their base layer's device: a model built on meta is loaded whole first
+            if "model" in kwargs:
+                kwargs["model"] = reload_whole(kwargs["model"])
+            elif args:
+                args = (reload_whole(args[0]), *args[1:])
+        # a model the constructor loads by name (TRL's model="...", a reference model) loads whole too, and a
+        # model used outside the engine needs its weights
         with plain_from_pretrained():
             super().__init__(*args, **kwargs)
         if not getattr(self.args, "zerolaunch_arguments", False):

@@ -99,7 +99,18 @@ class CheckpointInit:
     def __call__(self, module: nn.Module) -> None:
         prefix = self.prefix.get(id(module))
         if prefix is None:
-            raise ValueError(f"{type(module).__name__} is not a module of the model this init was built for")
+            # a module added after the meta build: a container (PEFT's wrappers) has nothing to fill; one with
+            # tensors (an adapter) was built on meta too, and by now its params are views into the unit's buffer
+            # with no values
+            own = [*module._parameters.values(), *module._buffers.values()]
+            if not any(t is not None for t in own):
+                return
+            raise ValueError(
+                f"{type(module).__name__} was added to a model built on the meta device (from_pretrained under "
+                "stage-3 zerolaunch TrainingArguments, or models.hf.build(meta=True)) and has no values: PEFT's "
+                "get_peft_model puts adapters on their base layer's device. Pass peft_config= to the Trainer, "
+                "or load the model with `with zerolaunch.hf.plain_from_pretrained(): ...` before adding adapters"
+            )
         if module._non_persistent_buffers_set and self.init_weights is not None:
             # rotary inv_freq and the like: computed by the model's own init, not stored in the file.
             self.init_weights(module)
