@@ -496,12 +496,16 @@ def save_hf_pretrained(
     written weights (default: as the model holds them; fp32 from a 16-bit model gives the exact master
     weights). Tied weights are written once (HF re-ties them on load); non-persistent buffers (rotary tables)
     are left out, as save_pretrained does. tokenizer: a tokenizer or processor, or a local folder holding
-    one; its own save_pretrained writes it in (checkpoint/hf_folder.py).
+    one; its own save_pretrained writes it in (checkpoint/hf_folder.py). A PEFT model (peft's PeftModel)
+    gets its adapter folder, as its own save_pretrained writes it (checkpoint/peft_adapter.py).
     """
+    from zerolaunch.checkpoint.peft_adapter import is_peft_model, save_peft_adapter
     from zerolaunch.models.hf import is_hf_model
 
     inner = getattr(engine, "engine", engine)
     model = inner.module
+    if is_peft_model(model):  # what PeftModel.save_pretrained writes: the adapter only
+        return save_peft_adapter(inner, out_dir, dtype=dtype, tokenizer=tokenizer)
     if not is_hf_model(model):
         raise ValueError(
             f"save_hf_pretrained needs a transformers PreTrainedModel, got {type(model).__name__}; "

@@ -7,6 +7,10 @@ FLOW:
   zerolaunch (`from zerolaunch.hf import Trainer, TrainingArguments`, the same script otherwise).
 - sft: TRL's SFTTrainer on prompt/completion data, ENGINE ddp (stock, data parallel) or zerolaunch (
   zero_trainer(SFTTrainer) + zero_args(SFTConfig), stage 3).
+- sft_lora: SFTTrainer with a LoRA `peft_config` over a base model read from a folder, ENGINE ddp (stock) or
+  zerolaunch (stages 2 and 3, and stage 0 with a PeftModel handed to the trainer instead of a peft_config;
+  checkpoints every 3 steps; then at stage 3 a run stopped after checkpoint-3 and
+  resumed from it); rank 0 reads back the adapter folders and loads them with AutoPeftModelForCausalLM.
 - resume: zerolaunch at stage 2 and 3: an unbroken run of 6 steps, and a run stopped after a checkpoint at step
   3 and resumed from it (ENGINE is zerolaunch).
 Imported by name from tests/dist: _ds_ranks (spawning ranks DeepSpeed accepts, its comm on gloo).
@@ -266,6 +270,114 @@ def sft(rank: int, engine: str, tmp: str) -> dict:
     return {**history(trainer), "weights": read_weights(out) if rank == 0 else None}
 
 
+def base_folder(rank: int, tmp: str) -> str:
+    """tiny_llama saved as a pretrained folder (the base an adapter config names)."""
+    base = os.path.join(tmp, "base")
+    if rank == 0:
+        tiny_llama().save_pretrained(base)
+    torch.distributed.barrier()
+    return base
+
+
+def lora_config():
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def adapter_folder(folder: str) -> dict:
+    """What a PEFT adapter folder holds: its files, adapter weights and config, and the weights
+    AutoPeftModelForCausalLM loads from it (adapter keys as saved)."""
+    import json
+
+    from peft import AutoPeftModelForCausalLM, get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    files = sorted(os.listdir(folder))
+    out = {"files": files}
+    if "adapter_model.safetensors" not in files:
+        return out
+    out["weights"] = {
+        k: v.clone() for k, v in load_file(os.path.join(folder, "adapter_model.safetensors")).items()
+    }
+    with open(os.path.join(folder, "adapter_config.json")) as f:
+        out["config"] = json.load(f)
+    loaded = AutoPeftModelForCausalLM.from_pretrained(folder)
+    out["loaded"] = {k: v.detach().clone() for k, v in get_peft_model_state_dict(loaded).items()}
+    out["loaded_base"] = {
+        k: v.detach().clone() for k, v in loaded.get_base_model().state_dict().items() if "lora_" not in k
+    }
+    return out
+
+
+def sft_lora(rank: int, engine: str, tmp: str) -> dict:
+    from transformers import AutoModelForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    if engine == "zerolaunch":
+        from zerolaunch.hf import zero_args, zero_trainer
+
+        SFTTrainer, SFTConfig = zero_trainer(SFTTrainer), zero_args(SFTConfig)  # noqa: N806
+        stages = (2, 3)
+    else:
+        stages = (None,)
+    base = base_folder(rank, tmp)
+
+    def trainer_for(out: str, stage, handed: bool = False, **extra):
+        """handed: a PeftModel made here is handed to the trainer (no peft_config); the same RNG draws as
+        SFTTrainer's own get_peft_model, so the same adapter init."""
+        kw = common_args(out, max_length=32, completion_only_loss=True, bf16=False, **extra)
+        if stage is not None:
+            kw["deepspeed"] = {"zero_optimization": {"stage": stage}}
+        torch.manual_seed(0)  # every rank and run draws the LoRA init from the same state
+        model = AutoModelForCausalLM.from_pretrained(base)
+        if handed:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, lora_config())
+        return SFTTrainer(
+            model=model,
+            args=SFTConfig(**kw),
+            train_dataset=sft_data(),
+            processing_class=char_tokenizer(),
+            peft_config=None if handed else lora_config(),
+        )
+
+    results = {}
+    runs = [(stage, False) for stage in stages]
+    if engine == "zerolaunch":
+        runs.append((0, True))  # a PeftModel handed to the trainer, at stage 0
+    for stage, handed in runs:
+        out = os.path.join(tmp, f"lora{stage}")
+        trainer = trainer_for(out, stage, handed, save_strategy="steps", save_steps=3)
+        trainer.train()
+        trainer.save_model(out)
+        torch.distributed.barrier()
+        result = history(trainer)
+        if rank == 0:
+            result["final"] = adapter_folder(out)
+            result["checkpoint"] = adapter_folder(os.path.join(out, "checkpoint-3"))
+            result["checkpoint_files"] = sorted(os.listdir(os.path.join(out, "checkpoint-3")))
+        results[f"stage{stage}" if stage is not None else "ddp"] = result
+        del trainer
+        gc.collect()
+    if engine == "zerolaunch":  # stage 3 stopped after checkpoint-3, a new trainer resumes from it
+        out = os.path.join(tmp, "lora_resumed")
+        first = trainer_for(out, 3, save_strategy="steps", save_steps=3)
+        first.add_callback(StopAt(3))
+        first.train()
+        del first
+        gc.collect()
+        trainer = trainer_for(out, 3, save_strategy="steps", save_steps=3)
+        trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-3"))
+        trainer.save_model(out)
+        torch.distributed.barrier()
+        results["resumed"] = {**history(trainer), "final": adapter_folder(out) if rank == 0 else None}
+        del trainer
+        gc.collect()
+    return results
+
+
 def resume(rank: int, engine: str, tmp: str) -> dict:
     from zerolaunch.hf import Trainer, TrainingArguments
 
@@ -393,7 +505,7 @@ class StopAt:
         return _Stop()
 
 
-FLOWS = {"guide": guide, "sft": sft, "resume": resume}
+FLOWS = {"guide": guide, "sft": sft, "sft_lora": sft_lora, "resume": resume}
 
 
 def worker(rank: int, world_size: int, store: str, flow: str, engine: str, out_path: str) -> None:

@@ -148,3 +148,26 @@ def test_deepspeed_offload_and_cpu_figures():
     assert gpu == 4 * 10**7 + int(2 * PSI / 8) and cpu == int(PSI * 16 / 2 * 1.5)
     assert deepspeed_bytes(PSI, 10**7, 0, "none", setup) == (None, None)
     assert deepspeed_bytes(PSI, 10**7, 3, "optimizer-nvme", setup) == (None, None)
+
+
+def test_column_counts_a_frozen_base_as_deepspeeds_model_to_params_does():
+    # DeepSpeed's estimate functions take model_to_params(model): every param, frozen ones included (its
+    # formulas know no frozen base). A LoRA model (PEFT over the tiny GPT) gets the column of that count.
+    pytest.importorskip("deepspeed")
+    peft = pytest.importorskip("peft")
+    from deepspeed.runtime.zero.stage3 import model_to_params
+
+    from zerolaunch.memory.shape import from_module
+    from zerolaunch.models.gpt import build
+
+    gpt = build(size="tiny", vocab_size=97, seq_len=19)
+    model = peft.get_peft_model(gpt, peft.LoraConfig(r=3, target_modules=["qkv", "fc"]))
+    total, largest = model_to_params(model)
+    est = estimate(from_module(model, source="lora"), Setup(gpus_per_node=4))
+    assert est.numel + est.frozen_numel == total and est.frozen_numel > 10 * est.numel
+    setup = Setup(gpus_per_node=4)
+    for stage, offload in ((2, "none"), (3, "none"), (3, "optimizer+params-cpu")):
+        row = est.row(stage, offload)
+        assert (row.deepspeed_gpu_bytes, row.deepspeed_cpu_node_bytes) == deepspeed_bytes(
+            total, largest, stage, offload, setup
+        )

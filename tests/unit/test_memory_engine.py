@@ -58,6 +58,12 @@ CASES = [
     ("net", 1, "fp32", 100, None, "adamw", "none", True),
     ("gpt", 2, "fp32", 3000, False, "adamw", "none", True),
     ("gpt", 3, "bf16", 100, None, "adamw", "none", True),
+    # LoRA (PEFT over the tiny GPT, r=3 on qkv and fc): a frozen base, sharded in its units at stage 3
+    ("lora", 2, "bf16", 3000, True, "adamw", "none"),
+    ("lora", 3, "bf16", 100, None, "adamw", "none"),
+    ("lora", 3, "fp32", 200, None, "adamw", "optimizer-cpu"),
+    ("lora", 3, "bf16", 100, None, "adamw", "optimizer+params-cpu"),
+    ("lora", 3, "bf16", 100, None, "sgd", "optimizer+params-nvme"),
 ]
 
 
@@ -70,7 +76,12 @@ def _model(name: str):
     torch.manual_seed(0)
     if name == "net":
         return Net()
-    return build_gpt(size="tiny", vocab_size=97, seq_len=19)
+    gpt = build_gpt(size="tiny", vocab_size=97, seq_len=19)
+    if name == "lora":
+        import peft
+
+        return peft.get_peft_model(gpt, peft.LoraConfig(r=3, target_modules=["qkv", "fc"]))
+    return gpt
 
 
 def _batch(name: str):

@@ -52,6 +52,28 @@ def test_costs_are_bytes_over_the_injected_bandwidths():
         assert slow_cost == pytest.approx(2 * fast, rel=1e-12), row.label
 
 
+def test_a_frozen_base_moves_only_with_offloaded_params():
+    # LoRA: the frozen base has no grad or master to move; with offload_param its shard is copied to the
+    # device for every gather (forward and backward), and read from the swap file under nvme.
+    from zerolaunch.memory.lora import with_lora
+
+    shape = with_lora(synthetic_gpt(NUMEL), 8)
+    est = estimate(shape, Setup(gpus_per_node=8, gpu_memory_bytes=80 * 2**30, dtype="bf16"))
+    bw = Bandwidths(h2d=20 * GB, d2h=10 * GB, disk_read=4 * GB, disk_write=2 * GB)
+    frozen_shard = shape.frozen_numel / 8
+    for row, cost in offload_costs(est, bw):
+        trainable_only = _expected(row, est.numel, bw)
+        if "params" not in row.offload:
+            assert cost == pytest.approx(trainable_only, rel=1e-12), row.label
+            continue
+        extra = 2 * 2 * frozen_shard / bw.h2d  # bf16, gathered twice per step
+        if row.offload.endswith("nvme"):
+            # the frozen shard is in the param swap file, read twice, not in the state files
+            extra += 2 * 2 * frozen_shard / bw.disk_read
+            extra += -2 * frozen_shard / bw.disk_read - 2 * frozen_shard / bw.disk_write
+        assert cost == pytest.approx(trainable_only + extra, rel=1e-9), row.label
+
+
 def test_table_shows_the_column_and_nvme_rows_without_a_disk_number():
     est = _est()
     bw = Bandwidths(h2d=20 * GB, d2h=10 * GB, notes=["injected"])

@@ -26,7 +26,7 @@ import torch
 
 from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path
 from zerolaunch.checkpoint.errors import CheckpointError
-from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_TOKENIZER_KEY
+from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_PEFT_KEY, HF_TOKENIZER_KEY
 from zerolaunch.checkpoint.manifest import MANIFEST_NAME
 from zerolaunch.checkpoint.outputs import ByteProgress, OutTensor
 from zerolaunch.checkpoint.reader import CheckpointReader
@@ -74,6 +74,11 @@ class ZerolaunchSource:
         """The HF model config rank 0 saved in its extra (zerolaunch.api does), written as config.json."""
         config = self.reader.manifest.ranks[0].extra.get(HF_CONFIG_KEY)
         return config if isinstance(config, dict) else None
+
+    def peft_record(self) -> dict | None:
+        """A PEFT run's adapter config (rank 0's extra; models/peft.py adapter_record)."""
+        record = self.reader.manifest.ranks[0].extra.get(HF_PEFT_KEY)
+        return record if isinstance(record, dict) else None
 
     def hf_tokenizer_dir(self) -> Path | None:
         """The tokenizer folder the training recipe named (rank 0's extra), copied into a folder output."""
@@ -145,8 +150,11 @@ def convert_checkpoint(
     force: bool = False,
     progress: bool = False,
     verify: bool = True,
+    merge_adapter: bool = False,
 ) -> Path:
-    """Convert `src` into `out` (a folder; or a single file when `out` ends in .safetensors/.bin/.pt)."""
+    """Convert `src` into `out` (a folder; or a single file when `out` ends in .safetensors/.bin/.pt).
+    A PEFT run's checkpoint becomes its adapter folder, or with `merge_adapter` the merged model
+    (checkpoint/peft_convert.py)."""
     src, out = Path(src), Path(out)
     if fmt not in FORMATS:
         raise CheckpointError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -166,8 +174,26 @@ def convert_checkpoint(
     try:
         with disk_errors(needed_bytes=sum(_sizes(source.tensors(), torch_dtype(dtype))), **where):
             out.parent.mkdir(parents=True, exist_ok=True)
+            peft = getattr(source, "peft_record", lambda: None)()
+            if merge_adapter and (peft is None or out.suffix in (".safetensors", ".bin", ".pt")):
+                raise CheckpointError(
+                    f"--merge-adapter: {src} is not the checkpoint of a run with a `peft:` block"
+                    if peft is None
+                    else f"--merge-adapter writes a model folder: give a folder as OUT, not {out.name}"
+                )
             if out.suffix in (".safetensors", ".bin", ".pt"):
                 _write_file(source, out, fmt, torch_dtype(dtype), max_shard_bytes, progress)
+            elif peft is not None:
+                from zerolaunch.checkpoint.peft_convert import write_peft_folder
+
+                write_peft_folder(
+                    source,
+                    out,
+                    merge=merge_adapter,
+                    fmt=fmt,
+                    dtype=torch_dtype(dtype),
+                    max_shard_bytes=max_shard_bytes,
+                )
             else:
                 _write_folder(source, out, fmt, torch_dtype(dtype), max_shard_bytes, progress)
     finally:

@@ -19,6 +19,10 @@ HF_TOKENIZER_KEY = "hf_tokenizer"
 """Key of rank 0's `extra` that holds the absolute path of the recipe's tokenizer folder, so convert-checkpoint
 copies its files into the output (checkpoint/hf_folder.py)."""
 
+HF_PEFT_KEY = "hf_peft"
+"""Key of rank 0's `extra` that holds a PEFT run's adapter config (models/peft.py
+adapter_record), so convert-checkpoint writes the adapter folder or the merged model."""
+
 _TENSOR = "__tensor__"
 _TUPLE = "__tuple__"
 

@@ -4,6 +4,7 @@
     zerolaunch convert-checkpoint ds_ckpt/ out/ --dtype bf16 --max-shard-size 5GB   # HF shards + index
     zerolaunch convert-checkpoint runs/x/checkpoints/step_000100 out/ --format torch
     zerolaunch convert-checkpoint runs/x/checkpoints new_ckpt/ --to-world-size 3   # reshard for 3 ranks
+    zerolaunch convert-checkpoint runs/lora/checkpoints merged/ --merge-adapter   # a `peft:` run, merged
 
 typer + rich only at import; the work is zerolaunch.checkpoint.convert. Bad input -> one red line, exit 2.
 """
@@ -38,6 +39,12 @@ def register(app: typer.Typer) -> None:
         to_world_size: int = typer.Option(
             None, "--to-world-size", help="Write a zerolaunch checkpoint resharded for N ranks instead."
         ),
+        merge_adapter: bool = typer.Option(
+            False,
+            "--merge-adapter",
+            help="A run with a `peft:` block: write the base model with the adapter merged in (a plain HF "
+            "folder) instead of the adapter folder.",
+        ),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
         verify: bool = typer.Option(
@@ -54,13 +61,13 @@ def register(app: typer.Typer) -> None:
 
             max_bytes = parse_size(max_shard_size) if max_shard_size is not None else None
             if to_world_size is not None and (
-                max_bytes is not None or fmt != "safetensors" or dtype != "fp32"
+                max_bytes is not None or fmt != "safetensors" or dtype != "fp32" or merge_adapter
             ):
                 from zerolaunch.checkpoint.errors import CheckpointError
 
                 raise CheckpointError(
                     "--to-world-size writes a zerolaunch checkpoint: it takes none of "
-                    "--format, --dtype, --max-shard-size"
+                    "--format, --dtype, --max-shard-size, --merge-adapter"
                 )
             console = Console(stderr=True, highlight=False)
             written = convert_checkpoint(
@@ -73,6 +80,7 @@ def register(app: typer.Typer) -> None:
                 force=force,
                 progress=progress and console.is_terminal,
                 verify=verify,
+                merge_adapter=merge_adapter,
             )
             files = sorted(p.name for p in written.iterdir()) if written.is_dir() else [written.name]
             shown = ", ".join(files[:4]) + (f", ... ({len(files)} files)" if len(files) > 4 else "")

@@ -3,6 +3,10 @@
     zerolaunch estimate-memory --params 7e9 --gpus 8 --gpu-memory 80GiB
     zerolaunch estimate-memory --model gpt-1.3b --gpus 8 --micro-batch 8 --seq-len 2048
     zerolaunch estimate-memory recipes/tiny-gpt.yaml --gpus 2 [--measure] [--json]
+    zerolaunch estimate-memory --model path/to/hf_model --lora-rank 16 [--lora-targets q_proj,v_proj]
+
+LoRA: on --params / --model the adapter is memory/lora.py's arithmetic; on a recipe the flags become its
+`peft:` block, applied with the training loop's get_peft_model on the meta device (what --measure trains).
 
 typer + rich only: the arithmetic is zerolaunch/memory/; torch is imported only for a recipe or --model
 (built on the meta device) and for --measure. Bad input -> one red line, exit 2.
@@ -160,10 +164,22 @@ def offload_costs(est: Estimate, bandwidths) -> list:
 
     s = est.setup
     return [
-        (r, offload_step_seconds(r, est.numel, s.world_size, s.dtype_bytes, bandwidths))
+        (r, offload_step_seconds(r, est.numel, s.world_size, s.dtype_bytes, bandwidths, est.frozen_numel))
         for r in est.rows
         if r.supported and r.offload != "none"
     ]
+
+
+def print_narrow_table(console, table: Table) -> None:
+    """A table narrower than its title or caption: rich wraps both to the table's own width (43 columns for
+    --measure's), so they are printed as lines of their own, wrapped at the console's width."""
+    title, caption = table.title, table.caption
+    table.title = table.caption = None
+    if title:
+        console.print(title, style="table.title", justify="left")
+    console.print(table)
+    if caption:
+        console.print(caption, style="table.caption", justify="left")
 
 
 def render_offload_cost(est: Estimate, bandwidths) -> Table:
@@ -218,8 +234,11 @@ def print_estimate(est: Estimate, console) -> None:
 
     exact = "" if est.exact else " [yellow](tensor shapes assumed)[/]"
     console.print(f"[bold]model[/]: {est.source}{exact}")
+    frozen = (
+        f" trainable + {est.frozen_numel:,} ({_params(est.frozen_numel)}) frozen" if est.frozen_numel else ""
+    )
     console.print(
-        f"params {est.numel:,} ({_params(est.numel)}), largest layer {est.largest_layer_numel:,}; "
+        f"params {est.numel:,} ({_params(est.numel)}){frozen}, largest layer {est.largest_layer_numel:,}; "
         f"activation checkpointing {'on' if est.setup.activation_checkpointing else 'off'} in 'peak'"
     )
     console.print(render_gpu_table(est))
@@ -252,9 +271,10 @@ def print_estimate(est: Estimate, console) -> None:
     console.print(f"[{style}]{est.recommendation}[/]")
 
 
-def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, stage3_units):
-    """(ModelShape, Setup fields from the recipe, micro-batch / seq / ckpt defaults)."""
-    from zerolaunch.memory import EstimateError, parse_count, synthetic_gpt
+def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, stage3_units, lora=None):
+    """(ModelShape, Setup fields from the recipe, micro-batch / seq / ckpt defaults). lora: (rank, targets or
+    None) from --lora-rank / --lora-targets, or None."""
+    from zerolaunch.memory import EstimateError
 
     given = [n for n, v in (("--params", params), ("--model", model)) if v]
     if len(given) > 1 or not (recipe or given):
@@ -267,7 +287,7 @@ def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, 
     if set_ and not recipe:
         raise EstimateError("--set overrides a recipe value; it needs a RECIPE")
     if recipe:
-        shape, fields, defaults = _recipe_inputs(recipe, set_, world_size)
+        shape, fields, defaults = _recipe_inputs(recipe, set_, world_size, lora)
         if not given:
             if defaults["_recipe"].origins.get("model.builder") == "default":
                 # a bare ds_config.json: its default model would be a silent stand-in for the user's
@@ -282,27 +302,92 @@ def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, 
             )
         units = defaults.pop("_recipe").engine.zero.stage3_units  # --measure needs the recipe's own model
         # the config's engine and batch settings with that model
-        shape, _, _ = _build_inputs(None, params, model, (), world_size, vocab_size, seq_len, units)
-        return dataclasses.replace(shape, source=f"{shape.source}; settings from {recipe}"), fields, defaults
+        shape, _, model_defaults = _build_inputs(
+            None, params, model, (), world_size, vocab_size, seq_len, units, lora
+        )
+        shape = dataclasses.replace(shape, source=f"{shape.source}; settings from {recipe}")
+        return shape, fields, defaults | model_defaults
+    shape, model_defaults = _flag_model_shape(params, model, vocab_size, seq_len, stage3_units)
+    if lora is not None:
+        from zerolaunch.memory.lora import with_lora
+
+        shape = with_lora(shape, *lora)
+    return shape, {}, model_defaults
+
+
+def _flag_model_shape(params, model, vocab_size, seq_len, stage3_units):
+    """The ModelShape of --params or --model, and the defaults that model implies (its sequence length)."""
+    from zerolaunch.memory import parse_count, synthetic_gpt
+
     if params:
-        return synthetic_gpt(parse_count(params), vocab_size, seq_len or 1024), {}, {}
-    if model:
-        from pathlib import Path
+        return synthetic_gpt(parse_count(params), vocab_size, seq_len or 1024), {}
+    from pathlib import Path
 
-        from zerolaunch.memory.shape import from_gpt_size, from_module, hf_model_on_meta
+    from zerolaunch.memory.shape import from_gpt_size, from_module, hf_model_on_meta
 
-        if Path(model).exists():
-            module = hf_model_on_meta(model)
-            return (
-                from_module(module, source=f"{model} (Hugging Face config)", stage3_units=stage3_units),
-                {},
-                {},
-            )
-        return from_gpt_size(model, vocab_size, seq_len or 1024, stage3_units), {}, {}
-    raise AssertionError("unreachable: a RECIPE returned above")
+    if Path(model).exists():
+        module = hf_model_on_meta(model)
+        shape = from_module(module, source=f"{model} (Hugging Face config)", stage3_units=stage3_units)
+        return shape, _hf_seq_default(module)
+    return from_gpt_size(model, vocab_size, seq_len or 1024, stage3_units), {}
 
 
-def _recipe_inputs(path, set_, world_size):
+def _hf_seq_default(module) -> dict:
+    """A model that reads at most max_position_embeddings tokens is not estimated at the default 1024."""
+    config = getattr(module, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return {"seq_len": int(limit)} if isinstance(limit, int) and 0 < limit < 1024 else {}
+
+
+def _lora_overrides(rec, model, lora) -> list[str]:
+    """--set overrides for --lora-rank / --lora-targets on a recipe: they set its `peft:` block's r and
+    target_modules. A recipe without a block gets one over all linear layers but the output head unless
+    targets are given: PEFT's all-linear for a transformers model, else (PEFT resolves all-linear for those
+    only) the names of those layers."""
+    from zerolaunch.memory.modules import detect_linears
+    from zerolaunch.models.hf import is_hf_model
+
+    rank, targets = lora
+    out = [f"peft.r={rank}"]
+    if targets is None and rec.peft is None:
+        if is_hf_model(model):
+            return [*out, "peft.target_modules=all-linear"]
+        layers = detect_linears(model)
+        body = [lin.module for lin in layers if not lin.head]
+        heads = [lin.module for lin in layers if lin.head]
+
+        def hits_head(name: str) -> bool:  # PEFT's rule for a list: the full name, or ends in ".name"
+            return any(h == name or h.endswith(f".{name}") for h in heads)
+
+        # a leaf name shared with the head would adapt it too: such layers go by their full path
+        leaves = {m.rsplit(".", 1)[-1] for m in body}
+        targets = tuple(sorted(n for n in leaves if not hits_head(n)))
+        targets += tuple(sorted(m for m in body if hits_head(m.rsplit(".", 1)[-1])))
+    if targets is not None:
+        out.append(f"peft.target_modules=[{', '.join(targets)}]")
+    return out
+
+
+def _lora_flags(rank: int | None, targets: str | None) -> tuple[int, tuple[str, ...] | None] | None:
+    from zerolaunch.memory import EstimateError
+    from zerolaunch.memory.sizes import positive_int
+
+    if rank is None:
+        if targets is not None:
+            raise EstimateError("--lora-targets names the layers of a LoRA adapter; give --lora-rank too")
+        return None
+    positive_int(rank, "--lora-rank")
+    if targets is None:
+        return rank, None
+    names = tuple(t.strip() for t in targets.split(",") if t.strip())
+    if not names:
+        raise EstimateError(f"--lora-targets {targets!r} names no module; e.g. --lora-targets q_proj,v_proj")
+    return rank, names
+
+
+def _recipe_inputs(path, set_, world_size, lora=None):
+    import torch
+
     from zerolaunch.config import import_builder, load_recipe
     from zerolaunch.memory import setup_fields_from_engine
     from zerolaunch.memory.shape import build_on_meta, from_module
@@ -310,9 +395,20 @@ def _recipe_inputs(path, set_, world_size):
     rec = load_recipe(path, overrides=set_, world_size=world_size, check_builders=True)
     fn = import_builder(rec.model.builder, rec.base_dir)
     model = build_on_meta(fn, dict(rec.model.args))
-    shape = from_module(
-        model, source=f"{path} ({rec.model.builder})", stage3_units=rec.engine.zero.stage3_units
-    )
+    if lora is not None and rec.origins.get("model.builder") != "default":
+        # the recipe's own model: the flags become its peft: block, which --measure then trains too
+        overrides = [*set_, *_lora_overrides(rec, model, lora)]
+        rec = load_recipe(path, overrides=overrides, world_size=world_size, check_builders=True)
+    if rec.peft is not None:
+        from zerolaunch.models.peft import apply_peft
+
+        # the training loop's own get_peft_model, on meta: the adapter is created there too (no weights)
+        with torch.device("meta"):
+            model = apply_peft(model, rec.peft, where=str(path))
+    source = f"{path} ({rec.model.builder})"
+    if rec.peft is not None:
+        source += f", LoRA r={rec.peft.r} (peft: block) over the frozen base"
+    shape = from_module(model, source=source, stage3_units=rec.engine.zero.stage3_units)
     seq = rec.data.args.get("seq_len") or rec.model.args.get("seq_len")
     defaults = {
         "micro_batch": rec.train.micro_batch_size,
@@ -393,6 +489,18 @@ def register(app: typer.Typer) -> None:
             None, "--nvme-path", help="With --measure: a folder on the NVMe drive to time (a 64 MiB file)."
         ),
         measure_steps: int = typer.Option(3, "--measure-steps", help="Steps --measure runs."),
+        lora_rank: int | None = typer.Option(
+            None,
+            "--lora-rank",
+            help="LoRA: freeze the model and train a rank-R adapter on its linear layers (each (out, in) "
+            "layer adds R*(in+out) params). On a recipe: its peft: block's r (a block is added if absent).",
+        ),
+        lora_targets: str | None = typer.Option(
+            None,
+            "--lora-targets",
+            help="With --lora-rank: comma-separated module names to adapt, e.g. q_proj,v_proj (default: "
+            "PEFT's all-linear, every linear layer but the output head; a recipe's peft: block keeps its own).",
+        ),
     ) -> None:
         """Estimate per-GPU and per-node memory for ZeRO stages 0-3 with and without offload."""
         from zerolaunch.config.errors import UserError
@@ -406,7 +514,15 @@ def register(app: typer.Typer) -> None:
             if measure and not recipe:
                 raise EstimateError("--measure runs real steps of a RECIPE; give one")
             shape, fields, defaults = _build_inputs(
-                recipe, params, model, set_, gpus * nodes, vocab_size, seq_len, ()
+                recipe,
+                params,
+                model,
+                set_,
+                gpus * nodes,
+                vocab_size,
+                seq_len,
+                (),
+                _lora_flags(lora_rank, lora_targets),
             )
             rec = defaults.pop("_recipe", None)
             if measure and rec is None:
@@ -460,6 +576,6 @@ def register(app: typer.Typer) -> None:
         if report is not None:
             from zerolaunch.train.measure_memory import render_measure
 
-            console.print(render_measure(report))
+            print_narrow_table(console, render_measure(report))
         if bandwidths is not None:
-            console.print(render_offload_cost(est, bandwidths))
+            print_narrow_table(console, render_offload_cost(est, bandwidths))

@@ -27,6 +27,7 @@ from .engine_options import build_engine
 from .errors import RecipeError, did_you_mean
 from .hidden import gpt_hidden_sizes
 from .paths import resolve_path_args
+from .peft_section import resolve_peft
 from .schema import (
     DEFAULT_DATA_BUILDER,
     DEFAULT_MODEL_BUILDER,
@@ -467,6 +468,7 @@ def load_recipe(
     check_compile_scope(r, train, engine)
     train, engine = resolve_compile_optimizer(r, train, engine)
     model, data, checkpoint, entrypoint = _sections(r, train, base_dir)
+    peft = resolve_peft(r, entrypoint)
     if bare:
         r.notes["model.builder"] = (
             "a bare DeepSpeed config: the built-in tiny GPT on synthetic data (defaults)"
@@ -493,6 +495,7 @@ def load_recipe(
         notes=r.notes,
         source=None if isinstance(source, dict) else str(FsPath(source).resolve()),
         base_dir=str(base_dir),
+        peft=peft,
     )
 
 

@@ -136,13 +136,38 @@ class CheckpointSection:
     """"eval_loss": also keep the checkpoint of the lowest eval loss (saved when a new best is measured)."""
 
 
+PEFT_BIASES = ("none", "all", "lora_only")
+"""LoraConfig's `bias` choices: which biases train beside the adapter."""
+
+
+@dataclass(frozen=True)
+class PeftSection:
+    """A LoRA adapter over the model (PEFT's LoraConfig, the same field names), applied with
+    peft.get_peft_model before the engine wraps the model: only the adapter (and modules_to_save) trains."""
+
+    r: int = 8
+    """LoRA rank."""
+    lora_alpha: float = 8
+    """Scaling numerator: the update is (alpha / r) * B @ A."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapter's input."""
+    target_modules: tuple[str, ...] | str | None = None
+    """Module names to adapt (a name matches a module whose name ends in it), "all-linear" (every linear
+    layer but the output head), or None: PEFT's default for the model type."""
+    bias: str = "none"
+    """Biases that train: none, all, or lora_only (those of the adapted layers)."""
+    modules_to_save: tuple[str, ...] = ()
+    """Modules trained in full beside the adapter and saved with it (e.g. lm_head)."""
+
+
 SECTION_CLASSES: dict[str, type] = {
     "model": ModelSection,
     "data": DataSection,
     "train": TrainSection,
     "checkpoint": CheckpointSection,
+    "peft": PeftSection,
 }
-TOP_LEVEL_KEYS = ("model", "data", "train", "checkpoint", "entrypoint", "deepspeed")
+TOP_LEVEL_KEYS = ("model", "data", "train", "checkpoint", "entrypoint", "deepspeed", "peft")
 
 
 def section_keys(section: str) -> tuple[str, ...]:
@@ -166,6 +191,8 @@ class Recipe:
     """The recipe file (None for a recipe given as a dict)."""
     base_dir: str = "."
     """Folder that relative builder paths are resolved against (the recipe's folder)."""
+    peft: PeftSection | None = None
+    """The `peft:` block: a LoRA adapter trained over the frozen model (None: every weight trains)."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-able form written as run_dir/recipe.resolved.json (lists for tuples)."""
@@ -179,6 +206,7 @@ class Recipe:
             "checkpoint": _plain(dataclasses.asdict(self.checkpoint)),
             "entrypoint": self.entrypoint,
             "engine": _plain(dataclasses.asdict(self.engine)),
+            "peft": None if self.peft is None else _plain(dataclasses.asdict(self.peft)),
             "origins": dict(self.origins),
             "notes": dict(self.notes),
         }
@@ -205,12 +233,23 @@ class Recipe:
                 notes=dict(data.get("notes", {})),
                 source=data.get("source"),
                 base_dir=data.get("base_dir", "."),
+                peft=peft_from_json(data.get("peft")),
             )
         except (KeyError, TypeError) as exc:
             raise RecipeError(
                 f"{where} does not match this zerolaunch version's recipe fields ({exc}). Re-create it with "
                 "`zerolaunch train` (or `zerolaunch recipe show --write`) from the original recipe."
             ) from None
+
+
+def peft_from_json(data: dict[str, Any] | None) -> PeftSection | None:
+    if data is None:
+        return None
+    fields = dict(data)
+    if isinstance(fields.get("target_modules"), list):
+        fields["target_modules"] = tuple(fields["target_modules"])
+    fields["modules_to_save"] = tuple(fields.get("modules_to_save", ()))
+    return PeftSection(**fields)
 
 
 def engine_from_json(data: dict[str, Any]) -> EngineOptions:
@@ -272,4 +311,7 @@ def flat_items(recipe: Recipe) -> list[tuple[str, Any]]:
         walk(section, data[section], expand=True)
     items.append(("entrypoint", data["entrypoint"]))
     walk("engine", data["engine"], expand=True)
+    if data["peft"] is not None:
+        for key, value in data["peft"].items():
+            items.append((f"peft.{key}", value))
     return items

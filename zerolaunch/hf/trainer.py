@@ -39,7 +39,13 @@ from zerolaunch.config.errors import UserError
 ENGINE_DIR = "zerolaunch"
 """checkpoint-N/zerolaunch/: the engine's sharded checkpoint (all ranks write their own shard)."""
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "adapter_model.safetensors",  # a PeftModel's save (checkpoint/peft_adapter.py)
+    "adapter_model.bin",
+)
 
 
 class ZeroModel(nn.Module):
@@ -265,6 +271,10 @@ class ZeroTrainerMixin:
         from zerolaunch.hf.config import TrainerDSConfig, optimizer_block
 
         filled = TrainerDSConfig(copy.deepcopy(self.args.zero_ds_config))
+        if num_training_steps == 0:
+            # evaluate()/predict() before train() steps nothing, and a schedule over 0 steps is invalid
+            # ("auto" total_num_steps would be 0); train() installs the config's schedule on this engine
+            filled.config.pop("scheduler", None)
         filled.finalize(self.args, self.model, num_training_steps)
         config = filled.config
         own_optimizer = "optimizer" not in config

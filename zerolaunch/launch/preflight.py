@@ -2,7 +2,8 @@
 
 `preflight(recipe, resume)` raises a UserError (one paragraph, exit 2) naming the recipe file, the key and the
 fix for: a `--resume PATH` that is not a checkpoint, a model builder that does not return an nn.Module or
-whose model has no trainable parameters (built on the meta device, so a 7B model costs nothing), an HF
+whose model has no trainable parameters (built on the meta device, so a 7B model costs nothing), a `peft:`
+block naming modules the model does not have, an HF
 `model.args.path` that is not a local model directory, a per-group scheduler list (warmup_min_lr /
 warmup_max_lr) whose length is not the built-in loop's number of param groups, and a data builder that
 raises, returns no iterable or yields nothing (rank 0's iterable is built and one batch drawn, on the CPU, in a thread given
@@ -40,6 +41,8 @@ def preflight(recipe, resume: str | None, world_size: int = 1) -> list[str]:
         check_hf_path(recipe.model.args["path"], where)
     else:
         check_model_on_meta(recipe, where)
+    if recipe.peft is not None:
+        check_peft_targets(recipe, where)
     if not recipe.entrypoint:  # an entrypoint script brings its own data; the built-in loop is not used
         check_scheduler_groups(recipe, where)
         check_data_unchanged(recipe, resume, where)
@@ -210,6 +213,30 @@ def check_model_on_meta(recipe, where: str) -> None:
             "(none with requires_grad=True), so there is nothing to train. Unfreeze at least one parameter "
             "in the builder."
         )
+
+
+def check_peft_targets(recipe, where: str) -> None:
+    """The `peft:` block's target_modules / modules_to_save against the model's module names, on a model
+    built on the meta device (an HF folder: its config only); a builder that cannot run on meta is left to
+    the worker, which checks the same before get_peft_model."""
+    import torch
+
+    from zerolaunch.config.builders import import_builder
+    from zerolaunch.models.peft import target_problem
+
+    fn = import_builder(recipe.model.builder, recipe.base_dir, key="model.builder")
+    args = dict(recipe.model.args)
+    meta_arg = getattr(fn, "meta_arg", None)
+    if meta_arg is not None:
+        args.setdefault(meta_arg, True)
+    try:
+        with torch.device("meta"):
+            model = fn(**args)
+    except Exception:
+        return
+    problem = target_problem(model, recipe.peft)
+    if problem is not None:
+        raise UserError(f"{where}: {problem}")
 
 
 def check_scheduler_groups(recipe, where: str) -> None:

@@ -1,5 +1,5 @@
 """The model facts shape.py (which assembles a ModelShape) and modules.py (which reads them off a real
-`nn.Module`) both need: a decoder's sizes (`Arch`) and a stage-3 unit (`Unit`). Kept apart so that neither of
+`nn.Module`) both need: a decoder's sizes (`Arch`), a stage-3 unit (`Unit`) and a linear layer LoRA may adapt (`Linear`). Kept apart so that neither of
 those two modules imports the other's internals (shape.py imports modules.py, never the reverse). Torch-free.
 """
 
@@ -39,3 +39,16 @@ class Unit:
 
     name: str
     param_names: tuple[str, ...]
+    """Every parameter the unit owns, trainable and frozen (ModelShape.specs / .frozen say which)."""
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A linear layer (nn.Linear, or transformers' Conv1D) that a LoRA adapter may target."""
+
+    module: str
+    """Its module path, e.g. "model.layers.0.self_attn.q_proj"."""
+    in_features: int
+    out_features: int
+    head: bool = False
+    """The model's output head (lm_head): PEFT's all-linear rule leaves it out."""

@@ -200,12 +200,15 @@ class Estimate:
     source: str
     exact: bool
     numel: int
+    """Trainable elements."""
     largest_layer_numel: int
     setup: Setup
     rows: list[Row] = field(default_factory=list)
     recommendation: str = ""
     recommended: tuple[int, str, bool] | None = None
     """(stage, offload, activation checkpointing) of the recommended row, or None."""
+    frozen_numel: int = 0
+    """Frozen floating-point elements (a LoRA base): no grad, master or optimizer state."""
 
     def row(self, stage: int, offload: str = "none") -> Row:
         for r in self.rows:
@@ -219,6 +222,7 @@ class Estimate:
                 "source": self.source,
                 "exact": self.exact,
                 "params": self.numel,
+                "frozen_params": self.frozen_numel,
                 "largest_layer_params": self.largest_layer_numel,
             },
             "setup": asdict(self.setup) | {"world_size": self.setup.world_size},
@@ -253,8 +257,9 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     )
     shard = el.shard_numel(lay)
     gpu, host = _zero_states(), _zero_states()
-    # flat_params.buffers (padded, compute dtype) + frozen params, cast to the compute dtype by model.to().
-    gpu["params"] = b * lay.padded_numel + b * shape.frozen_numel
+    # flat_params.buffers (padded, compute dtype) + frozen params, whole on every rank and cast to the compute
+    # dtype by model.to() (a non-float one keeps its dtype), as DeepSpeed keeps them at stages 0-2.
+    gpu["params"] = b * lay.padded_numel + b * shape.frozen_numel + shape.frozen_fixed_bytes
     # zero/flat/reducer.py [Note: world size 1]: one rank, no offload and a comm dtype that rounds nothing:
     # grads go straight into the fp32 shard (no full grads, staging or reduce copies; stages 0/1 as the engine
     # does for one micro-step per window, which is what this estimate assumes), in the compute dtype with the
@@ -390,7 +395,14 @@ def _states(shape: ModelShape, setup: Setup, stage: int, offload: str):
 def estimate(shape: ModelShape, setup: Setup) -> Estimate:
     profiles = {ckpt: activation_profile(shape.arch, setup, checkpointing=ckpt) for ckpt in (False, True)}
     act, act_ckpt = ((p[0] if p else None) for p in (profiles[False], profiles[True]))
-    est = Estimate(shape.source, shape.exact, shape.numel, shape.largest_layer_numel, setup)
+    est = Estimate(
+        shape.source,
+        shape.exact,
+        shape.numel,
+        shape.largest_layer_numel,
+        setup,
+        frozen_numel=shape.frozen_numel,
+    )
     for stage, offload in _rows_wanted(setup):
         supported, note = _supported(stage, offload)
         gpu, host, transient, gathered, staging, nvme, released, in_backward = _states(
@@ -411,7 +423,9 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
 
         total, total_ckpt = (peak_of(profiles[ckpt]) for ckpt in (False, True))
         cpu_node = setup.gpus_per_node * sum(host.values())
-        ds_gpu, ds_cpu = deepspeed_bytes(shape.numel, shape.largest_layer_numel, stage, offload, setup)
+        # DeepSpeed's model_to_params counts every param, frozen ones too: its formulas know no frozen base
+        all_numel = shape.numel + shape.frozen_numel
+        ds_gpu, ds_cpu = deepspeed_bytes(all_numel, shape.largest_layer_numel, stage, offload, setup)
         misfit, misfit_ckpt = (_misfit(t, cpu_node, setup) for t in (total, total_ckpt))
         est.rows.append(
             Row(

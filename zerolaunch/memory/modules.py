@@ -1,11 +1,12 @@
-"""Facts read off a real `nn.Module` for the estimate: stage-3 units, DeepSpeed's largest layer, GPT sizes.
+"""Facts read off a real `nn.Module` for the estimate: stage-3 units, linear layers, DeepSpeed's largest layer,
+GPT sizes.
 
 Imported only on the recipe / --model paths (it needs torch); `--params` never loads it.
 """
 
 from __future__ import annotations
 
-from zerolaunch.memory.arch import Arch, Unit
+from zerolaunch.memory.arch import Arch, Linear, Unit
 from zerolaunch.memory.sizes import EstimateError
 
 _ARCH_KEYS = {
@@ -30,7 +31,27 @@ def detect_units(model, override: tuple[str, ...] = ()) -> tuple[Unit, ...]:
         part = partition(model, tuple(override), persistence_threshold=0)
     except ValueError as e:
         raise EstimateError(str(e)) from None
-    return tuple(Unit(u.name, tuple(n for n, _ in u.params)) for u in part.units)
+    return tuple(Unit(u.name, tuple(n for n, _ in u.params + u.frozen)) for u in part.units)
+
+
+def detect_linears(model) -> tuple[Linear, ...]:
+    """Every nn.Linear (and transformers' Conv1D, which PEFT's all-linear also adapts) in module order, the
+    output head (`get_output_embeddings()`, else a module named lm_head) marked."""
+    from torch import nn
+
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    out = []
+    for path, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            n_in, n_out = module.in_features, module.out_features
+        elif type(module).__name__ == "Conv1D" and hasattr(module, "nx"):
+            n_in, n_out = module.nx, module.nf  # weight (nx, nf)
+        else:
+            continue
+        is_head = module is head if head is not None else path.rsplit(".", 1)[-1] == "lm_head"
+        out.append(Linear(path, n_in, n_out, is_head))
+    return tuple(out)
 
 
 def _read(obj, keys):
@@ -86,4 +107,5 @@ def _loss_chunk_rows(model, vocab_size: int) -> int | None:
     """The built-in GPT's cross-entropy chunk (its own rule); None for other models (one unchunked loss)."""
     from zerolaunch.models.gpt import CE_CHUNK_ELEMENTS, GPT
 
-    return max(1, CE_CHUNK_ELEMENTS // vocab_size) if isinstance(model, GPT) else None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a PeftModel
+    return max(1, CE_CHUNK_ELEMENTS // vocab_size) if isinstance(base, GPT) else None

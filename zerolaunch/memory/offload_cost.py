@@ -109,20 +109,25 @@ def _disk(folder: Path, nbytes: int) -> tuple[float, float]:
     return nbytes / max(write_s, 1e-9), nbytes / max(read_s, 1e-9)
 
 
-def offload_step_seconds(row, numel: int, world_size: int, dtype_bytes: int, bw: Bandwidths) -> float | None:
+def offload_step_seconds(
+    row, numel: int, world_size: int, dtype_bytes: int, bw: Bandwidths, frozen_numel: int = 0
+) -> float | None:
     """Transfer seconds per optimizer step that the row's offload adds (0 for no offload); None when a
-    needed bandwidth was not measured (nvme rows without an nvme path)."""
+    needed bandwidth was not measured (nvme rows without an nvme path). numel: trainable elements (grads
+    out, stepped params back); frozen_numel: frozen ones, which move only with offloaded params (gathered
+    in forward and backward, never stepped)."""
     if row.offload == "none":
         return 0.0
     shard = numel / world_size
     seconds = 4 * shard / bw.d2h + dtype_bytes * shard / bw.h2d
     params = row.offload.startswith("optimizer+params")
+    param_shard = shard + frozen_numel / world_size
     if params:
-        seconds += 2 * dtype_bytes * shard / bw.h2d
+        seconds += 2 * dtype_bytes * param_shard / bw.h2d
     if row.offload.endswith("nvme"):
         if bw.disk_read is None or bw.disk_write is None:
             return None
-        param_swap = dtype_bytes * shard if params else 0
+        param_swap = dtype_bytes * param_shard if params else 0
         state_swap = row.nvme_bytes - param_swap
         seconds += state_swap / bw.disk_read + state_swap / bw.disk_write
         if params:

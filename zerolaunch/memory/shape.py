@@ -1,6 +1,6 @@
 """What the estimate needs to know about a model: its trainable parameters (name, shape, in registration
-order, shared ones once), its frozen element count, its stage-3 units, DeepSpeed's "largest layer", and, when
-it is a GPT-style decoder, the sizes that drive activation memory.
+order, shared ones once), its frozen ones, its linear layers (for LoRA), its stage-3 units, DeepSpeed's
+"largest layer", and, when it is a GPT-style decoder, the sizes that drive activation memory.
 
 Owns the three ways to get one: from a real module built on the meta device (`from_module`, exact), from a
 built-in GPT size (`from_gpt_size`, built on meta too) and from a bare parameter count (`synthetic_gpt`, a
@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from zerolaunch.memory.arch import Arch, Unit
+from zerolaunch.memory.arch import Arch, Linear, Unit
 from zerolaunch.memory.engine_layout import ParamSpec
 from zerolaunch.memory.sizes import EstimateError
 
@@ -43,20 +43,39 @@ class ModelShape:
     """Stage-3 units in forward order; the root unit ("") first."""
     largest_layer_numel: int
     """DeepSpeed's largest layer: max over modules of their own (non-recursive) parameter elements."""
-    frozen_numel: int
+    frozen: tuple[ParamSpec, ...]
+    """Frozen floating-point parameters (requires_grad False: a LoRA base) in registration order: whole in
+    the compute dtype at stages 0-2, sharded in their unit at stage 3 (resident under the persistence
+    threshold), as the engine keeps them."""
     arch: Arch | None
     """None when the model is not recognizably a GPT-style decoder: activations are then not estimated."""
     source: str
     """Where the shape came from, shown above the table."""
     exact: bool
     """False for a --params stand-in: totals are exact, the split into tensors is assumed."""
+    frozen_fixed_bytes: int = 0
+    """Bytes of frozen non-floating-point parameters: never cast, never sharded (whole on every rank)."""
+    linears: tuple[Linear, ...] = ()
+    """The linear layers, in module order (what `--lora-rank` adapts: memory/lora.py)."""
 
     @property
     def numel(self) -> int:
+        """Trainable elements."""
         return sum(s.numel for s in self.specs)
 
+    @property
+    def frozen_numel(self) -> int:
+        """Frozen floating-point elements."""
+        return sum(s.numel for s in self.frozen)
+
     def unit_specs(self, unit: Unit) -> list[ParamSpec]:
+        """The unit's trainable params."""
         by_name = {s.name: s for s in self.specs}
+        return [by_name[n] for n in unit.param_names if n in by_name]
+
+    def unit_frozen_specs(self, unit: Unit) -> list[ParamSpec]:
+        """The unit's frozen floating-point params."""
+        by_name = {s.name: s for s in self.frozen}
         return [by_name[n] for n in unit.param_names if n in by_name]
 
 
@@ -111,7 +130,7 @@ def synthetic_gpt(
             (spec,),
             (Unit("", ("params",)),),
             total_params,
-            0,
+            (),
             None,
             f"{total_params:,} params as one tensor (assumed)",
             False,
@@ -139,7 +158,15 @@ def synthetic_gpt(
         f"{total_params:,} params, shape assumed GPT-like: n_layer={n_layer} d_model={d_model} "
         f"n_head={n_head} vocab={vocab_size} (pass a recipe for exact tensors)"
     )
-    return ModelShape(specs, tuple(units), largest, 0, arch, source, False)
+    d_ff = 4 * d_model
+    sizes = {"attn.qkv": (d_model, 3 * d_model), "attn.proj": (d_model, d_model)}
+    sizes |= {"mlp.fc": (d_model, d_ff), "mlp.proj": (d_ff, d_model)}
+    linears = tuple(
+        Linear(f"{in_block}{i}.{name}", n_in, n_out)
+        for i in range(n_layer)
+        for name, (n_in, n_out) in sizes.items()
+    )
+    return ModelShape(specs, tuple(units), largest, (), arch, source, False, linears=linears)
 
 
 def gpt_sizes() -> dict:
@@ -224,19 +251,35 @@ def hf_model_on_meta(path: str):
 
 def from_module(model, *, source: str, stage3_units: tuple[str, ...] = ()) -> ModelShape:
     """Exact shape of a real module (typically built on meta)."""
-    from zerolaunch.memory.modules import detect_arch, detect_units, largest_layer_numel, moe_note
+    from zerolaunch.memory.modules import (
+        detect_arch,
+        detect_linears,
+        detect_units,
+        largest_layer_numel,
+        moe_note,
+    )
 
-    specs, frozen = [], 0
+    specs, frozen, fixed_bytes = [], [], 0
     for name, p in model.named_parameters():  # named_parameters yields a shared tensor once
         if p.requires_grad:
             specs.append(ParamSpec(name, tuple(p.shape)))
-        else:
-            frozen += p.numel()
+        elif p.is_floating_point():
+            frozen.append(ParamSpec(name, tuple(p.shape)))
+        else:  # the engine keeps an integer tensor whole and uncast (zero/stage3/partition.py)
+            fixed_bytes += p.numel() * p.element_size()
     if not specs:
         raise EstimateError(f"{source}: the model has no trainable parameters; nothing to estimate")
     units = detect_units(model, stage3_units)
     note = moe_note(model)
     source = source if note is None else f"{source}; {note}"
     return ModelShape(
-        tuple(specs), units, largest_layer_numel(model), frozen, detect_arch(model), source, True
+        tuple(specs),
+        units,
+        largest_layer_numel(model),
+        tuple(frozen),
+        detect_arch(model),
+        source,
+        True,
+        frozen_fixed_bytes=fixed_bytes,
+        linears=detect_linears(model),
     )

@@ -1,9 +1,10 @@
 """Stage 3 per-rank bytes: unit shards, gathered units, resident small params, staging buckets.
 
 Owns the replay of zero/stage3/partition.py (persistent = trainable params under the threshold, kept whole on
-every rank), zero/stage3/unit_buffers.py (per unit one bucket per param group, padded to a multiple of
-world_size; this rank keeps 1/world of it in the compute dtype, unless the units gather from the fp32 master:
-zero.plan.gathers_from_master) and zero/stage3/schedule.py's gather schedule (root unit gathered
+every rank; frozen ones under it stay whole too), zero/stage3/unit_buffers.py (per unit one bucket per param
+group, padded to a multiple of world_size, then one frozen bucket: [Note: frozen buckets]; this rank keeps 1/world
+of it in the compute dtype, unless the units gather from the fp32 master: zero.plan.gathers_from_master,
+which never covers the frozen bucket) and zero/stage3/schedule.py's gather schedule (root unit gathered
 throughout, the unit running now, plus the next units that fit in stage3_prefetch_bucket_size, within
 stage3_max_live_parameters, plus the units stage3_max_reuse_distance keeps from forward to backward).
 Torch-free.
@@ -25,6 +26,17 @@ def unit_padded_numels(
         specs = [s for s in shape.unit_specs(unit) if s.name not in persistent]
         units.append(_padded(specs, world_size, decay_1d))
     resident = _padded([s for s in shape.specs if s.name in persistent], world_size, decay_1d)
+    return units, resident
+
+
+def frozen_padded_numels(shape, world_size: int, threshold: int) -> tuple[list[int], int]:
+    """([padded elements of each unit's frozen bucket, root first], frozen elements kept whole on every rank):
+    a unit's frozen params over the threshold share one bucket padded to a multiple of world_size."""
+    units = []
+    for unit in shape.units:
+        numel = sum(s.numel for s in shape.unit_frozen_specs(unit) if s.numel >= threshold)
+        units.append(-(-numel // world_size) * world_size)
+    resident = sum(s.numel for s in shape.frozen if s.numel < threshold)
     return units, resident
 
 
@@ -100,21 +112,41 @@ def gathered_peak_numel(
     to its backward; the backward meets the kept units first, so at every position the kept units before it
     (in forward order) are the ones held.
     """
-    root, blocks = units[0], [u for u in units[1:] if u]
+    return gathered_peak(units, prefetch_numel, max_live_numel, max_reuse_numel)[0]
+
+
+def gathered_peak(
+    units: list[int],
+    prefetch_numel: int,
+    max_live_numel: int,
+    max_reuse_numel: int = 0,
+    part: list[int] | None = None,
+) -> tuple[int, int]:
+    """(gathered_peak_numel, the sum of `part` over the units gathered at that peak): `part[k]` is some
+    share of unit k's elements (its trainable buckets, say), default all of them."""
+    part = units if part is None else part
+    pairs = [(u, p) for u, p in zip(units[1:], part[1:], strict=True) if u]
+    root, blocks, shares = units[0], [u for u, _ in pairs], [p for _, p in pairs]
     kept = reuse_kept(blocks, root, max_reuse_numel, max_live_numel)
-    peak, held = root, 0
+    peak, peak_part, held, held_part = root, part[0], 0, 0
     for i, current in enumerate(blocks):
         live, budget = root + held + current, prefetch_numel
-        for nxt in blocks[i + 1 :]:
+        live_part = part[0] + held_part + shares[i]
+        for j in range(i + 1, len(blocks)):
+            nxt = blocks[j]
             if nxt > budget or live + nxt > max_live_numel:
                 break
             live += nxt
+            live_part += shares[j]
             budget -= nxt
-        previous = blocks[i - 1] if i > 0 and not kept[i - 1] else 0  # a kept one is in `held` already
-        peak = max(peak, live + previous)
+        if i > 0 and not kept[i - 1]:  # a kept one is in `held` already
+            live, live_part = live + blocks[i - 1], live_part + shares[i - 1]
+        if live > peak:
+            peak, peak_part = live, live_part
         if kept[i]:
             held += current
-    return peak
+            held_part += shares[i]
+    return peak, peak_part
 
 
 def offload_devices(offload: str) -> tuple[str, str]:
@@ -136,33 +168,40 @@ def stage3_states(shape, setup, offload: str):
     this rank's swap files.
     """
     b, c, world = setup.dtype_bytes, setup.comm_bytes, setup.world_size
-    units, resident = unit_padded_numels(
-        shape, world, setup.stage3_param_persistence_threshold, setup.decay_1d
-    )
+    threshold = setup.stage3_param_persistence_threshold
+    units, resident = unit_padded_numels(shape, world, threshold, setup.decay_1d)
+    frozen_units, frozen_resident = frozen_padded_numels(shape, world, threshold)
     shard = (sum(units) + resident) // world
     gpu = dict.fromkeys(("params", "grads", "master", "optimizer", "buckets"), 0)
     host = dict(gpu)
     nvme = 0
     unit_shards, resident_shard = b * (sum(units) // world), b * (resident // world)
+    # the frozen buckets' shards ([Note: frozen buckets]): compute dtype, moved by offload_param only
+    frozen_shards = b * (sum(frozen_units) // world)
     # zero/stage3/unit_buffers.py [Note: gather from master]: no compute-dtype shard, gathers read the master
     from_master = plan.gathers_from_master(*offload_devices(offload))
     if offload == "optimizer+params-nvme":
         # zero/stage3/unit_sharding.py: the units' shards live in the param swap file (no streaming buffers: a
         # unit's shard is read into a host copy when it is gathered); the persistent params' shard stays on
         # the host.
-        nvme += unit_shards
+        nvme += unit_shards + frozen_shards
         host["params"] = resident_shard
     elif offload == "optimizer+params-cpu":
-        host["params"] = unit_shards + resident_shard
+        host["params"] = unit_shards + frozen_shards + resident_shard
     elif not from_master:
-        gpu["params"] = unit_shards + resident_shard
-    # the persistent params are also kept whole on every GPU, as are the frozen ones.
-    gpu["params"] += b * resident + b * shape.frozen_numel
-    gathered = gathered_peak_numel(
-        units,
+        gpu["params"] = unit_shards + frozen_shards + resident_shard
+    else:
+        gpu["params"] = frozen_shards  # the frozen bucket has no master to gather from
+    # the persistent params are also kept whole on every GPU, as are the frozen ones under the threshold.
+    gpu["params"] += b * resident + b * frozen_resident + shape.frozen_fixed_bytes
+    # a unit gathers its trainable and frozen buckets together (the schedule's budgets count both)
+    whole_units = [t + f for t, f in zip(units, frozen_units, strict=True)]
+    gathered, gathered_trainable = gathered_peak(
+        whole_units,
         setup.stage3_prefetch_bucket_size,
         setup.stage3_max_live_parameters,
         setup.stage3_max_reuse_distance,
+        part=units,
     )
     # zero/stage3/schedule.py: a unit's staging buffer lives from its first grad until its reduce-scatter
     # completes. The root's fills over the whole backward (ln_f first, the embeddings last), the resident
@@ -175,16 +214,15 @@ def stage3_states(shape, setup, offload: str):
     gathered_bytes = b * gathered
     if from_master and world > 1 and b != 4:
         # each gather in flight casts its unit's fp32 master shard into a compute-dtype input (1/world of the
-        # unit) alive until it is waited; counted for every gathered unit, a bound (a waited one has none).
-        # In fp32 the master view itself is the input.
-        gathered_bytes += b * (gathered // world)
+        # unit's trainable buckets) alive until it is waited; counted for every gathered unit, a bound (a
+        # waited one has none). In fp32 the master view itself is the input.
+        gathered_bytes += b * (gathered_trainable // world)
     live = (gathered_bytes, staging)
     opt = setup.master_bytes * shard * setup.optimizer_state_tensors
     if offload in ("optimizer-nvme", "optimizer+params-nvme"):
         # master + moments in the swap file (one chunk per unit bucket); the host keeps the fp32 grad shard
         # and buffer_count staging buffers of the largest chunk, reported as "optimizer" (nvme_staging_bytes).
         host["grads"] = 4 * shard
-        threshold = setup.stage3_param_persistence_threshold
         host["optimizer"] = el.nvme_staging_bytes(
             setup, largest_bucket_shard(shape, world, threshold, setup.decay_1d)
         )

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_TOKENIZER_KEY
+from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_PEFT_KEY, HF_TOKENIZER_KEY
 from zerolaunch.data.identity import IDENTITY_KEY, data_identity, identity_changes, refusal
-from zerolaunch.train import seeding
+from zerolaunch.train import schedule_change, seeding
 from zerolaunch.train.batches import TrainError
 
 
@@ -135,6 +135,9 @@ class CheckpointHook:
             seeding.set_rng_state(extra["rng"], self.ctx.device)
         if self.ctx.is_rank0:
             print(f"resumed from {path} at step {step}", flush=True)
+            changed = schedule_change.change_line(extra.get("schedule"), self.engine, step)
+            if changed:
+                print(changed, flush=True)
         return step
 
     def maybe_save(self, step: int, eval_loss: float | None = None) -> None:
@@ -158,15 +161,22 @@ class CheckpointHook:
             "data": self.source.state(),
             "rng": seeding.rng_state(self.ctx.device),
             IDENTITY_KEY: self.data_identity,
+            "schedule": schedule_change.record(self.engine),
         }
         if self.ctx.is_rank0:
             from zerolaunch.models.hf import hf_config_dict
 
             # a Hugging Face model's config travels with the weights, so convert-checkpoint can write a folder
             # that from_pretrained loads (config.json + model.safetensors).
-            hf_config = hf_config_dict(self.engine.module)
+            from zerolaunch.models.peft import adapter_record, is_peft_model
+
+            model = self.engine.module
+            peft = is_peft_model(model)
+            hf_config = hf_config_dict(model.get_base_model() if peft else model)
             if hf_config is not None:
                 extra[HF_CONFIG_KEY] = hf_config
+            if peft:  # convert-checkpoint writes its adapter folder, or the merged model
+                extra[HF_PEFT_KEY] = adapter_record(model)
             if self.tokenizer_dir is not None:
                 extra[HF_TOKENIZER_KEY] = str(self.tokenizer_dir)
         if self.ctx.device.type == "cuda":

@@ -151,14 +151,24 @@ class Trainer:
     def _build_model(self):
         recipe = self.recipe
         # weights to load need real tensors: meta construction only when the engine will initialise them,
-        # from the builder's init or, for an HF model, from init_from's safetensors a unit at a time
-        streamed = _streamed_init_from(recipe)
-        on_meta = recipe.engine.zero.stage == 3 and (not recipe.model.init_from or streamed is not None)
+        # from the builder's init or, for an HF model, from init_from's safetensors a unit at a time. A PEFT
+        # adapter is built over real weights: the engine's meta init knows the base model's names and init,
+        # not the adapter's (LoRA's B starts at zero)
+        streamed = _streamed_init_from(recipe) if recipe.peft is None else None
+        on_meta = (
+            recipe.engine.zero.stage == 3
+            and recipe.peft is None
+            and (not recipe.model.init_from or streamed is not None)
+        )
         model = build_model(_with_meta_arg(recipe) if on_meta else recipe, meta_if_supported=on_meta)
         if streamed is not None:
             attach_initial_weights(model, streamed, recipe.model.init_from)
         elif recipe.model.init_from:
             load_initial_weights(model, recipe.model.init_from, verify=self.ctx.verify_checkpoints)
+        if recipe.peft is not None:
+            from zerolaunch.models.peft import apply_peft
+
+            model = apply_peft(model, recipe.peft, where=recipe.source or "the recipe")
         if recipe.train.activation_checkpointing:
             enable = getattr(model, "enable_activation_checkpointing", None)
             if enable is None:

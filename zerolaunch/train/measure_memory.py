@@ -2,8 +2,8 @@
 
 Owns a small, self-contained run: one process per rank on this machine (CUDA + NCCL when enough GPUs are
 visible, else CPU + gloo), rendezvous through a FileStore in a temp dir (no ports), a timeout on the group
-and on every wait. Each rank builds the recipe's model and data with the training loop's own helpers
-(train/batches.py), wraps the model in the Engine, runs `steps` optimizer steps and reports
+and on every wait. Each rank builds the recipe's model (with its `peft:` adapter) and data with the training loop's own
+helpers (train/batches.py, models/peft.py), wraps the model in the Engine, runs `steps` optimizer steps and reports
 `engine.memory_bytes()` and, on CUDA, `torch.cuda.max_memory_allocated()` over the steps after the first
 (the first includes the engine's construction copies, which no later step repeats).
 It does not write a run dir, checkpoints or metrics.
@@ -122,7 +122,13 @@ def _measure_rank(rank: int, world_size: int, recipe_path: str, steps: int, cuda
     if cuda:
         torch.cuda.set_device(device)
     seeding.seed_all(recipe.train.seed, device)
-    model = build_model(recipe, meta_if_supported=recipe.engine.zero.stage == 3)
+    # as the training loop builds it (loop.py _build_model): a peft: block adapts real weights (the engine's
+    # meta init knows the base's init, not the adapter's), so no meta construction then
+    model = build_model(recipe, meta_if_supported=recipe.engine.zero.stage == 3 and recipe.peft is None)
+    if recipe.peft is not None:
+        from zerolaunch.models.peft import apply_peft
+
+        model = apply_peft(model, recipe.peft, where=recipe.source or "the recipe")
     if recipe.train.activation_checkpointing:
         model.enable_activation_checkpointing()
     engine = Engine(model, recipe.engine, group=None, device=device)

@@ -1,0 +1,123 @@
+"""A recipe's `peft:` block applied to the built model (PEFT's LoraConfig + get_peft_model), and the checks
+that go with it; also what a checkpoint keeps so that convert-checkpoint can rebuild the PeftModel.
+
+Owns: telling a PeftModel apart (without importing peft when nothing did), the LoraConfig a `PeftSection`
+stands for, the did-you-mean check of `target_modules` against the model's module names (PEFT's own error
+names no close match), and the JSON record of a PeftModel's adapter (its config dict). It does not train, gather, rebuild or
+write: checkpoint/peft_adapter.py writes adapter folders, checkpoint/peft_convert.py rebuilds a run's model.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from zerolaunch.util.errors import UserError
+
+PEFT_MISSING = (
+    "the recipe has a `peft:` block, but the peft package is not installed. pip install peft (LoRA adapters "
+    "come from it), or remove the `peft:` block to train every weight"
+)
+
+
+def is_peft_model(model) -> bool:
+    """True for a peft PeftModel (without importing peft when nothing imported it)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def import_peft():
+    try:
+        import peft
+    except ImportError:
+        raise UserError(PEFT_MISSING) from None
+    return peft
+
+
+def lora_kwargs(section, *, causal_lm: bool) -> dict:
+    """LoraConfig's keyword arguments for a recipe's PeftSection (the same names)."""
+    targets = section.target_modules
+    return {
+        "r": section.r,
+        "lora_alpha": section.lora_alpha,
+        "lora_dropout": section.lora_dropout,
+        "target_modules": list(targets) if isinstance(targets, tuple) else targets,
+        "bias": section.bias,
+        "modules_to_save": list(section.modules_to_save) or None,
+        "task_type": "CAUSAL_LM" if causal_lm else None,
+    }
+
+
+def module_names(model) -> list[str]:
+    return [name for name, _ in model.named_modules() if name]
+
+
+def target_problem(model, section) -> str | None:
+    """Why `peft.target_modules` / `peft.modules_to_save` name something the model does not have (with a
+    did-you-mean over the model's module names), or None. A name matches a module whose full name is it or
+    ends in `.name`, PEFT's rule for a list; a single string other than all-linear is a regex PEFT checks."""
+    names = module_names(model)
+    leaves = {n.rsplit(".", 1)[-1] for n in names}
+    targets = section.target_modules
+    for key, wanted in (("target_modules", targets), ("modules_to_save", section.modules_to_save)):
+        if not isinstance(wanted, tuple):
+            continue
+        for target in wanted:
+            if not any(n == target or n.endswith(f".{target}") for n in names):
+                return f"peft.{key} names `{target}`, which is no module of the model.{_hint(target, leaves)}"
+    if targets == "all-linear" and not _is_transformers_model(model):
+        return (
+            "peft.target_modules is all-linear, which PEFT resolves for transformers models only; list the "
+            f"linear layers by name instead (the model's module names: {', '.join(sorted(leaves)[:12])})"
+        )
+    return None
+
+
+def _hint(word: str, leaves: set[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(leaves), n=1, cutoff=0.6)
+    if close:
+        return f" Did you mean `{close[0]}`?"
+    shown = sorted(leaves)
+    return f" The model's module names: {', '.join(shown[:12])}{', ...' if len(shown) > 12 else ''}."
+
+
+def _is_transformers_model(model) -> bool:
+    from zerolaunch.models.hf import is_hf_model
+
+    return is_hf_model(model)
+
+
+def apply_peft(model, section, where: str = "the recipe"):
+    """get_peft_model(model, LoraConfig(...)) for a recipe's `peft:` block; a UserError (exit 2) when peft is
+    missing or a target does not exist."""
+    problem = target_problem(model, section)
+    if problem is not None:
+        raise UserError(f"{where}: {problem}")
+    peft = import_peft()
+    config = peft.LoraConfig(**lora_kwargs(section, causal_lm=_is_causal_lm(model)))
+    return peft.get_peft_model(model, config)
+
+
+def _is_causal_lm(model) -> bool:
+    if not _is_transformers_model(model):
+        return False
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return type(model).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+
+
+def adapter_record(model) -> dict:
+    """JSON of the default adapter's PeftConfig (what adapter_config.json holds), for a checkpoint's extra:
+    convert-checkpoint rebuilds the PeftModel from it and the base's HF config."""
+    import json
+
+    # plain JSON, as adapter_config.json holds it: target_modules is a set once PEFT resolved it
+    config = json.loads(json.dumps(model.peft_config["default"].to_dict(), default=_jsonable))
+    return {"config": config}
+
+
+def _jsonable(value):
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} in a PEFT config is not JSON")
