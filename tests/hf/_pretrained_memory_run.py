@@ -53,12 +53,27 @@ class PeakSampler:
         self._thread.join()
 
 
-def train_once(folder: str, args, probe=None):
-    """from_pretrained after the arguments, the Trainer, one step; returns the trainer."""
+def train_once(folder: str, probe=None):
+    """The arguments, then from_pretrained, the Trainer, one step; returns the trainer."""
     from transformers import AutoModelForCausalLM
 
-    from zerolaunch.hf import Trainer
+    from zerolaunch.hf import Trainer, TrainingArguments
 
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=1,
+        max_steps=1,
+        learning_rate=1e-5,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        optim="adamw_torch",
+        deepspeed={"zero_optimization": {"stage": 3}},
+    )
+    if probe is not None:
+        probe.started()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     if probe is not None:
         probe.loaded(model)
@@ -86,30 +101,20 @@ def worker(rank: int, world_size: int, store: str, warmup: str, folder: str, out
     import torch.distributed as dist
     from transformers import TrainerCallback
 
-    from zerolaunch.hf import TrainingArguments
-
-    args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=1,
-        max_steps=1,
-        learning_rate=1e-5,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        optim="adamw_torch",
-        deepspeed={"zero_optimization": {"stage": 3}},
-    )
     # a run of a tiny model first: what any run adds once per process (imports, the Trainer's and gloo's
     # first allocations) is then in the baseline, not in the rise measured against the model's size
-    train_once(warmup, args)
+    train_once(warmup)
     gc.collect()
-    base = private_bytes()
-    sampler = PeakSampler()
     rise = {}
+    base = sampler = None
 
     class Probe(TrainerCallback):
+        def started(self):
+            # the arguments are made (a few MB of their own, in the warm-up's baseline too)
+            nonlocal base, sampler
+            base = private_bytes()
+            sampler = PeakSampler()
+
         def loaded(self, model):
             rise["loaded"] = private_bytes() - base
             rise["model_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -117,7 +122,7 @@ def worker(rank: int, world_size: int, store: str, warmup: str, folder: str, out
         def on_train_begin(self, *a, **k):
             rise["built"] = sampler.take() - base
 
-    trainer = train_once(folder, args, Probe())
+    trainer = train_once(folder, Probe())
     rise["step"] = sampler.take() - base
     sampler.stop()
     engine = trainer.zero_engine

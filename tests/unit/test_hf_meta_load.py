@@ -103,6 +103,8 @@ def test_a_trainer_constructor_loads_whole(folder, tmp_path):
     assert _on_meta(model)
     zero_trainer(Loading)(model=model, args=args)
     assert not _on_meta(loaded[0])
+    # the Trainer took the arguments: a later load (an evaluation, an adapter folder read back) is whole
+    assert not _on_meta(AutoModelForCausalLM.from_pretrained(folder))
 
 
 def test_frozen_params_of_a_meta_load_are_filled_from_the_files(folder, tmp_path):
@@ -136,11 +138,11 @@ def test_peft_on_a_meta_load(folder, tmp_path):
             super().__init__(model=model, args=args, **k)
 
     args = _args(tmp_path, 3)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     config = peft.LoraConfig(r=2, target_modules=["q_proj"])
-    zero_trainer(TakesPeft)(model=model, args=args, peft_config=config)
-    assert not _on_meta(seen[0]) and seen[0] is not model
     adapted = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), config)
     with pytest.raises(ValueError, match="plain_from_pretrained"):
         Engine(adapted, STAGE3, init_fn=meta_init_fn(adapted.base_model.model, STAGE3))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    zero_trainer(TakesPeft)(model=model, args=args, peft_config=config)
+    assert not _on_meta(seen[0]) and seen[0] is not model
     del args

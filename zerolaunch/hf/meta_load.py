@@ -4,8 +4,9 @@ model (docs/hf-trainer.md, "A pretrained model at stage 3").
 
 This is what transformers does for DeepSpeed: TrainingArguments with a stage-3 `deepspeed=` config keep an
 HfDeepSpeedConfig alive, and while it lives `from_pretrained` builds the model under `deepspeed.zero.Init`,
-which loads each param straight into its shard. Here the arguments (hf/args.py) call `activate(args)`; while
-those arguments live (a weak reference, as transformers holds its config) `PreTrainedModel.from_pretrained`
+which loads each param straight into its shard. Here the arguments (hf/args.py) call `activate(args)`; from
+then until a Trainer is built with them (`consume`), while they live (a weak reference, as transformers holds
+its config), `PreTrainedModel.from_pretrained`
 of a local folder with safetensors weights returns `models/hf_load.py`'s meta model, whose CheckpointInit the
 engine runs unit by unit (reading one tensor at a time, converted to the model's dtype: a bf16 file loaded
 as fp32 is converted a tensor at a time, not as a whole model per rank).
@@ -64,6 +65,14 @@ def activate(args) -> None:
     _active = weakref.ref(args) if stage == 3 else None
     if _active is not None:
         _install()
+
+
+def consume(args) -> None:
+    """Called once a Trainer is built with `args`: the rule covers the loads between the arguments and their
+    Trainer (the models it trains); a load after it (an evaluation, an adapter folder read back) is whole."""
+    global _active
+    if _active is not None and _active() is args:
+        _active = None
 
 
 def deactivate() -> None:
