@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from zerolaunch.config.errors import UserError
-from zerolaunch.hf import accelerate_env
+from zerolaunch.hf import accelerate_env, meta_load
 from zerolaunch.hf.config import TrainerDSConfig, read_ds_config
 from zerolaunch.launch import env, orphans
 
@@ -65,6 +65,8 @@ class ZeroArgsMixin:
         filled.process(self)
         filled.raise_mismatches()
         self.zero_ds_config = filled.config
+        # stage 3: from_pretrained builds on meta while these arguments live (DeepSpeed's zero.Init rule)
+        meta_load.activate(self)
 
     def __reduce__(self):
         # a class made by zero_args is not importable by name: pickle (training_args.bin) names its base

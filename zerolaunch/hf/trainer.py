@@ -235,7 +235,19 @@ class ZeroTrainerMixin:
         self.zero_skipped_steps = 0
         self._zero_model: ZeroModel | None = None
         self._zero_holder = None
-        super().__init__(*args, **kwargs)
+        from zerolaunch.hf.meta_load import consume, plain_from_pretrained, reload_whole
+
+        if kwargs.get("peft_config") is not None:
+            # PEFT puts adapters on their base layer's device: a model built on meta is loaded whole first
+            if "model" in kwargs:
+                kwargs["model"] = reload_whole(kwargs["model"])
+            elif args:
+                args = (reload_whole(args[0]), *args[1:])
+        # a model the constructor loads by name (TRL's model="...", a reference model) loads whole too, and a
+        # model used outside the engine needs its weights
+        with plain_from_pretrained():
+            super().__init__(*args, **kwargs)
+        consume(self.args)  # later loads (evaluation, an adapter folder read back) are whole
         if not getattr(self.args, "zerolaunch_arguments", False):
             raise UserError(
                 f"{type(self).__name__} trains with zerolaunch's engine and needs zerolaunch's arguments: "
