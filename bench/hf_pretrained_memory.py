@@ -1,15 +1,19 @@
-"""A pretrained model under the Trainer at ZeRO stage 3 on 2 CPU gloo ranks: host memory per rank, two ways in.
+"""A pretrained model under the Trainer at ZeRO stage 3 on CPU gloo ranks: host memory per rank, three ways in.
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 python bench/hf_pretrained_memory.py          # ~340M-param Llama, fp32
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python bench/hf_pretrained_memory.py --size small --world 4 --file-dtype bf16
     PYTHONPATH=$PWD python bench/hf_pretrained_memory.py --tiny                    # a smoke run (tests/unit)
 
 A Llama built from a config (random init, seed 0, no download) is written with save_pretrained to a temporary
-folder; then, for each way, 2 ranks (fresh processes, torchrun's variables set here, gloo) load it and run
+folder, in --file-dtype (bf16: a dtype change at load, the training dtype being fp32); then, for each way,
+--world ranks (fresh processes, torchrun's variables set here, gloo) load it as fp32 and run
 `from zerolaunch.hf import Trainer, TrainingArguments` at stage 3, fp32, for --steps steps:
 - meta:  zerolaunch.models.hf.build(path=dir, meta=True): no weights until the engine fills each unit from the
          folder's safetensors files as it shards it (docs/hf-trainer.md).
-- plain: AutoModelForCausalLM.from_pretrained(dir) on every rank: each holds the whole model until the engine
-         shards it.
+- plain: AutoModelForCausalLM.from_pretrained(dir, dtype=fp32) before the TrainingArguments exist: transformers'
+         own load, the whole model on every rank until the engine shards it.
+- guide: the same call after the TrainingArguments (DeepSpeed's guide's order): under stage-3 arguments
+         from_pretrained builds on meta and the engine fills the units from the files (hf/meta_load.py).
 Per rank: the model's full size (parameters and buffers, as built), VmRSS / RssAnon / VmHWM from
 /proc/self/status after the process group is up (base), after the model is built and after the engine is built
 (the first callback of train(), where the engine exists), the process's peak RSS over the whole run (getrusage
@@ -32,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-WAYS = ("meta", "plain")
+WAYS = ("meta", "plain", "guide")
 # hidden 2048 with few layers: ~340M parameters (1.35 GB fp32), the plain way's two ranks stay under ~10 GiB
 FULL = dict(
     vocab_size=32000,
@@ -44,6 +48,8 @@ FULL = dict(
     max_position_embeddings=256,
     tie_word_embeddings=False,
 )
+# ~117M parameters (0.44 GiB fp32): four ranks of every way fit a shared 23 GiB box
+SMALL = dict(FULL, hidden_size=1024, intermediate_size=2816)
 # the embeddings dominate (2 x 32000 x 256 fp32 = 65 MB): large enough that holding the model shows in RSS
 # above the noise, small enough to load, shard and step in seconds
 TINY = dict(
@@ -58,12 +64,12 @@ TINY = dict(
 )
 
 
-def llama(tiny: bool):
+def llama(tiny: bool, size: str = "full"):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**(TINY if tiny else FULL)))
+    return LlamaForCausalLM(LlamaConfig(**(TINY if tiny else {"full": FULL, "small": SMALL}[size])))
 
 
 def model_bytes(model) -> int:
@@ -118,15 +124,34 @@ def worker(opts) -> None:
 
     sampler = AnonSampler()
     points = {"base": proc_status()}
+
+    def arguments():
+        return TrainingArguments(
+            output_dir=tempfile.mkdtemp(),
+            per_device_train_batch_size=1,
+            max_steps=opts.steps,
+            learning_rate=1e-5,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            optim="adamw_torch",
+            deepspeed={"zero_optimization": {"stage": 3}},
+        )
+
+    args = arguments() if opts.way == "guide" else None
     if opts.way == "meta":
         from zerolaunch.models.hf import build
 
-        model = build(path=opts.dir, meta=True)
+        model = build(path=opts.dir, meta=True, dtype="fp32")
     else:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(opts.dir)
+        model = AutoModelForCausalLM.from_pretrained(opts.dir, dtype=torch.float32)
     points["model"] = proc_status()
+    points["model"]["anonmax"] = sampler.take()
     size = model_bytes(model)
     vocab = model.config.vocab_size
 
@@ -147,20 +172,7 @@ def worker(opts) -> None:
         def __getitem__(self, i):
             return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
-    args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=1,
-        max_steps=opts.steps,
-        learning_rate=1e-5,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        optim="adamw_torch",
-        deepspeed={"zero_optimization": {"stage": 3}},
-    )
+    args = args if args is not None else arguments()
     trainer = Trainer(model=model, args=args, train_dataset=Data(), callbacks=[Probe()])
     out = trainer.train()
     anon_peak = sampler.take()
@@ -188,8 +200,8 @@ def _port() -> str:
 
 
 def start_way(way: str, folder: str, opts, tmp: str) -> list[tuple[subprocess.Popen, str]]:
-    """The way's 2 ranks as fresh processes, each with the file it writes its result to."""
-    world = 2
+    """The way's --world ranks as fresh processes, each with the file it writes its result to."""
+    world = opts.world
     port = _port()
     ranks = []
     for rank in range(world):
@@ -255,10 +267,33 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def rises(results: list[dict]) -> str:
+    """Private memory (RssAnon) above the base, in % of the model's fp32 bytes: right after the load, at its
+    largest up to the engine, at its largest over the run."""
+    lines = [
+        "% of the model's bytes per rank: RssAnon rise over base after the load / largest up to the engine /",
+        "largest over the run.",
+        f"{'way':<6}{'rank':>5}{'load':>8}{'build':>8}{'run':>8}",
+    ]
+    for r in results:
+        cells = [r[k] - r["base_anon"] for k in ("model_anon", "engine_anonmax", "anon_peak")]
+        lines.append(
+            f"{r['way']:<6}{r['rank']:>5}" + "".join(f"{100 * c / r['model_bytes']:>7.0f}%" for c in cells)
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="a ~16M-param Llama instead of ~340M (a smoke run)")
-    p.add_argument("--ways", default=",".join(WAYS), help=f"comma-separated subset of {','.join(WAYS)}")
+    p.add_argument("--size", choices=("full", "small"), default="full", help="full ~340M, small ~117M params")
+    p.add_argument("--world", type=int, default=2, help="ranks (gloo, one host)")
+    p.add_argument("--file-dtype", choices=("fp32", "bf16"), default="fp32", help="the saved folder's dtype")
+    p.add_argument(
+        "--ways",
+        default=None,
+        help=f"comma-separated subset of {','.join(WAYS)} (default: all; --tiny: meta,plain)",
+    )
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--timeout", type=float, default=900)
@@ -269,17 +304,25 @@ def main(argv=None) -> None:
     opts = p.parse_args(argv)
     if opts.worker:
         return worker(opts)
-    ways = [w for w in opts.ways.split(",") if w]
+    ways = [w for w in (opts.ways or ("meta,plain" if opts.tiny else ",".join(WAYS))).split(",") if w]
     unknown = sorted(set(ways) - set(WAYS))
     if unknown:
         p.error(f"unknown ways {unknown}; choose from {','.join(WAYS)}")
     with tempfile.TemporaryDirectory(prefix="zl_pretrained_") as tmp:
         folder = os.path.join(tmp, "model")
-        model = llama(opts.tiny)
+        model = llama(opts.tiny, opts.size)
         n = sum(q.numel() for q in model.parameters())
+        if opts.file_dtype == "bf16":
+            import torch
+
+            model = model.to(torch.bfloat16)
         model.save_pretrained(folder)
         del model
-        print(f"Llama {n / 1e6:.1f}M parameters fp32 saved to {folder}; stage 3, 2 gloo ranks", flush=True)
+        print(
+            f"Llama {n / 1e6:.1f}M parameters {opts.file_dtype} saved to {folder}, loaded as fp32; stage 3, "
+            f"{opts.world} gloo ranks",
+            flush=True,
+        )
         if opts.tiny:
             # the ways side by side: a few MB each, and the smoke run's time is mostly the ranks' imports
             started = [(way, start_way(way, folder, opts, tmp)) for way in ways]
@@ -290,6 +333,7 @@ def main(argv=None) -> None:
                 r for way in ways for r in collect(way, start_way(way, folder, opts, tmp), opts.timeout)
             ]
     print(table(results), flush=True)
+    print(rises(results), flush=True)
 
 
 if __name__ == "__main__":

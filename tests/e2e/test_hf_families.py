@@ -48,10 +48,17 @@ def _ids(seed):
 
 def _forward_logits(model_or_engine, ids):
     module = getattr(model_or_engine, "module", model_or_engine)
+    # the ranks compute with one thread (_spawn); a bit-for-bit compare needs the same reduction order here,
+    # whatever OMP_NUM_THREADS the suite was started with
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     module.eval()
-    with torch.no_grad():
-        out = model_or_engine(input_ids=ids).logits
-    module.train()
+    try:
+        with torch.no_grad():
+            out = model_or_engine(input_ids=ids).logits
+    finally:
+        module.train()
+        torch.set_num_threads(threads)
     return out
 
 

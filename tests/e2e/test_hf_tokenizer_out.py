@@ -6,6 +6,8 @@ is built on the fly with the tokenizers library (no network). Leaves out: the CL
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 transformers = pytest.importorskip("transformers")
@@ -101,3 +103,26 @@ def test_recipe_tokenizer_dir_prefers_data_tokenizer_then_a_model_folder_with_on
     (model_dir / "tokenizer.json").write_bytes((tokdir / "tokenizer.json").read_bytes())
     assert recipe_tokenizer_dir({"path": str(model_dir)}, {}) == model_dir.resolve()
     assert recipe_tokenizer_dir({"path": str(model_dir)}, {"tokenizer": str(tokdir)}) == tokdir.resolve()
+
+
+def test_convert_gives_the_config_the_tokenizers_special_ids(tmp_path, tokdir):
+    # a model built from an inline config carries its class's defaults (GPT-2: 50256), not the tokenizer's
+    tokenizer = _tokenizer()
+    assert GPT2.get("eos_token_id", 50256) != tokenizer.eos_token_id
+    engine = _engine()
+    engine.save_checkpoint(tmp_path / "ck", extra={HF_TOKENIZER_KEY: str(tokdir)})
+    out = convert_checkpoint(tmp_path / "ck", tmp_path / "out")
+    config = json.loads((out / "config.json").read_text())
+    assert config["eos_token_id"] == tokenizer.eos_token_id
+    generation = out / "generation_config.json"
+    if generation.is_file():
+        assert json.loads(generation.read_text()).get("eos_token_id") == tokenizer.eos_token_id
+
+
+def test_recipe_tokenizer_dir_reads_a_prepared_folders_manifest(tmp_path, tokdir):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps({"tokenizer": {"path": str(tokdir)}}))
+    assert recipe_tokenizer_dir({"config": GPT2}, {"path": str(data)}) == tokdir.resolve()
+    (data / "manifest.json").write_text(json.dumps({"tokenizer": {"path": str(tmp_path / "gone")}}))
+    assert recipe_tokenizer_dir({"config": GPT2}, {"path": str(data)}) is None

@@ -24,11 +24,16 @@ args = TrainingArguments(
     report_to=[],
     use_cpu=True,
     disable_tqdm=True,
-    deepspeed={"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}, "train_batch_size": "auto"},
+    # --ds-from-accelerate: the config comes from an accelerate config's deepspeed_config_file instead
+    deepspeed=None
+    if "--ds-from-accelerate" in sys.argv
+    else {"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}, "train_batch_size": "auto"},
 )
 trainer = Trainer(model=tiny_llama(), args=args, train_dataset=TokenData())
 trainer.train()
-rank = torch.distributed.get_rank()
+# a launcher that started one process leaves no group (world size 1 trains without one)
+grouped = torch.distributed.is_initialized()
+rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if grouped else (0, 1)
 losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
 with open(f"hf_{rank}.json", "w") as f:
-    json.dump({"world": torch.distributed.get_world_size(), "losses": losses, "argv": sys.argv[1:]}, f)
+    json.dump({"world": world, "losses": losses, "argv": sys.argv[1:]}, f)

@@ -43,7 +43,7 @@ def test_every_test_folder_is_collected():
 
 
 def test_ci_has_the_peers_the_parity_tests_compare_against():
-    # the DeepSpeed, transformers and Trainer (tests/hf: accelerate, datasets, trl) side-by-side tests skip
+    # the DeepSpeed, transformers and Trainer (tests/hf: accelerate, datasets, trl, peft) side-by-side tests skip
     # where their peer is not installed; in CI a skip would hide that they never ran, so CI (CI=true, as
     # .ci/run's callers set it) must have them all
     import importlib.util
@@ -52,6 +52,6 @@ def test_ci_has_the_peers_the_parity_tests_compare_against():
 
     if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
         pytest.skip("not CI: the parity peers are optional here (pip install -e '.[hf,parity]')")
-    peers = ("deepspeed", "transformers", "accelerate", "datasets", "trl")
+    peers = ("deepspeed", "transformers", "accelerate", "datasets", "trl", "peft")
     missing = [name for name in peers if importlib.util.find_spec(name) is None]
     assert not missing, f"CI lacks {missing}: `make install` installs the hf and parity extras"

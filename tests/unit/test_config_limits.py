@@ -11,10 +11,11 @@ import json
 import time
 
 import pytest
+import yaml
 
 from zerolaunch.config import load_recipe
 from zerolaunch.config.errors import RecipeError
-from zerolaunch.config.limits import MAX_DEPTH, MAX_RECIPE_BYTES, MAX_VALUES
+from zerolaunch.config.limits import MAX_DEPTH, MAX_RECIPE_BYTES, MAX_VALUES, scan_yaml_events
 
 
 def _error(tmp_path, text: str, name: str = "r.yaml") -> str:
@@ -70,6 +71,30 @@ def test_a_quoted_key_is_a_name(tmp_path):
 )
 def test_deep_nesting_is_refused_with_the_limit(tmp_path, text):
     assert f"nest deeper than {MAX_DEPTH} levels" in _error(tmp_path, text)
+
+
+class _CappedLoader(yaml.SafeLoader):
+    """A YAML library whose scanner refuses deep flow nesting itself while looking ahead, before the parser
+    yields the events our depth check counts (libyaml in newer PyYAML wheels stops at 1000 levels)."""
+
+    def fetch_flow_collection_start(self, token_class):
+        if self.flow_level >= 2 * MAX_DEPTH:
+            mark = self.get_mark()
+            raise yaml.scanner.ScannerError("while increasing flow level", mark, "too deep", mark)
+        super().fetch_flow_collection_start(token_class)
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 5000])
+def test_deep_nesting_is_named_as_our_limit_when_the_yaml_library_stops_first(depth):
+    text = "a: " + "[" * depth + "]" * depth + "\n"
+    with pytest.raises(RecipeError) as err:
+        scan_yaml_events(text, "r.yaml", _CappedLoader)
+    assert err.value.message.startswith(f"r.yaml line 1: mappings and lists nest deeper than {MAX_DEPTH}")
+
+
+def test_a_syntax_error_stays_the_yaml_librarys_own():
+    with pytest.raises(yaml.YAMLError):
+        scan_yaml_events("a: [1, 2\nb: ]]\n", "r.yaml", _CappedLoader)
 
 
 def test_deep_json_is_refused_with_the_limit(tmp_path):

@@ -51,3 +51,19 @@ def test_no_flag_where_the_default_did_not_change(tmp_path):
     for recipe in (plain, chosen):
         assert "CHANGED" not in recipe.notes.get("engine.scheduler.name", "")
         assert recipe.engine.scheduler.name == "cosine"
+
+
+def test_a_deepspeed_scheduler_is_not_called_no_scheduler(tmp_path):
+    file = _recipe(
+        tmp_path,
+        DS_BLOCK
+        + "  scheduler: {type: WarmupCosineLR, params: {warmup_num_steps: 2, total_num_steps: auto}}\n",
+    )
+    recipe = load_recipe(file)
+    assert recipe.engine.scheduler.name == "WarmupCosineLR"
+    note = recipe.notes.get("train.lr_schedule", "")
+    assert "no scheduler" not in note and "WarmupCosineLR" in note
+    shown = CliRunner().invoke(app, ["recipe", "show", str(file)], env={"COLUMNS": "400"})
+    assert shown.exit_code == 0, shown.output
+    row = next(line for line in shown.output.splitlines() if "train.lr_schedule" in line)
+    assert "no scheduler" not in row and "WarmupCosineLR" in row

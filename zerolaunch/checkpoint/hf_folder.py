@@ -65,13 +65,40 @@ def load_tokenizer(folder: Path):
     )
 
 
+def _with_tokenizer_ids(config: dict, tokenizer) -> dict:
+    """The config with the tokenizer's bos / eos ids: a model built from an inline config carries its
+    class's defaults (Llama's 1 and 2), which generate() and the Hub read, not the ids the data holds."""
+    out = dict(config)
+    for key in ("bos_token_id", "eos_token_id"):
+        token_id = getattr(tokenizer, key, None)
+        if isinstance(token_id, int):
+            out[key] = token_id
+    return out
+
+
+def _prepared_tokenizer(data_path) -> Path | None:
+    """The tokenizer folder a `prepare-data` folder was made with (its manifest.json names it)."""
+    if not isinstance(data_path, (str, os.PathLike)):
+        return None
+    try:
+        manifest = json.loads((Path(data_path) / "manifest.json").read_text())
+        folder = Path(manifest["tokenizer"]["path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return folder.resolve() if folder.is_dir() and has_tokenizer(folder) else None
+
+
 def recipe_tokenizer_dir(model_args: dict, data_args: dict) -> Path | None:
     """The tokenizer folder a recipe names: `data.args.tokenizer` (the one the data was tokenized with), else
-    `model.args.path` when that model folder holds tokenizer files; None when the recipe names none.
-    Absolute, so a checkpoint converted from another directory still finds it."""
+    the one a prepared data folder (`data.args.path`) was made with, else `model.args.path` when that model
+    folder holds tokenizer files; None when the recipe names none. Absolute, so a checkpoint converted from
+    another directory still finds it."""
     tokenizer = data_args.get("tokenizer")
     if isinstance(tokenizer, (str, os.PathLike)) and Path(tokenizer).is_dir():
         return Path(tokenizer).resolve()
+    prepared = _prepared_tokenizer(data_args.get("path"))
+    if prepared is not None:
+        return prepared
     path = model_args.get("path")
     if isinstance(path, (str, os.PathLike)) and Path(path).is_dir() and has_tokenizer(Path(path)):
         return Path(path).resolve()
@@ -183,14 +210,17 @@ class HFFolderWriter:
             index = index_dict(weight_map, self.total_bytes, self.total_numel)
             # save_pretrained's format: indent 2, sorted keys, a final newline
             self._write_text(f"{stem}.{ext}.index.json", json.dumps(index, indent=2, sort_keys=True) + "\n")
+        tokenizer = self._load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
+        if config is not None and tokenizer is not None:
+            config = _with_tokenizer_ids(config, tokenizer)
         if config is not None:
             from zerolaunch.checkpoint.hf_out import write_side_files
 
             write_side_files(
                 self.tmp, config, self.weights_dtype, architecture=architecture, live_model=live_model
             )
-        if tokenizer_dir is not None:
-            self._save_tokenizer(tokenizer_dir)
+        if tokenizer is not None:
+            self._save_tokenizer(tokenizer)
         publish(self.tmp, self.out)
         return self.out
 
@@ -201,7 +231,7 @@ class HFFolderWriter:
             f.flush()
             os.fsync(f.fileno())
 
-    def _save_tokenizer(self, tokenizer) -> None:
+    def _load_tokenizer(self, tokenizer):
         if not hasattr(tokenizer, "save_pretrained"):
             folder = Path(tokenizer)
             if not folder.is_dir():
@@ -215,6 +245,9 @@ class HFFolderWriter:
                     "give a folder written by tokenizer.save_pretrained or processor.save_pretrained"
                 )
             tokenizer = load_tokenizer(folder)
+        return tokenizer
+
+    def _save_tokenizer(self, tokenizer) -> None:
         before = set(self.tmp.iterdir())
         tokenizer.save_pretrained(str(self.tmp))
         for path in sorted(set(self.tmp.iterdir()) - before):

@@ -170,6 +170,18 @@ def offload_costs(est: Estimate, bandwidths) -> list:
     ]
 
 
+def print_narrow_table(console, table: Table) -> None:
+    """A table narrower than its title or caption: rich wraps both to the table's own width (43 columns for
+    --measure's), so they are printed as lines of their own, wrapped at the console's width."""
+    title, caption = table.title, table.caption
+    table.title = table.caption = None
+    if title:
+        console.print(title, style="table.title", justify="left")
+    console.print(table)
+    if caption:
+        console.print(caption, style="table.caption", justify="left")
+
+
 def render_offload_cost(est: Estimate, bandwidths) -> Table:
     """Per offload row: seconds per optimizer step its transfers take at the measured bandwidths."""
     gbs = lambda v: "-" if v is None else f"{v / 1e9:.1f}"  # noqa: E731
@@ -290,30 +302,41 @@ def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, 
             )
         units = defaults.pop("_recipe").engine.zero.stage3_units  # --measure needs the recipe's own model
         # the config's engine and batch settings with that model
-        shape, _, _ = _build_inputs(None, params, model, (), world_size, vocab_size, seq_len, units, lora)
-        return dataclasses.replace(shape, source=f"{shape.source}; settings from {recipe}"), fields, defaults
-    shape = _flag_model_shape(params, model, vocab_size, seq_len, stage3_units)
+        shape, _, model_defaults = _build_inputs(
+            None, params, model, (), world_size, vocab_size, seq_len, units, lora
+        )
+        shape = dataclasses.replace(shape, source=f"{shape.source}; settings from {recipe}")
+        return shape, fields, defaults | model_defaults
+    shape, model_defaults = _flag_model_shape(params, model, vocab_size, seq_len, stage3_units)
     if lora is not None:
         from zerolaunch.memory.lora import with_lora
 
         shape = with_lora(shape, *lora)
-    return shape, {}, {}
+    return shape, {}, model_defaults
 
 
 def _flag_model_shape(params, model, vocab_size, seq_len, stage3_units):
-    """The ModelShape of --params or --model."""
+    """The ModelShape of --params or --model, and the defaults that model implies (its sequence length)."""
     from zerolaunch.memory import parse_count, synthetic_gpt
 
     if params:
-        return synthetic_gpt(parse_count(params), vocab_size, seq_len or 1024)
+        return synthetic_gpt(parse_count(params), vocab_size, seq_len or 1024), {}
     from pathlib import Path
 
     from zerolaunch.memory.shape import from_gpt_size, from_module, hf_model_on_meta
 
     if Path(model).exists():
         module = hf_model_on_meta(model)
-        return from_module(module, source=f"{model} (Hugging Face config)", stage3_units=stage3_units)
-    return from_gpt_size(model, vocab_size, seq_len or 1024, stage3_units)
+        shape = from_module(module, source=f"{model} (Hugging Face config)", stage3_units=stage3_units)
+        return shape, _hf_seq_default(module)
+    return from_gpt_size(model, vocab_size, seq_len or 1024, stage3_units), {}
+
+
+def _hf_seq_default(module) -> dict:
+    """A model that reads at most max_position_embeddings tokens is not estimated at the default 1024."""
+    config = getattr(module, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return {"seq_len": int(limit)} if isinstance(limit, int) and 0 < limit < 1024 else {}
 
 
 def _lora_overrides(rec, model, lora) -> list[str]:
@@ -553,6 +576,6 @@ def register(app: typer.Typer) -> None:
         if report is not None:
             from zerolaunch.train.measure_memory import render_measure
 
-            console.print(render_measure(report))
+            print_narrow_table(console, render_measure(report))
         if bandwidths is not None:
-            console.print(render_offload_cost(est, bandwidths))
+            print_narrow_table(console, render_offload_cost(est, bandwidths))

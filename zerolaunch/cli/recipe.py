@@ -25,7 +25,7 @@ SET_HELP = "Override a recipe value, e.g. --set train.lr=3e-4 --set zero_optimiz
 def print_recipe(recipe: Recipe, console: Console) -> None:
     from zerolaunch.config import render_recipe_table
 
-    console.print(render_recipe_table(recipe))
+    console.print(render_recipe_table(recipe, width=console.width))
     console.print(
         "[dim]from: default = zerolaunch/DeepSpeed default, file = the recipe, --set = the command line, "
         'auto = an "auto" resolved, derived = computed from other values[/]'

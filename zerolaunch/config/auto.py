@@ -303,13 +303,20 @@ def resolve_train(
     # A block made only by --set keeps zerolaunch's defaults: `--set zero_optimization.x=...` must not
     # silently drop the stage to DeepSpeed's 0.
     has_ds = isinstance(r.raw(DS), dict) and r.tree.from_file(DS)
+    if has_ds_scheduler:
+        # the row's value is not what runs: say what does, not that there is no scheduler
+        ds_type = r.raw(DS + ("scheduler", "type"))
+        named = f" ({ds_type})" if isinstance(ds_type, str) else ""
+        schedule_note = f"not used: deepspeed.scheduler{named} sets the schedule"
+    else:
+        schedule_note = "DeepSpeed's default: no scheduler" if has_ds else None
     lr_schedule = r.value(
         "train.lr_schedule",
         T + ("lr_schedule",),
         "choice",
         "constant" if has_ds else DEFAULTS.lr_schedule,
         choices=LR_SCHEDULES,
-        default_note="DeepSpeed's default: no scheduler" if has_ds else None,
+        default_note=schedule_note,
     )
     if warmup > steps:
         # Allowed, as DeepSpeed allows it (WarmupLR has no total; the others only warn): the run simply

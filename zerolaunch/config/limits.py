@@ -68,7 +68,25 @@ def scan_yaml_events(text: str, name: str, loader: type) -> None:
     """Depth and size from the parser's event stream, before anything is composed.
 
     The event parser keeps its own stack, so any nesting is safe to scan; composing a 100k-deep flow list
-    crashes the C composer outright."""
+    crashes the C composer outright. Newer libyaml scanners stop at their own nesting cap (1000) while
+    looking ahead, before the parser hands over the 33rd event. So the text up to a syntax error is scanned
+    again with the pure-Python parser, which has no cap: deep nesting is named as this limit on every
+    version, and any other error stays the library's own."""
+    try:
+        _scan_events(text, name, loader)
+    except yaml.YAMLError as exc:
+        if loader is yaml.SafeLoader:
+            raise
+        mark = getattr(exc, "problem_mark", None)
+        head = text if mark is None else text[: mark.index + 1]  # the cap is met before the error's place
+        try:
+            _scan_events(head, name, yaml.SafeLoader)
+        except yaml.YAMLError:
+            pass
+        raise
+
+
+def _scan_events(text: str, name: str, loader: type) -> None:
     depth = 0
     count = 0
     for event in yaml.parse(text, Loader=loader):

@@ -11,9 +11,17 @@ from __future__ import annotations
 import transformers
 
 from zerolaunch.hf.args import zero_args
+from zerolaunch.hf.meta_load import plain_from_pretrained
 from zerolaunch.hf.trainer import ZeroModel, zero_trainer
 
 TrainingArguments = zero_args(transformers.TrainingArguments)
 Trainer = zero_trainer(transformers.Trainer)
 
-__all__ = ["Trainer", "TrainingArguments", "ZeroModel", "zero_args", "zero_trainer"]
+__all__ = [
+    "Trainer",
+    "TrainingArguments",
+    "ZeroModel",
+    "plain_from_pretrained",
+    "zero_args",
+    "zero_trainer",
+]

@@ -9,9 +9,9 @@ The config is taken unchanged (a dict, a JSON file path or a JSON string) and he
 from __future__ import annotations
 
 import math
-import os
 
 from zerolaunch.config.errors import UserError
+from zerolaunch.hf import accelerate_env, meta_load
 from zerolaunch.hf.config import TrainerDSConfig, read_ds_config
 from zerolaunch.launch import env, orphans
 
@@ -27,12 +27,7 @@ class ZeroArgsMixin:
     zerolaunch_arguments = True
 
     def __post_init__(self):
-        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes"):
-            raise UserError(
-                "accelerate launch was given a DeepSpeed plugin (ACCELERATE_USE_DEEPSPEED=true), but this "
-                "script trains with zerolaunch's engine: launch with `accelerate launch` without "
-                "--use_deepspeed / a DeepSpeed config, and give the ds_config to TrainingArguments(deepspeed=...)"
-            )
+        accelerate_env.warn_if_one_of_several()
         if env.launched_by_torchrun():
             # torchrun / accelerate launch: this rank dies with its launcher (no orphan training on), and a
             # collective timeout that ends the script names the hung rank(s)
@@ -45,7 +40,7 @@ class ZeroArgsMixin:
             # the group accelerate starts takes ddp_timeout: `zerolaunch train --timeout` (or the variable)
             # reaches it unless the script set its own
             self.ddp_timeout = math.ceil(timeout_s)
-        given, self.deepspeed = self.deepspeed, None
+        given, self.deepspeed = accelerate_env.deepspeed_plugin_config(self.deepspeed), None
         super().__post_init__()
         self.zero_config = given
         config = read_ds_config(given) if given else read_ds_config(DEFAULT_CONFIG)
@@ -70,6 +65,8 @@ class ZeroArgsMixin:
         filled.process(self)
         filled.raise_mismatches()
         self.zero_ds_config = filled.config
+        # stage 3: from_pretrained builds on meta while these arguments live (DeepSpeed's zero.Init rule)
+        meta_load.activate(self)
 
     def __reduce__(self):
         # a class made by zero_args is not importable by name: pickle (training_args.bin) names its base

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from zerolaunch.config.errors import UserError
+from zerolaunch.hf.reference import FrozenModel, guard_direct_calls, is_training_model, prepare_frozen
 
 ENGINE_DIR = "zerolaunch"
 """checkpoint-N/zerolaunch/: the engine's sharded checkpoint (all ranks write their own shard)."""
@@ -168,9 +169,19 @@ def _accelerator_class(base: type) -> type:
             return base.optimizer_step_was_skipped.fget(self)
 
         def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
-            if isinstance(model, ZeroModel):
+            if isinstance(model, ZeroModel | FrozenModel):
                 model = model.module
             return super().unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
+
+        def prepare_model(self, model, device_placement=None, evaluation_mode: bool = False):
+            # TRL's trainers send their ref / reward / teacher models here when accelerate runs no DeepSpeed:
+            # those go on an inference engine (hf/reference.py), the trained model takes the trainer's path
+            trainer = self.zero_trainer() if self.zero_trainer is not None else None
+            if isinstance(model, FrozenModel):
+                return model
+            if trainer is None or not evaluation_mode or is_training_model(trainer, model):
+                return super().prepare_model(model, device_placement, evaluation_mode)
+            return prepare_frozen(trainer, model)
 
     ZeroAccelerator.__name__ = f"Zero{base.__name__}"
     return ZeroAccelerator
@@ -224,7 +235,19 @@ class ZeroTrainerMixin:
         self.zero_skipped_steps = 0
         self._zero_model: ZeroModel | None = None
         self._zero_holder = None
-        super().__init__(*args, **kwargs)
+        from zerolaunch.hf.meta_load import consume, plain_from_pretrained, reload_whole
+
+        if kwargs.get("peft_config") is not None:
+            # PEFT puts adapters on their base layer's device: a model built on meta is loaded whole first
+            if "model" in kwargs:
+                kwargs["model"] = reload_whole(kwargs["model"])
+            elif args:
+                args = (reload_whole(args[0]), *args[1:])
+        # a model the constructor loads by name (TRL's model="...", a reference model) loads whole too, and a
+        # model used outside the engine needs its weights
+        with plain_from_pretrained():
+            super().__init__(*args, **kwargs)
+        consume(self.args)  # later loads (evaluation, an adapter folder read back) are whole
         if not getattr(self.args, "zerolaunch_arguments", False):
             raise UserError(
                 f"{type(self).__name__} trains with zerolaunch's engine and needs zerolaunch's arguments: "
@@ -260,6 +283,10 @@ class ZeroTrainerMixin:
         from zerolaunch.hf.config import TrainerDSConfig, optimizer_block
 
         filled = TrainerDSConfig(copy.deepcopy(self.args.zero_ds_config))
+        if num_training_steps == 0:
+            # evaluate()/predict() before train() steps nothing, and a schedule over 0 steps is invalid
+            # ("auto" total_num_steps would be 0); train() installs the config's schedule on this engine
+            filled.config.pop("scheduler", None)
         filled.finalize(self.args, self.model, num_training_steps)
         config = filled.config
         own_optimizer = "optimizer" not in config
@@ -303,6 +330,7 @@ class ZeroTrainerMixin:
             _release_group_at_exit()
             self.model = engine.module
             self._zero_model = ZeroModel(engine)
+            guard_direct_calls(engine)  # TRL's PEFT reference calls the model outside the engine
             if engine.stage == 3 and hasattr(self.model, "generate"):
                 self.model.generate = _synced_generate(self.model.generate, engine)
         engine = self.zero_engine

@@ -123,6 +123,10 @@ def _prepare_env(workers: Workers) -> None:
     if workers.device == "cpu" or workers.nproc_per_node > 1:
         # as torchrun: N workers each spawning a thread per core would oversubscribe the machine
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if workers.device == "cpu":
+        # transformers imports DeepSpeed's glue wherever DeepSpeed is installed (though nothing here runs it),
+        # and DeepSpeed then warns on every rank that it found no GPU; on CPU workers that is what was asked
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     # The agent's own chatter (configs, closing signals, its per-failure ERROR lines) would bury the
     # failure panel, which says the same once, with the root cause first.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)

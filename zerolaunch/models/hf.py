@@ -173,9 +173,15 @@ def meta_init_fn(model, options):
         return None
     # a meta model built from a local directory (models/hf_load.py) is filled from its weights files.
     from_files = getattr(model, "zerolaunch_init_fn", None)
-    if from_files is not None:
-        return from_files
-    return model._init_weights if is_hf_model(model) and hasattr(model, "_init_weights") else None
+    base_init = from_files
+    if base_init is None and is_hf_model(model) and hasattr(model, "_init_weights"):
+        base_init = model._init_weights
+    from zerolaunch.models.peft import is_peft_model, meta_adapter_init
+
+    if base_init is not None and is_peft_model(model):
+        # HF's init would draw a LoRA B like any Linear: the adapter must start as PEFT starts it (B = 0)
+        return meta_adapter_init(model, base_init)
+    return base_init
 
 
 def hf_stage3_units(model, options):

@@ -99,7 +99,18 @@ class CheckpointInit:
     def __call__(self, module: nn.Module) -> None:
         prefix = self.prefix.get(id(module))
         if prefix is None:
-            raise ValueError(f"{type(module).__name__} is not a module of the model this init was built for")
+            # a module added after the meta build: a container (PEFT's wrappers) has nothing to fill; one with
+            # tensors (an adapter) was built on meta too, and by now its params are views into the unit's buffer
+            # with no values
+            own = [*module._parameters.values(), *module._buffers.values()]
+            if not any(t is not None for t in own):
+                return
+            raise ValueError(
+                f"{type(module).__name__} was added to a model built on the meta device (from_pretrained under "
+                "stage-3 zerolaunch TrainingArguments, or models.hf.build(meta=True)) and has no values: PEFT's "
+                "get_peft_model puts adapters on their base layer's device. Pass peft_config= to the Trainer, "
+                "or load the model with `with zerolaunch.hf.plain_from_pretrained(): ...` before adding adapters"
+            )
         if module._non_persistent_buffers_set and self.init_weights is not None:
             # rotary inv_freq and the like: computed by the model's own init, not stored in the file.
             self.init_weights(module)
@@ -132,16 +143,24 @@ class CheckpointInit:
                         f"model.args.path: {', '.join(files)} hold(s) {src!r} with shape "
                         f"{tuple(value.shape)}, the model built from config.json wants {tuple(t.shape)}"
                     )
-                t.copy_(value.to(t.dtype))
+                t.copy_(value)  # converts to t's dtype as it copies: no converted copy of the tensor
                 self.loaded_names.append(name)
 
 
-def build_meta(local: Path, transformers, dtype: torch.dtype, extra: dict) -> nn.Module:
-    """The model of `local` on the meta device, with a CheckpointInit as `model.zerolaunch_init_fn`."""
+def build_meta(
+    local: Path, transformers, dtype: torch.dtype, extra: dict, *, model_class=None, config=None
+) -> nn.Module:
+    """The model of `local` on the meta device, with a CheckpointInit as `model.zerolaunch_init_fn`.
+    model_class: a PreTrainedModel class (from_pretrained's `cls`), else AutoModelForCausalLM; config: the
+    config object to build from, else the folder's config.json."""
     files = weight_files(local)
-    config = transformers.AutoConfig.from_pretrained(str(local), local_files_only=True)
+    if config is None:
+        config = transformers.AutoConfig.from_pretrained(str(local), local_files_only=True)
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config, **extra)
+        if model_class is None:
+            model = transformers.AutoModelForCausalLM.from_config(config, **extra)
+        else:
+            model = model_class._from_config(config, **extra)
     model = model.to(dtype)
     # an instance attribute, not a submodule: nn.Module keeps plain callables in __dict__.
     init = CheckpointInit(model, files)

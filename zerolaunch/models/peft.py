@@ -121,3 +121,68 @@ def _jsonable(value):
     if isinstance(value, (set, frozenset)):
         return sorted(value)
     raise TypeError(f"{type(value).__name__} in a PEFT config is not JSON")
+
+
+# LoRA's own init choices that need nothing but the adapter's shape; the others (pissa, olora, loftq, eva,
+# corda, DoRA's magnitude) are computed from the base weights, which a meta-built model does not have yet.
+META_LORA_INITS = (True, False, "gaussian")
+
+
+def meta_adapter_init(model, base_init):
+    """init_fn(module) for a PeftModel built on the meta device under ZeRO-3: `base_init` for the base
+    model's modules, PEFT's own init for each LoRA layer's adapter (A as PEFT draws it, B = 0), so the adapted
+    model starts as its base. A ValueError for an adapter whose init needs the base weights."""
+    from peft.tuners.lora import LoraLayer
+    from torch import nn
+
+    adapter_modules: set[int] = set()
+    for layer in model.modules():
+        if not isinstance(layer, LoraLayer):
+            continue
+        for attr in layer.adapter_layer_names:
+            holder = getattr(layer, attr, None)
+            if isinstance(holder, nn.Module):
+                adapter_modules.update(id(m) for m in holder.modules())
+        for adapter in layer.lora_A.keys() | layer.lora_embedding_A.keys():
+            _check_meta_init(model, adapter, layer)
+
+    def init(module):
+        if id(module) in adapter_modules:
+            return  # the LoRA layer above it initializes it
+        if isinstance(module, LoraLayer):
+            for adapter in module.lora_A.keys() | module.lora_embedding_A.keys():
+                _init_adapter(model, module, adapter)
+            return
+        base_init(module)
+
+    return init
+
+
+def _init_mode(model, adapter: str):
+    return model.peft_config[adapter].init_lora_weights
+
+
+def _check_meta_init(model, adapter: str, layer) -> None:
+    mode = _init_mode(model, adapter)
+    if mode not in META_LORA_INITS or layer.use_dora.get(adapter, False):
+        what = "use_dora" if layer.use_dora.get(adapter, False) else f"init_lora_weights={mode!r}"
+        raise ValueError(
+            f"the LoRA adapter {adapter!r} ({what}) is initialized from the base model's weights, which a "
+            "model built on the meta device does not have; build the base with real weights (or from_pretrained) "
+            f"before get_peft_model, or use init_lora_weights in {META_LORA_INITS}"
+        )
+
+
+def _init_adapter(model, layer, adapter: str) -> None:
+    from torch import nn
+
+    mode = _init_mode(model, adapter)
+    if mode is False:  # PEFT keeps the modules' own init (B not zero: the adapter changes the model)
+        for attr in ("lora_A", "lora_B"):
+            if adapter in getattr(layer, attr):
+                getattr(layer, attr)[adapter].reset_parameters()
+        for attr in ("lora_embedding_A", "lora_embedding_B"):
+            if adapter in getattr(layer, attr):
+                nn.init.normal_(getattr(layer, attr)[adapter])
+        return
+    layer.reset_lora_parameters(adapter, mode)

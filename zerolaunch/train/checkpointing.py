@@ -15,7 +15,7 @@ import torch
 
 from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_PEFT_KEY, HF_TOKENIZER_KEY
 from zerolaunch.data.identity import IDENTITY_KEY, data_identity, identity_changes, refusal
-from zerolaunch.train import seeding
+from zerolaunch.train import schedule_change, seeding
 from zerolaunch.train.batches import TrainError
 
 
@@ -135,6 +135,9 @@ class CheckpointHook:
             seeding.set_rng_state(extra["rng"], self.ctx.device)
         if self.ctx.is_rank0:
             print(f"resumed from {path} at step {step}", flush=True)
+            changed = schedule_change.change_line(extra.get("schedule"), self.engine, step)
+            if changed:
+                print(changed, flush=True)
         return step
 
     def maybe_save(self, step: int, eval_loss: float | None = None) -> None:
@@ -158,6 +161,7 @@ class CheckpointHook:
             "data": self.source.state(),
             "rng": seeding.rng_state(self.ctx.device),
             IDENTITY_KEY: self.data_identity,
+            "schedule": schedule_change.record(self.engine),
         }
         if self.ctx.is_rank0:
             from zerolaunch.models.hf import hf_config_dict

@@ -113,8 +113,56 @@ def load_initial_weights(model: torch.nn.Module, init_from: str, verify: bool = 
         source.close()
 
 
-def _copy_into(model: torch.nn.Module, source, init_from: str) -> None:
-    names = source.names()
+def safetensors_files(init_from: str) -> dict[str, Path] | None:
+    """{tensor name: file} when `init_from` is a safetensors file or a weights folder (read a tensor at a
+    time by the stage-3 engine), else None (a torch file or a checkpoint: loaded into a whole model)."""
+    path = Path(init_from)
+    if path.is_dir() and _is_weights_folder(path):
+        from zerolaunch.models.hf_load import weight_files
+
+        return weight_files(path)
+    if path.is_file() and path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            return dict.fromkeys(f.keys(), path)
+    return None
+
+
+class _ShapeSource:
+    """The names of safetensors files and each tensor's shape (from the headers: nothing is read)."""
+
+    def __init__(self, files: dict[str, Path]):
+        from safetensors import safe_open
+
+        self.shapes: dict[str, list[int]] = {}
+        for file in sorted(set(files.values())):
+            with safe_open(str(file), framework="pt") as f:
+                self.shapes.update((n, f.get_slice(n).get_shape()) for n in f.keys())
+
+    def names(self) -> list[str]:
+        return list(self.shapes)
+
+
+def attach_initial_weights(model: torch.nn.Module, files: dict[str, Path], init_from: str) -> None:
+    """Stage 3, an HF model built on the meta device: the engine reads each unit's tensors from `files` as it
+    shards it (models/hf_load.py CheckpointInit), so no rank holds the whole model. Names and shapes are
+    checked here first, against the files' headers, as load_initial_weights checks them."""
+    from zerolaunch.models.hf_load import CheckpointInit
+
+    shapes = _ShapeSource(files)
+    _check_names(model, shapes.names(), init_from)
+    targets = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
+    for name, shape in shapes.shapes.items():
+        if tuple(targets[name].shape) != tuple(shape):
+            raise TrainError(
+                f"model.init_from {init_from!r}: {name} has shape {list(shape)}, the model "
+                f"{list(targets[name].shape)}"
+            )
+    model.zerolaunch_init_fn = CheckpointInit(model, files)
+
+
+def _check_names(model: torch.nn.Module, names: list[str], init_from: str) -> None:
     available = set(names)
     names_of: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -133,6 +181,12 @@ def _copy_into(model: torch.nn.Module, source, init_from: str) -> None:
             f"model.init_from {init_from!r} does not match the model: missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}; is model.args the same as for the model that saved it?"
         )
+
+
+def _copy_into(model: torch.nn.Module, source, init_from: str) -> None:
+    names = source.names()
+    _check_names(model, names, init_from)
+    targets = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
     with torch.no_grad():
         for name in names:  # one tensor in memory at a time (checkpoint sources read on demand)
             tensor = source.read(name)

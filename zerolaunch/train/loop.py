@@ -38,7 +38,7 @@ from zerolaunch.train.batches import (
 from zerolaunch.train.checkpointing import CheckpointHook
 from zerolaunch.train.compiling import compile_for
 from zerolaunch.train.context import RunContext
-from zerolaunch.train.init_weights import load_initial_weights
+from zerolaunch.train.init_weights import attach_initial_weights, load_initial_weights, safetensors_files
 from zerolaunch.train.loss_norm import GlobalLossNorm, check_label_shift
 from zerolaunch.train.nonfinite import NonFiniteGuard
 from zerolaunch.train.reporting import StepReporter
@@ -76,6 +76,17 @@ def _with_meta_arg(recipe):
     if arg is None or arg in recipe.model.args:
         return recipe
     return replace(recipe, model=replace(recipe.model, args={**recipe.model.args, arg: True}))
+
+
+def _streamed_init_from(recipe):
+    """{tensor name: file} of model.init_from when the stage-3 engine can read it unit by unit: safetensors
+    weights and a builder that builds on meta itself (the HF builder's meta_arg); else None."""
+    if recipe.engine.zero.stage != 3 or not recipe.model.init_from:
+        return None
+    fn = import_builder(recipe.model.builder, recipe.base_dir)
+    if getattr(fn, "meta_arg", None) is None:
+        return None
+    return safetensors_files(recipe.model.init_from)
 
 
 class Trainer:
@@ -139,12 +150,20 @@ class Trainer:
 
     def _build_model(self):
         recipe = self.recipe
-        # weights to load need real tensors: meta construction only when the engine will initialise them.
-        # A PEFT adapter is built over real weights: the engine's meta init knows the base model's names and
-        # init, not the adapter's (LoRA's B starts at zero)
-        on_meta = recipe.engine.zero.stage == 3 and not recipe.model.init_from and recipe.peft is None
+        # weights to load need real tensors: meta construction only when the engine will initialise them,
+        # from the builder's init or, for an HF model, from init_from's safetensors a unit at a time. A PEFT
+        # adapter is built over real weights: the engine's meta init knows the base model's names and init,
+        # not the adapter's (LoRA's B starts at zero)
+        streamed = _streamed_init_from(recipe) if recipe.peft is None else None
+        on_meta = (
+            recipe.engine.zero.stage == 3
+            and recipe.peft is None
+            and (not recipe.model.init_from or streamed is not None)
+        )
         model = build_model(_with_meta_arg(recipe) if on_meta else recipe, meta_if_supported=on_meta)
-        if recipe.model.init_from:
+        if streamed is not None:
+            attach_initial_weights(model, streamed, recipe.model.init_from)
+        elif recipe.model.init_from:
             load_initial_weights(model, recipe.model.init_from, verify=self.ctx.verify_checkpoints)
         if recipe.peft is not None:
             from zerolaunch.models.peft import apply_peft

@@ -113,6 +113,9 @@ class UnitSharding(UnitStateMixin, Sharding):
                 flat.attach_swap(self.param_swap, c)
         self.num_groups = len(groups)
         self._allocate_shards(groups)
+        # the units' views into the grad shards are taken: free them while the units are built, where they
+        # would sit beside each unit's full init buffer (1/N of the model in fp32, for nothing)
+        self.grad_shards.release()
         self._materialize(part, named, init_fn)
 
         self.named_params = dict(collect_params(model))
