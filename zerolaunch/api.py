@@ -505,7 +505,10 @@ def save_hf_pretrained(
     inner = getattr(engine, "engine", engine)
     model = inner.module
     if is_peft_model(model):  # what PeftModel.save_pretrained writes: the adapter only
-        return save_peft_adapter(inner, out_dir, dtype=dtype, tokenizer=tokenizer)
+        full_state = inner.iter_full_state(dtype=dtype)
+        return save_peft_adapter(
+            model, full_state, inner.param_specs(), inner.group, out_dir, tokenizer=tokenizer
+        )
     if not is_hf_model(model):
         raise ValueError(
             f"save_hf_pretrained needs a transformers PreTrainedModel, got {type(model).__name__}; "

@@ -13,10 +13,12 @@ peft is imported only when a PeftModel is in hand (it is then imported already).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 
+from zerolaunch.checkpoint.contract import ParamSpecLike
 from zerolaunch.models.peft import is_peft_model
 
 __all__ = ["adapter_source_names", "is_peft_model", "save_peft_adapter"]
@@ -40,26 +42,33 @@ def adapter_source_names(model) -> set[str]:
     return wanted
 
 
-def save_peft_adapter(engine, out_dir, *, dtype: torch.dtype | None = None, tokenizer=None) -> Path:
+def save_peft_adapter(
+    model,
+    full_state: Iterable[tuple[str, torch.Tensor]],
+    param_specs: Sequence[ParamSpecLike],
+    group,
+    out_dir,
+    *,
+    tokenizer=None,
+) -> Path:
     """COLLECTIVE: write what `PeftModel.save_pretrained(out_dir)` writes, from the engine's full tensors.
 
-    Every rank iterates engine.iter_full_state (at stage 3 it gathers unit by unit); rank 0 keeps a copy of
-    the adapter's tensors only and hands them to the model's own save_pretrained, into a temp folder that is
-    renamed into place (a reader sees the previous folder or the whole new one). dtype: of the written
-    tensors (default: as the model holds them). tokenizer: a tokenizer or processor, or a folder holding one,
-    written in by its own save_pretrained."""
+    `full_state` is the engine's iter_full_state(dtype) (the dtype of the written tensors), which every rank
+    iterates (at stage 3 it gathers unit by unit); `param_specs` its param_specs() (for tied aliases); `group`
+    its process group. Rank 0 keeps a copy of the adapter's tensors only and hands them to the model's own
+    save_pretrained, into a temp folder that is renamed into place (a reader sees the previous folder or the
+    whole new one). tokenizer: a tokenizer or processor, or a folder holding one, written in by its own
+    save_pretrained."""
     from zerolaunch.checkpoint.atomic import TMP_PREFIX, fsync_path, publish, remove_path
     from zerolaunch.zero import comm
 
-    inner = getattr(engine, "engine", engine)
-    model = inner.module
-    rank0 = comm.rank(inner.group) == 0
+    rank0 = comm.rank(group) == 0
     wanted = adapter_source_names(model)
     # a tied alias is yielded once, under its source's name
-    source_of = {alias: spec.name for spec in inner.param_specs() for alias in spec.aliases}
+    source_of = {alias: spec.name for spec in param_specs for alias in spec.aliases}
     sources = {source_of.get(n, n): n for n in wanted}
     kept: dict[str, torch.Tensor] = {}
-    for name, tensor in inner.iter_full_state(dtype=dtype):
+    for name, tensor in full_state:
         if rank0 and name in sources:
             # a copy: a gathered tensor may be a view of a buffer the next gather overwrites
             kept[sources[name]] = tensor.detach().to("cpu", copy=True)
@@ -78,7 +87,7 @@ def save_peft_adapter(engine, out_dir, *, dtype: torch.dtype | None = None, toke
         except BaseException:
             remove_path(tmp)
             raise
-    comm.barrier(inner.group)
+    comm.barrier(group)
     return out
 
 
