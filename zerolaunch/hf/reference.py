@@ -31,10 +31,9 @@ FROZEN_ONLY_KEYS = ("optimizer", "scheduler")
 """Config blocks an engine with no optimizer has no use for (dropped, as TRL's prepare_deepspeed does)."""
 
 
-class FrozenModel(nn.Module):
-    """What TRL keeps as its ref / reward / teacher model: forward through the inference engine (stage 3
-    gathers each unit as it runs); `.module` is the Hugging Face model, and its attributes (config, ...) read
-    through."""
+class EngineForward(nn.Module):
+    """A model the Trainer or TRL holds whose forward runs through an engine (stage 3 gathers each unit as it
+    runs); `.module` is the Hugging Face model, and its attributes (config, ...) read through."""
 
     def __init__(self, engine):
         super().__init__()
@@ -49,6 +48,10 @@ class FrozenModel(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self.module, name)
+
+
+class FrozenModel(EngineForward):
+    """What TRL keeps as its ref / reward / teacher model: forward through the inference engine."""
 
 
 def frozen_options(args, model: nn.Module):
@@ -72,9 +75,7 @@ def frozen_options(args, model: nn.Module):
 
 def is_training_model(trainer, model) -> bool:
     """Whether `model` is (a wrapper of) the model the trainer trains: that one the trainer's engine takes."""
-    from zerolaunch.hf.trainer import ZeroModel
-
-    if isinstance(model, ZeroModel | FrozenModel):
+    if isinstance(model, EngineForward):
         return True
     return any(model is m for m in (trainer.model, getattr(trainer, "model_wrapped", None)) if m is not None)
 

@@ -32,10 +32,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from zerolaunch.config.errors import UserError
-from zerolaunch.hf.reference import FrozenModel, guard_direct_calls, is_training_model, prepare_frozen
+from zerolaunch.hf.reference import (
+    EngineForward,
+    FrozenModel,
+    guard_direct_calls,
+    is_training_model,
+    prepare_frozen,
+)
 
 ENGINE_DIR = "zerolaunch"
 """checkpoint-N/zerolaunch/: the engine's sharded checkpoint (all ranks write their own shard)."""
@@ -49,26 +54,11 @@ WEIGHT_FILES = (
 )
 
 
-class ZeroModel(nn.Module):
-    """What the Trainer calls its wrapped model (`model_wrapped`): forward through the engine (stage 3 gathers
-    the params a forward needs); `.module` is the Hugging Face model."""
-
-    def __init__(self, engine):
-        super().__init__()
-        self.module = engine.module
-        object.__setattr__(self, "engine", engine)  # not a submodule: the engine is no nn.Module
-
-    def forward(self, *args, **kwargs):
-        return self.engine(*args, **kwargs)
+class ZeroModel(EngineForward):
+    """What the Trainer calls its wrapped model (`model_wrapped`): forward through the training engine."""
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The engine clears its grads at each step; the Trainer's calls between steps change nothing."""
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self.module, name)
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -169,7 +159,7 @@ def _accelerator_class(base: type) -> type:
             return base.optimizer_step_was_skipped.fget(self)
 
         def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
-            if isinstance(model, ZeroModel | FrozenModel):
+            if isinstance(model, EngineForward):
                 model = model.module
             return super().unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
 
