@@ -39,7 +39,7 @@ SIZES = {  # (layers, d_model, heads)
     "350m": (24, 1024, 16),
     "1.3b": (24, 2048, 16),
 }
-HF_LLAMA = {  # a Llama-1B shape (recipes/hf-llama-1b.yaml)
+HF_LLAMA = {  # recipes/hf-llama-1b.yaml's layer shapes (its max_position_embeddings and rms_norm_eps differ)
     "model_type": "llama",
     "vocab_size": 32000,
     "hidden_size": 2048,
