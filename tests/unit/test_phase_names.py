@@ -69,3 +69,32 @@ def test_the_phase_names_are_distinct_and_prefixed():
     labels = [phases.label(p) for p in phases.ALL]
     assert len(set(labels)) == len(labels)
     assert all(label.startswith("zerolaunch::") for label in labels)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_no_record_function_is_entered_outside_a_profiler(stage, monkeypatch):
+    """A record_function is a dispatcher op pair per phase (per param for stage_grad): without a profiler the
+    host thread that feeds the GPU must not pay it."""
+    import torch
+
+    entered = []
+    real = torch.profiler.record_function
+
+    def counting(name, *args, **kwargs):
+        entered.append(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(torch.profiler, "record_function", counting)
+    options = EngineOptions(
+        zero=ZeroOptions(
+            stage=stage,
+            offload_optimizer=OffloadOptions(device="cpu"),
+            stage3_param_persistence_threshold=0,
+        ),
+        optimizer=OptimizerOptions(name="adamw", lr=1e-2),
+    )
+    engine = Engine(Net(), options)
+    x, y = micro_batch(0, 0, 1)
+    engine.backward(F.mse_loss(engine(x), y))
+    engine.step()
+    assert not [n for n in entered if n.startswith("zerolaunch::")]
