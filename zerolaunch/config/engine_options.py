@@ -5,7 +5,7 @@ one, DeepSpeed's defaults apply where a key is absent (stage 0, overlap_comm on 
 offload buffers, WarmupLR's 1000 warmup steps and 0.001 peak), as a DeepSpeed user expects. Bucket "auto"s
 come from the hidden size h as in Hugging Face: reduce h*h, stage-3 prefetch 0.9*h*h, persistence 10*h.
 This module owns that mapping. The engine's rules (stage range, offload_param needs stage 3, ...) are not
-repeated here: `build_engine` runs zero/option_rules.py's `option_problems` on the options it built and reports
+repeated here: `resolve_engine_options` runs zero/option_rules.py's `option_problems` on the options it built and reports
 the first at the key the user wrote (its file and line or --set flag), so the recipe check and the engine's
 cannot drift. What stays here is the recipe's own: types, choices, "auto" and the limits no engine rule has.
 """
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 Z: Path = DS + ("zero_optimization",)
 
 
-def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
+def resolve_engine_options(r: Resolver, train: TrainSection) -> EngineOptions:
     from zerolaunch.zero.options import EngineOptions, OptimizerOptions, PrecisionOptions
 
     # A block made only by --set keeps zerolaunch's defaults: `--set zero_optimization.x=...` must not

@@ -23,7 +23,7 @@ from . import deepspeed as ds_vocab
 from . import limits
 from .auto import check_compile_scope, resolve_compile_optimizer, resolve_train
 from .builders import DATA_PASSED, args_problem, check_builder_spec, import_builder
-from .engine_options import build_engine
+from .engine_options import resolve_engine_options
 from .errors import RecipeError, did_you_mean
 from .hidden import gpt_hidden_sizes
 from .paths import resolve_path_args
@@ -464,7 +464,7 @@ def load_recipe(
     optimizer = ds_vocab.optimizer_name(tree, DS)
     has_scheduler = ds_vocab.scheduler_name(tree, DS) is not None
     train = resolve_train(r, stem, has_scheduler, optimizer)
-    engine = build_engine(r, train)
+    engine = resolve_engine_options(r, train)
     check_compile_scope(r, train, engine)
     train, engine = resolve_compile_optimizer(r, train, engine)
     model, data, checkpoint, entrypoint = _sections(r, train, base_dir)
