@@ -145,9 +145,7 @@ def _options(stage: int, dtype: str):
 
     # bench/run.py's zerolaunch rows: the numbers stay comparable with the world-size-1 table.
     return EngineOptions(
-        zero=ZeroOptions(
-            stage=stage, reduce_bucket_size=500_000_000, allgather_bucket_size=500_000_000, overlap_comm=True
-        ),
+        zero=ZeroOptions(stage=stage, reduce_bucket_size=500_000_000, overlap_comm=True),
         precision=PrecisionOptions(dtype=dtype),
         optimizer=OptimizerOptions(name="adamw", lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1),
         gradient_clipping=1.0,

@@ -214,12 +214,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
     return ZeroOptions(
         stage=stage,
         reduce_bucket_size=reduce_bucket,
-        allgather_bucket_size=r.value(
-            k + "allgather_bucket_size",
-            Z + ("allgather_bucket_size",),
-            "int",
-            base.allgather_bucket_size,
-        ),
         overlap_comm=overlap,
         stage3_prefetch_bucket_size=prefetch,
         stage3_param_persistence_threshold=persistence,
