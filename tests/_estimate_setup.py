@@ -1,5 +1,5 @@
-"""A memory-estimate `Setup` for tests, written flat: the workload keywords as Setup takes them, and engine
-options by their field name in ZeroOptions, PrecisionOptions or OptimizerOptions (the estimate reads those)."""
+"""A memory-estimate `Setup` for tests, written flat: the workload keywords as Setup takes them, and
+engine options by their field name in ZeroOptions, PrecisionOptions or OptimizerOptions."""
 
 from __future__ import annotations
 

@@ -3,11 +3,12 @@
 With no DeepSpeed block the engine takes zerolaunch's defaults (ZeRO stage 1) and the train section. With
 one, DeepSpeed's defaults apply where a key is absent (stage 0, overlap_comm on for stage 3 only, pinned
 offload buffers, WarmupLR's 1000 warmup steps and 0.001 peak), as a DeepSpeed user expects. Bucket "auto"s
-come from the hidden size h as in Hugging Face: reduce h*h, stage-3 prefetch 0.9*h*h, persistence 10*h
-(h from config/hidden.py, or the model a caller hands over). This module owns that mapping. The engine's rules (stage range, offload_param needs stage 3, ...) are not
-repeated here: `resolve_engine_options` runs zero/option_rules.py's `option_problems` on the options it built and reports
-the first at the key the user wrote (its file and line or --set flag), so the recipe check and the engine's
-cannot drift. What stays here is the recipe's own: types, choices, "auto" and the limits no engine rule has.
+come from the hidden size h as in Hugging Face: reduce h*h, stage-3 prefetch 0.9*h*h, persistence 10*h (h
+from config/hidden.py, or the model a caller hands over). This module owns that mapping. The engine's rules
+(stage range, offload_param needs stage 3, ...) are not repeated here: `resolve_engine_options` runs
+zero/option_rules.py's `option_problems` on the options it built and reports the first at the key the user
+wrote (its file and line or --set flag), so the recipe check and the engine's cannot drift. What stays here is
+the recipe's own: types, choices, "auto" and the limits no engine rule has.
 """
 
 from __future__ import annotations

@@ -3,12 +3,12 @@ from the TrainingArguments, as transformers fills them for DeepSpeed, and turned
 
 The rules are transformers' (integrations/deepspeed.py, HfTrainerDeepSpeedConfig: trainer_config_process
 when the arguments are built, trainer_config_finalize once the model and the number of steps are known),
-written here so that DeepSpeed need not be installed. The bucket "auto"s (reduce_bucket_size and the stage-3
-ones) are not filled here: `model_hidden` hands the model's hidden size to the recipe loader, whose
-config/engine_options.py resolves every bucket "auto", a recipe's or this door's. An explicit value that contradicts a TrainingArguments
-value is an error naming both; transformers collects those until finalize, this raises the ones it can see
-when the arguments are built and the rest when the engine is built, before the first step. The DeepSpeed
-vocabulary itself (which keys exist, what each does) is config/'s.
+written here so that DeepSpeed need not be installed. The bucket "auto"s (reduce_bucket_size and the
+stage-3 ones) are not filled here: `model_hidden` hands the model's hidden size to the recipe loader, whose
+config/engine_options.py resolves every bucket "auto", a recipe's or this door's. An explicit value that
+contradicts a TrainingArguments value is an error naming both; transformers collects those until finalize,
+this raises the ones it can see when the arguments are built and the rest when the engine is built, before
+the first step. The DeepSpeed vocabulary itself (which keys exist, what each does) is config/'s.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class TrainerDSConfig:
 
 def model_hidden(model) -> ModelHidden:
     """The model's hidden size for the bucket "auto"s, read as transformers reads it (hidden_size, else the
-    largest of hidden_sizes, on the config or its text_config); `load_recipe(..., model_hidden=...)` takes it."""
+    largest of hidden_sizes, on the config or its text_config), for `load_recipe(..., model_hidden=...)`."""
     config = getattr(model, "config", None)
     for cfg, where in ((config, "config"), (getattr(config, "text_config", None), "config.text_config")):
         if cfg is None:
