@@ -11,8 +11,8 @@ steps exactly as rank 0 of an N-rank job would: its shards, buckets and gathered
 would have, while the values are wrong (no other rank contributes). The row reports:
 
 - the estimate of `zerolaunch estimate-memory` for the same model, stage, world size, micro batch and seq len
-  (`zerolaunch.memory.estimate`, the function the CLI calls, with the Setup fields taken from the same
-  EngineOptions the engine gets, as the CLI's recipe path does);
+  (`zerolaunch.memory.estimate`, the function the CLI calls, its Setup holding the same EngineOptions the
+  engine gets, as the CLI's recipe path does);
 - what the engine says it holds (`engine.memory_bytes()`: params, grads, master, optimizer, buckets) and
   `torch.cuda.max_memory_allocated()` over the steps after the first (the first includes construction);
 - the median step time of those steps: compute only, the lower bound of a real N-GPU step.
@@ -145,22 +145,19 @@ def _options(stage: int, dtype: str):
 
     # bench/run.py's zerolaunch rows: the numbers stay comparable with the world-size-1 table.
     return EngineOptions(
-        zero=ZeroOptions(
-            stage=stage, reduce_bucket_size=500_000_000, allgather_bucket_size=500_000_000, overlap_comm=True
-        ),
+        zero=ZeroOptions(stage=stage, reduce_bucket_size=500_000_000, overlap_comm=True),
         precision=PrecisionOptions(dtype=dtype),
         optimizer=OptimizerOptions(name="adamw", lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1),
         gradient_clipping=1.0,
     )
 
 
-def _estimate(meta, model_name: str, options, world_size: int, micro_batch: int, seq_len: int, dtype: str):
-    from zerolaunch.memory import Setup, estimate, setup_fields_from_engine
+def _estimate(meta, model_name: str, options, world_size: int, micro_batch: int, seq_len: int):
+    from zerolaunch.memory import Setup, estimate
     from zerolaunch.memory.shape import from_module
 
     shape = from_module(meta, source=model_name, stage3_units=options.zero.stage3_units)
-    fields = setup_fields_from_engine(options) | {"dtype": dtype}
-    setup = Setup(gpus_per_node=world_size, nodes=1, micro_batch=micro_batch, seq_len=seq_len, **fields)
+    setup = Setup(gpus_per_node=world_size, nodes=1, micro_batch=micro_batch, seq_len=seq_len, engine=options)
     est = estimate(shape, setup)
     row = est.row(options.zero.stage, "none")
     return {
@@ -193,7 +190,7 @@ def run_one(args) -> dict:
     options = _options(stage, args.dtype)
     torch.manual_seed(0)
     model, init_fn, meta = _build(args.model, stage, device, seq)
-    row["estimate"] = _estimate(meta, args.model, options, ws, mb, seq, args.dtype)
+    row["estimate"] = _estimate(meta, args.model, options, ws, mb, seq)
     vocab = meta.config.vocab_size
     del meta
     try:

@@ -96,7 +96,6 @@ def engine_phases(size: str, rows: list, steps: int = 4) -> None:
         zero=ZeroOptions(
             stage=2,
             reduce_bucket_size=500_000_000,
-            allgather_bucket_size=500_000_000,
             overlap_comm=True,
             offload_optimizer=OffloadOptions(device="cpu", pin_memory=True),
         ),

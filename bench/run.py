@@ -445,7 +445,6 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
             zero=ZeroOptions(
                 stage=stage,
                 reduce_bucket_size=500_000_000,
-                allgather_bucket_size=500_000_000,
                 overlap_comm=True,
                 offload_optimizer=off,
             ),

@@ -286,14 +286,6 @@ CASES: tuple[Case, ...] = (
         "between 0 and 1",
     ),
     Case(
-        "zero.allgather_bucket_size",
-        EngineOptions(zero=ZeroOptions(stage=2, allgather_bucket_size=0)),
-        _zero_recipe("    stage: 2\n    allgather_bucket_size: 0\n"),
-        f"{Z}.allgather_bucket_size",
-        6,
-        ">= 1",
-    ),
-    Case(
         "zero.stage3_prefetch_bucket_size",
         EngineOptions(zero=ZeroOptions(stage=3, stage3_prefetch_bucket_size=-1)),
         _zero_recipe("    stage: 3\n    stage3_prefetch_bucket_size: -1\n"),

@@ -102,14 +102,19 @@ def test_a_deepspeed_config_sizes_the_model_given_by_flag(tmp_path):
     config = tmp_path / "ds_config.json"
     config.write_text(json.dumps(DS_PURE_BF16))
     data = _json(str(config), "--model", "1.3b", "--gpus", "1")
-    assert data["setup"]["master_dtype"] == "bf16" and data["setup"]["micro_batch"] == 4
+    assert (
+        data["setup"]["engine"]["precision"]["master_dtype"] == "bf16" and data["setup"]["micro_batch"] == 4
+    )
     assert "settings from" in data["model"]["source"] and "gpt-1.3b" in data["model"]["source"]
     alone = _json("--model", "1.3b", "--gpus", "1")
     # pure bf16: 2 + 4 bytes of master and moments per element where the default keeps 4 + 8
     row = {r["label"]: r for r in data["rows"]}["stage 2"]
     fp32 = {r["label"]: r for r in alone["rows"]}["stage 2"]
     assert row["gpu"]["optimizer"] * 2 == fp32["gpu"]["optimizer"]
-    assert _json(str(config), "--params", "7e9", "--gpus", "8")["setup"]["master_dtype"] == "bf16"
+    assert (
+        _json(str(config), "--params", "7e9", "--gpus", "8")["setup"]["engine"]["precision"]["master_dtype"]
+        == "bf16"
+    )
 
 
 @pytest.mark.parametrize(

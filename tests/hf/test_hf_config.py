@@ -20,11 +20,13 @@ import pytest
 
 pytest.importorskip("transformers", minversion="5.17")  # the Trainer hooks zerolaunch.hf replaces
 
+from zerolaunch.config import load_recipe  # noqa: E402
 from zerolaunch.config.errors import UserError  # noqa: E402
 from zerolaunch.hf import TrainingArguments, zero_args  # noqa: E402
-from zerolaunch.hf.config import ConfigMismatch, TrainerDSConfig  # noqa: E402
+from zerolaunch.hf.config import ConfigMismatch, TrainerDSConfig, model_hidden  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+BUCKETS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
 
 ALL_AUTO = {
     "fp16": {"enabled": "auto"},
@@ -83,11 +85,35 @@ def test_auto_filled_as_transformers_fills_it():
     unset_hf_deepspeed_config()
     ours = TrainerDSConfig(copy.deepcopy(ALL_AUTO))
     ours.process(args)
-    ours.finalize(args, model, 123)
+    ours.finalize(args, 123)
+    # the bucket "auto"s stay for the recipe loader, which resolves them from the model's hidden size
+    theirs_zero, ours_zero = theirs.config.pop("zero_optimization"), ours.config.pop("zero_optimization")
     assert ours.config == theirs.config
-    assert ours.config["zero_optimization"]["stage3_prefetch_bucket_size"] == int(
-        0.9 * 40 * 40
-    )  # not left "auto"
+    assert {k: v for k, v in ours_zero.items() if k not in BUCKETS} == {
+        k: v for k, v in theirs_zero.items() if k not in BUCKETS
+    }
+    assert all(ours_zero[k] == "auto" for k in BUCKETS)
+    ours.config["zero_optimization"] = ours_zero
+    zero = load_recipe(ours.config, model_hidden=model_hidden(model)).engine.zero
+    assert {k: getattr(zero, k) for k in BUCKETS} == {k: theirs_zero[k] for k in BUCKETS}
+    assert zero.stage3_prefetch_bucket_size == int(0.9 * 40 * 40)  # theirs is not left "auto"
+
+
+def test_bucket_autos_are_resolved_by_the_recipe_loader_from_the_models_hidden_size():
+    config = {"zero_optimization": {"stage": 3, **dict.fromkeys(BUCKETS, "auto")}}
+    model = SimpleNamespace(config=SimpleNamespace(text_config=SimpleNamespace(hidden_size=24)))
+    recipe = load_recipe(copy.deepcopy(config), model_hidden=model_hidden(model))
+    zero = recipe.engine.zero
+    assert (zero.reduce_bucket_size, zero.stage3_prefetch_bucket_size) == (24 * 24, int(0.9 * 24 * 24))
+    assert zero.stage3_param_persistence_threshold == 10 * 24
+    # config/engine_options.py's own note, naming where h came from: not the recipe's (absent) model section
+    note = recipe.notes["engine.zero.reduce_bucket_size"]
+    assert recipe.origins["engine.zero.reduce_bucket_size"] == "auto" and "text_config.hidden_size" in note
+    # a model without a hidden size: the auto key is named with the fix
+    with pytest.raises(UserError, match=r"reduce_bucket_size.*no hidden_size or hidden_sizes"):
+        load_recipe(
+            copy.deepcopy(config), model_hidden=model_hidden(SimpleNamespace(config=SimpleNamespace()))
+        )
 
 
 def test_arguments_fill_the_config_and_leave_deepspeed_off():
@@ -113,7 +139,7 @@ def test_contradiction_known_at_finalize_names_both_values():
     with pytest.raises(
         ConfigMismatch, match=r"ds scheduler.params.total_num_steps=100 vs hf num_training_steps"
     ):
-        config.finalize(args, None, 5)
+        config.finalize(args, 5)
 
 
 def test_unsupported_optimizer_is_refused_with_the_fix():

@@ -232,14 +232,13 @@ def test_what_does_not_exist_is_exit_2_at_its_line(tmp_path, enabled, master, st
 @pytest.mark.parametrize("stage", [2, 3])
 def test_estimate_memory_counts_the_engines_bytes(stage):
     from zerolaunch.memory import STATE_KEYS, Setup, estimate
-    from zerolaunch.memory.estimate import setup_fields_from_engine
     from zerolaunch.memory.shape import from_module
 
     options = _options(stage)
     engine, _ = _train(options, steps=1)
     got = engine.memory_bytes()
-    fields = setup_fields_from_engine(options) | {"stage3_param_persistence_threshold": 0}
-    est = estimate(from_module(Net(0), source="net"), Setup(**fields))
+    zero = replace(options.zero, stage3_param_persistence_threshold=0)
+    est = estimate(from_module(Net(0), source="net"), Setup(engine=replace(options, zero=zero)))
     row = est.row(stage, "none")
     assert {k: row.gpu[k] for k in STATE_KEYS} == {k: got[k] for k in STATE_KEYS}
     assert {r.offload for r in est.rows} == {"none"}  # a bf16 master is never offloaded

@@ -205,7 +205,6 @@ def test_grad_shards_contract_in_the_compute_dtype():
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_estimate_memory_counts_the_engines_grad_bytes(stage):
     from zerolaunch.memory import STATE_KEYS, Setup, estimate
-    from zerolaunch.memory.estimate import setup_fields_from_engine
     from zerolaunch.memory.shape import from_module
 
     options = _options(stage)
@@ -214,8 +213,6 @@ def test_estimate_memory_counts_the_engines_grad_bytes(stage):
     engine.backward(F.mse_loss(engine(x.to(engine.dtype)).float(), y))
     engine.step()
     got = engine.memory_bytes()
-    row = estimate(from_module(Net(0), source="net"), Setup(**setup_fields_from_engine(options))).row(
-        stage, "none"
-    )
+    row = estimate(from_module(Net(0), source="net"), Setup(engine=options)).row(stage, "none")
     assert {k: row.gpu[k] for k in STATE_KEYS} == {k: got[k] for k in STATE_KEYS}
     assert row.gpu["grads"] == 2 * sum(s.numel for s in engine.sharding.grad_shards.segments)

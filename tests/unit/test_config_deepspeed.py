@@ -35,7 +35,8 @@ def test_hf_stage2_example():
     recipe = load_recipe(DS_CONFIGS / "hf_zero2.json", overrides=["train.micro_batch_size=2"], world_size=4)
     zero = recipe.engine.zero
     assert zero.stage == 2 and zero.overlap_comm is True
-    assert zero.reduce_bucket_size == 200_000_000 and zero.allgather_bucket_size == 200_000_000
+    assert zero.reduce_bucket_size == 200_000_000
+    assert "no effect" in recipe.notes["deepspeed.zero_optimization.allgather_bucket_size"]
     assert zero.offload_optimizer.device == "cpu" and zero.offload_optimizer.pin_memory is True
     assert recipe.train.global_batch_size == 8
     assert recipe.engine.scheduler.name == "WarmupLR"
@@ -319,11 +320,19 @@ def _table_keys(recipe):
 
 
 def test_keys_that_do_nothing_are_noted_not_shown_as_used():
-    zero = {"stage": 3, "contiguous_gradients": True, "stage3_gather_16bit_weights_on_model_save": "auto"}
+    zero = {
+        "stage": 3,
+        "contiguous_gradients": True,
+        "allgather_bucket_size": 2e8,
+        "stage3_gather_16bit_weights_on_model_save": "auto",
+    }
     recipe = load_recipe({"deepspeed": {"zero_optimization": zero}})
     notes = recipe.notes
-    assert "no effect" in notes["deepspeed.zero_optimization.contiguous_gradients"]
-    assert "engine.zero.contiguous_gradients" not in _table_keys(recipe)
+    for key in ("contiguous_gradients", "allgather_bucket_size"):
+        assert "no effect" in notes[f"deepspeed.zero_optimization.{key}"]
+        assert f"engine.zero.{key}" not in _table_keys(recipe)
+        assert f"engine.zero.{key}" not in recipe.origins
+        assert not hasattr(recipe.engine.zero, key)  # no option the engine never reads
     # MedicalGPT's "auto": false, as DeepSpeed (it drops "auto" and keeps its default); shown with its origin.
     assert recipe.engine.zero.stage3_gather_16bit_weights_on_model_save is False
     assert recipe.origins["engine.zero.stage3_gather_16bit_weights_on_model_save"] == "auto"

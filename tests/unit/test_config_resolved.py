@@ -36,6 +36,15 @@ def test_round_trip_and_origins_complete(tmp_path, name):
         assert recipe.origins.get(key) in ORIGINS, key
 
 
+def test_a_file_with_the_removed_unused_zero_fields_still_loads(tmp_path):
+    # earlier versions wrote allgather_bucket_size and contiguous_gradients, which the engine never read
+    recipe = load_recipe(DS_CONFIGS / "hf_zero2.json", world_size=2)
+    data = recipe.to_json()
+    data["engine"]["zero"] |= {"allgather_bucket_size": 200_000_000, "contiguous_gradients": True}
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert load_resolved(tmp_path / "old.json") == recipe
+
+
 def test_load_resolved_errors(tmp_path):
     with pytest.raises(RecipeError, match="does not exist"):
         load_resolved(tmp_path / "nothing.json")

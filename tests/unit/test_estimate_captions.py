@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import io
 
+from _estimate_setup import bf16_setup
 from rich.console import Console
 
 from zerolaunch.cli.estimate import print_narrow_table, render_offload_cost
-from zerolaunch.memory import Setup, estimate, synthetic_gpt
+from zerolaunch.memory import estimate, synthetic_gpt
 from zerolaunch.memory.offload_cost import Bandwidths
 
 NOTE = (
@@ -19,7 +20,7 @@ NOTE = (
 
 
 def _printed(width: int) -> list[str]:
-    est = estimate(synthetic_gpt(1_300_000_000), Setup(gpus_per_node=8, dtype="bf16"))
+    est = estimate(synthetic_gpt(1_300_000_000), bf16_setup(gpus_per_node=8, dtype="bf16"))
     buf = io.StringIO()
     print_narrow_table(
         Console(file=buf, width=width), render_offload_cost(est, Bandwidths(2e10, 1e10, notes=[NOTE]))

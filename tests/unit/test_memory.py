@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
+from _estimate_setup import bf16_setup
 
 from zerolaunch.memory import EstimateError, Setup, estimate, parse_bytes, parse_count, synthetic_gpt
 from zerolaunch.memory.activations import activation_bytes
 from zerolaunch.memory.engine_layout import stage012_layout, stage2_staging_buffers
+from zerolaunch.zero.options import (
+    EngineOptions,
+    OffloadOptions,
+    OptimizerOptions,
+    PrecisionOptions,
+    ZeroOptions,
+)
 
 GIB = 2**30
 
@@ -104,23 +113,41 @@ def test_synthetic_gpt_looks_like_the_gpt3_table():
     assert synthetic_gpt(7 * 10**9).arch.d_model == 4096
 
 
+def test_setup_holds_the_engines_options_and_declares_none_of_its_own():
+    # one default per option: Setup carries EngineOptions as the engine takes them, no copy of a field
+    engine_fields = {
+        f.name
+        for cls in (EngineOptions, ZeroOptions, PrecisionOptions, OptimizerOptions, OffloadOptions)
+        for f in fields(cls)
+    }
+    own = {f.name for f in fields(Setup)} - {"engine"}
+    assert not own & engine_fields
+    assert Setup().engine == EngineOptions()
+    assert Setup().dtype == EngineOptions().precision.dtype
+    # options the engine would refuse are refused by its own rule, named by its key
+    with pytest.raises(EstimateError, match="zero.stage3_prefetch_bucket_size"):
+        Setup(engine=EngineOptions(zero=ZeroOptions(stage3_prefetch_bucket_size=-1)))
+    # 0 (no prefetch) is the engine's to accept, and so the estimate's
+    assert estimate(synthetic_gpt(10**6), bf16_setup(stage3_prefetch_bucket_size=0)).row(3)
+
+
 def test_bad_setup_values_are_named():
     with pytest.raises(EstimateError, match="--gpus"):
-        Setup(gpus_per_node=0)
+        bf16_setup(gpus_per_node=0)
     with pytest.raises(EstimateError, match="--micro-batch"):
-        Setup(micro_batch=-1)
-    with pytest.raises(EstimateError, match="--dtype"):
-        Setup(dtype="int8")
+        bf16_setup(micro_batch=-1)
+    with pytest.raises(EstimateError, match="precision.dtype"):
+        bf16_setup(dtype="int8")
 
 
 def test_activations_grow_linearly_with_micro_batch_and_checkpointing_saves():
     arch = synthetic_gpt(350 * 10**6).arch
-    one = activation_bytes(arch, Setup(micro_batch=1, seq_len=1024), checkpointing=False)
-    four = activation_bytes(arch, Setup(micro_batch=4, seq_len=1024), checkpointing=False)
+    one = activation_bytes(arch, bf16_setup(micro_batch=1, seq_len=1024), checkpointing=False)
+    four = activation_bytes(arch, bf16_setup(micro_batch=4, seq_len=1024), checkpointing=False)
     assert four == 4 * one
-    ckpt = activation_bytes(arch, Setup(micro_batch=4, seq_len=1024), checkpointing=True)
+    ckpt = activation_bytes(arch, bf16_setup(micro_batch=4, seq_len=1024), checkpointing=True)
     assert ckpt < four / 2
-    assert activation_bytes(None, Setup(), checkpointing=False) is None
+    assert activation_bytes(None, bf16_setup(), checkpointing=False) is None
 
 
 def test_activation_block_count_for_one_gpt_layer_by_hand():
@@ -132,7 +159,10 @@ def test_activation_block_count_for_one_gpt_layer_by_hand():
     block = 2 * tokens * 17 * 64 + 16 * tokens + 4 * 2 * 4 * 8
     head = 2 * tokens * 2 * 64 + 8 * tokens
     loss = 12 * tokens * 100
-    assert activation_bytes(arch, Setup(micro_batch=2, seq_len=8), checkpointing=False) == block + head + loss
+    assert (
+        activation_bytes(arch, bf16_setup(micro_batch=2, seq_len=8), checkpointing=False)
+        == block + head + loss
+    )
 
 
 def test_chunked_loss_peak_for_one_gpt_layer_by_hand():
@@ -147,13 +177,14 @@ def test_chunked_loss_peak_for_one_gpt_layer_by_hand():
     block = 2 * tokens * 17 * 64 + 16 * tokens + 4 * 2 * 4 * 8
     head = 2 * tokens * 2 * 64 + 8 * tokens
     assert (
-        activation_bytes(arch, Setup(micro_batch=2, seq_len=8), checkpointing=False) == block + head + 10400
+        activation_bytes(arch, bf16_setup(micro_batch=2, seq_len=8), checkpointing=False)
+        == block + head + 10400
     )
     # one chunk holds every row: the logits + their grad + an fp32 copy of all of them and its softmax
     one = Arch(n_layer=1, d_model=64, n_head=4, vocab_size=100, d_ff=256, loss_chunk_rows=64)
-    assert activation_bytes(one, Setup(micro_batch=2, seq_len=8), checkpointing=False) == block + head + (
-        2 * 3200 + 2 * 4 * tokens * 100
-    )
+    assert activation_bytes(
+        one, bf16_setup(micro_batch=2, seq_len=8), checkpointing=False
+    ) == block + head + (2 * 3200 + 2 * 4 * tokens * 100)
 
 
 def test_chunked_loss_is_cheaper_than_unchunked_at_gpt_350m_shapes():
@@ -249,7 +280,7 @@ def test_stage2_staging_buffers_follow_the_reducer_policy():
 
 
 def _est(gpu_memory, **kw):
-    setup = Setup(gpus_per_node=8, gpu_memory_bytes=gpu_memory, **kw)
+    setup = bf16_setup(gpus_per_node=8, gpu_memory_bytes=gpu_memory, **kw)
     return estimate(synthetic_gpt(1_300_000_000), setup)
 
 
@@ -270,7 +301,7 @@ def test_recommendation_among_equal_communication_takes_the_one_with_margin():
 def test_seven_b_on_one_80gb_gpu_takes_stage_2_offload_not_stage_1_at_the_limit():
     shape = synthetic_gpt(7 * 10**9)
     for headroom in (0.0, 0.1):
-        setup = Setup(gpu_memory_bytes=80 * GIB, cpu_memory_bytes=512 * GIB, headroom=headroom)
+        setup = bf16_setup(gpu_memory_bytes=80 * GIB, cpu_memory_bytes=512 * GIB, headroom=headroom)
         est = estimate(shape, setup)
         s1, s2 = est.row(1, "optimizer-cpu"), est.row(2, "optimizer-cpu")
         assert s2.gpu_total_bytes < s1.gpu_total_bytes / 3  # the issue: 18.9 vs 75.3 GiB
@@ -279,7 +310,7 @@ def test_seven_b_on_one_80gb_gpu_takes_stage_2_offload_not_stage_1_at_the_limit(
 
 def test_host_ram_is_named_when_it_is_what_does_not_fit():
     shape = synthetic_gpt(7 * 10**9)
-    est = estimate(shape, Setup(gpu_memory_bytes=80 * GIB, cpu_memory_bytes=24 * GIB))
+    est = estimate(shape, bf16_setup(gpu_memory_bytes=80 * GIB, cpu_memory_bytes=24 * GIB))
     assert est.recommended is None
     on_gpu = [r for r in est.rows if r.supported and r.gpu_total_bytes <= 0.9 * 80 * GIB]
     assert on_gpu and all(r.misfit == "host RAM" for r in on_gpu)
@@ -287,7 +318,7 @@ def test_host_ram_is_named_when_it_is_what_does_not_fit():
     assert f"host RAM: needs {least / GIB:.1f} GiB per node" in est.recommendation
     assert "has 24.0 GiB" in est.recommendation and "GPU:" not in est.recommendation
     # the same model with the RAM it needs: recommended
-    roomy = estimate(shape, Setup(gpu_memory_bytes=80 * GIB, cpu_memory_bytes=int(least / 0.9) + 1))
+    roomy = estimate(shape, bf16_setup(gpu_memory_bytes=80 * GIB, cpu_memory_bytes=int(least / 0.9) + 1))
     assert roomy.recommended is not None
 
 
@@ -307,14 +338,14 @@ def test_nothing_fits_says_what_to_change():
 @pytest.mark.parametrize("bad", [-0.1, 1.0, 2, True])
 def test_headroom_must_be_a_fraction(bad):
     with pytest.raises(EstimateError, match="--headroom"):
-        Setup(headroom=bad)
+        bf16_setup(headroom=bad)
 
 
 @pytest.mark.parametrize("ckpt", [False, True])
 def test_largest_micro_batch_fits_and_one_more_does_not(ckpt):
     gpu = 40 * GIB
     shape = synthetic_gpt(1_300_000_000)
-    est = estimate(shape, Setup(gpus_per_node=8, gpu_memory_bytes=gpu, seq_len=2048))
+    est = estimate(shape, bf16_setup(gpus_per_node=8, gpu_memory_bytes=gpu, seq_len=2048))
     checked = 0
     for row in est.rows:
         if not row.supported:
@@ -323,7 +354,7 @@ def test_largest_micro_batch_fits_and_one_more_does_not(ckpt):
         assert mb is not None
 
         def peak(micro_batch, row=row):
-            setup = Setup(gpus_per_node=8, gpu_memory_bytes=gpu, seq_len=2048, micro_batch=micro_batch)
+            setup = bf16_setup(gpus_per_node=8, gpu_memory_bytes=gpu, seq_len=2048, micro_batch=micro_batch)
             r = estimate(shape, setup).row(row.stage, row.offload)
             return r.gpu_total_ckpt_bytes if ckpt else r.gpu_total_bytes
 
@@ -338,7 +369,9 @@ def test_largest_micro_batch_fits_and_one_more_does_not(ckpt):
 
 def test_largest_micro_batch_is_unknown_without_gpu_memory_or_model_sizes():
     assert all(r.max_micro_batch is None for r in _est(None).rows)
-    flat = estimate(synthetic_gpt(1000), Setup(gpu_memory_bytes=GIB))  # one flat tensor: no decoder sizes
+    flat = estimate(
+        synthetic_gpt(1000), bf16_setup(gpu_memory_bytes=GIB)
+    )  # one flat tensor: no decoder sizes
     assert all(r.max_micro_batch is None for r in flat.rows)
 
 
@@ -359,7 +392,7 @@ def test_nvme_rows_are_priced(stage):
     # the host keeps the grad shard and buffer_count staging chunks of (master + 2 moments), far less
     assert nvme.host["grads"] == cpu.host["grads"]
     assert 0 < nvme.host["optimizer"] < cpu.host["master"] + cpu.host["optimizer"]
-    assert nvme.host["optimizer"] % (4 * 3 * est.setup.nvme_buffer_count) == 0
+    assert nvme.host["optimizer"] % (4 * 3 * est.setup.engine.zero.offload_optimizer.buffer_count) == 0
     assert [r.offload for r in est.rows if r.stage == 0] == ["none"]
 
 
@@ -392,7 +425,7 @@ def test_params_path_imports_no_torch():
 def test_gated_mlp_keeps_two_more_d_ff_wide_tensors_per_layer():
     from zerolaunch.memory.shape import Arch
 
-    setup = Setup(micro_batch=2, seq_len=8, dtype="bf16")
+    setup = bf16_setup(micro_batch=2, seq_len=8, dtype="bf16")
     plain = Arch(n_layer=3, d_model=64, n_head=4, vocab_size=100, d_ff=176)
     gated = Arch(n_layer=3, d_model=64, n_head=4, vocab_size=100, d_ff=176, gated_mlp=True)
     extra = activation_bytes(gated, setup, checkpointing=False) - activation_bytes(
@@ -461,4 +494,4 @@ def test_estimate_counts_the_units_kept_by_max_reuse_distance():
     assert kept.gpu_total_bytes - freed.gpu_total_bytes == kept.buffer_peak_bytes - freed.buffer_peak_bytes
     assert _est(10**15, stage3_max_reuse_distance=10**9).row(2) == _est(10**15).row(2)  # stage 3 only
     with pytest.raises(EstimateError, match="stage3_max_reuse_distance"):
-        Setup(stage3_max_reuse_distance=-1)
+        bf16_setup(stage3_max_reuse_distance=-1)

@@ -13,8 +13,9 @@ Leaves out: activations and buffers (DeepSpeed counts neither).
 from __future__ import annotations
 
 import pytest
+from _estimate_setup import bf16_setup
 
-from zerolaunch.memory import Setup, estimate, synthetic_gpt
+from zerolaunch.memory import estimate, synthetic_gpt
 from zerolaunch.memory.deepspeed import deepspeed_bytes
 from zerolaunch.memory.engine_layout import stage012_layout
 
@@ -36,7 +37,7 @@ GPT2_XL = 1_557_611_200
     ("psi", "gib"), [(LLAMA_7B, 26.67), (LLAMA_13B, 51.52), (GPT2_XL, 6.17)], ids=["7b", "13b", "gpt2-xl"]
 )
 def test_zero2_column_matches_the_figures_deepspeed_prints(psi, gib):
-    gpu, _ = deepspeed_bytes(psi, 10**6, 2, "none", Setup(gpus_per_node=8))
+    gpu, _ = deepspeed_bytes(psi, 10**6, 2, "none", bf16_setup(gpus_per_node=8))
     assert round(gpu / 2**30, 2) == gib
 
 
@@ -64,7 +65,9 @@ def test_zero12_column_equals_deepspeeds_function(per_node, nodes, stage, offloa
     fn = _ds_zero2()
     for psi in (PSI, LLAMA_7B, GPT2_XL, 12_345_677):
         cpu, gpu = fn(psi, per_node, nodes, cpu_offload=offload != "none")
-        assert deepspeed_bytes(psi, 10**6, stage, offload, Setup(gpus_per_node=per_node, nodes=nodes)) == (
+        assert deepspeed_bytes(
+            psi, 10**6, stage, offload, bf16_setup(gpus_per_node=per_node, nodes=nodes)
+        ) == (
             gpu,
             cpu,
         )
@@ -84,7 +87,7 @@ def test_zero3_column_equals_deepspeeds_function(per_node, nodes, offload):
             cpu_offload_params=offload == "optimizer+params-cpu",
             zero_init=True,
         )
-        setup = Setup(gpus_per_node=per_node, nodes=nodes)
+        setup = bf16_setup(gpus_per_node=per_node, nodes=nodes)
         assert deepspeed_bytes(psi, largest, 3, offload, setup) == (gpu, cpu)
 
 
@@ -92,9 +95,9 @@ def test_zero3_column_equals_deepspeeds_function(per_node, nodes, offload):
 def test_stage1_holds_full_16bit_grads_deepspeed_shards(n_gpus):
     # Our stage 1 keeps the full 16-bit grads (2Psi); DeepSpeed's figure divides them by N.
     shape = synthetic_gpt(PSI)
-    setup = Setup(gpus_per_node=n_gpus, dtype="bf16", reduce_bucket_size=50_000_000)
+    setup = bf16_setup(gpus_per_node=n_gpus, dtype="bf16", reduce_bucket_size=50_000_000)
     row = estimate(shape, setup).row(1)
-    lay = stage012_layout(shape.specs, 1, n_gpus, setup.reduce_bucket_size)
+    lay = stage012_layout(shape.specs, 1, n_gpus, setup.engine.zero.reduce_bucket_size)
     # each bucket pads by < N elements; each padded element costs 2+2 (params, grads) + 16/N bytes; plus
     # rounding of the int() in DeepSpeed's 18Psi/N and ours.
     slack = 20 * n_gpus * len(lay.buckets) + 8
@@ -112,7 +115,7 @@ def test_stage2_holds_buckets_instead_of_a_16bit_grad_shard():
     # bucket as it arrives, so it holds the staging buckets ("buckets") instead.
     n = 8
     row = estimate(
-        synthetic_gpt(PSI), Setup(gpus_per_node=n, dtype="bf16", reduce_bucket_size=50_000_000)
+        synthetic_gpt(PSI), bf16_setup(gpus_per_node=n, dtype="bf16", reduce_bucket_size=50_000_000)
     ).row(2)
     ours = _states(row) + row.gpu["buckets"]
     expected = row.deepspeed_gpu_bytes - 2 * PSI // n + row.gpu["buckets"]
@@ -126,7 +129,7 @@ def test_stage3_sharded_part_equals_deepspeeds_18_psi_over_n():
     # count the gathered units + prefetch + staging separately (buffer_peak_bytes) and keep the small
     # persistent params whole on every rank.
     n = 8
-    setup = Setup(gpus_per_node=n, dtype="bf16", stage3_param_persistence_threshold=0)
+    setup = bf16_setup(gpus_per_node=n, dtype="bf16", stage3_param_persistence_threshold=0)
     est = estimate(synthetic_gpt(PSI), setup)
     row = est.row(3)
     ours = _states(row)
@@ -139,7 +142,7 @@ def test_stage3_sharded_part_equals_deepspeeds_18_psi_over_n():
 
 
 def test_deepspeed_offload_and_cpu_figures():
-    setup = Setup(gpus_per_node=4, nodes=2)
+    setup = bf16_setup(gpus_per_node=4, nodes=2)
     gpu, cpu = deepspeed_bytes(PSI, 10**7, 2, "optimizer-cpu", setup)
     assert gpu == 2 * PSI and cpu == int(PSI * max(4 * 8, 16) * 1.5)
     gpu, cpu = deepspeed_bytes(PSI, 10**7, 3, "optimizer+params-cpu", setup)
@@ -163,9 +166,9 @@ def test_column_counts_a_frozen_base_as_deepspeeds_model_to_params_does():
     gpt = build(size="tiny", vocab_size=97, seq_len=19)
     model = peft.get_peft_model(gpt, peft.LoraConfig(r=3, target_modules=["qkv", "fc"]))
     total, largest = model_to_params(model)
-    est = estimate(from_module(model, source="lora"), Setup(gpus_per_node=4))
+    est = estimate(from_module(model, source="lora"), bf16_setup(gpus_per_node=4))
     assert est.numel + est.frozen_numel == total and est.frozen_numel > 10 * est.numel
-    setup = Setup(gpus_per_node=4)
+    setup = bf16_setup(gpus_per_node=4)
     for stage, offload in ((2, "none"), (3, "none"), (3, "optimizer+params-cpu")):
         row = est.row(stage, offload)
         assert (row.deepspeed_gpu_bytes, row.deepspeed_cpu_node_bytes) == deepspeed_bytes(

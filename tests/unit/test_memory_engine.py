@@ -19,10 +19,11 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "dist"))
 
+from _estimate_setup import bf16_setup  # noqa: E402
 from _spawn import run_ranks  # noqa: E402
 from _zero_models import Net  # noqa: E402
 
-from zerolaunch.memory import STATE_KEYS, Setup, estimate  # noqa: E402
+from zerolaunch.memory import STATE_KEYS, estimate  # noqa: E402
 from zerolaunch.memory.shape import from_module  # noqa: E402
 from zerolaunch.models.gpt import build as build_gpt  # noqa: E402
 from zerolaunch.zero import Engine  # noqa: E402
@@ -143,14 +144,14 @@ def _measure_cases(rank: int, world_size: int, cases) -> list[dict]:
 
 def _estimated(case, world_size: int) -> dict:
     name, stage, dtype, bucket, overlap, optimizer, offload, decay_1d = _case(case)
-    setup = Setup(
+    setup = bf16_setup(
         decay_1d=decay_1d,
         gpus_per_node=world_size,
         dtype=dtype,
         reduce_bucket_size=bucket if stage < 3 else 500_000_000,
         stage3_param_persistence_threshold=bucket if stage == 3 else 100_000,
         overlap_comm=overlap,
-        optimizer=optimizer,
+        name=optimizer,
         momentum=0.9 if optimizer == "sgd" else 0.0,
     )
     row = estimate(from_module(_model(name), source=name), setup).row(stage, offload)
@@ -248,12 +249,12 @@ def test_grads_under_the_backward_peak_are_the_engines_largest_segment(stage, mo
     segments = engine.sharding.grad_shards.segments
     assert len(segments) > 3
     name, stage, dtype, bucket, overlap, optimizer, offload = case
-    setup = Setup(
+    setup = bf16_setup(
         gpus_per_node=1,
         dtype=dtype,
         reduce_bucket_size=bucket if stage < 3 else 500_000_000,
         stage3_param_persistence_threshold=bucket if stage == 3 else 100_000,
-        optimizer=optimizer,
+        name=optimizer,
     )
     *_, released, in_backward = _states(from_module(_model(name), source=name), setup, stage, offload)
     assert released == engine.sharding.grad_shards.capacity_bytes

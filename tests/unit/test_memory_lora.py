@@ -14,8 +14,9 @@ import dataclasses
 
 import pytest
 import torch
+from _estimate_setup import bf16_setup
 
-from zerolaunch.memory import EstimateError, Setup, estimate, synthetic_gpt
+from zerolaunch.memory import EstimateError, estimate, synthetic_gpt
 from zerolaunch.memory.lora import with_lora
 from zerolaunch.memory.shape import from_gpt_size, from_module
 
@@ -82,7 +83,7 @@ def test_all_linear_leaves_out_the_output_head():
 
 
 def _rows(shape, world: int):
-    setup = Setup(
+    setup = bf16_setup(
         gpus_per_node=world,
         dtype="bf16",
         stage3_param_persistence_threshold=300,  # some adapters and norms stay resident
@@ -108,7 +109,7 @@ def test_rows_equal_those_of_peft_on_the_meta_model(model, world):
 
 def test_stage3_holds_a_quarter_of_the_frozen_base_on_four_ranks():
     shape = with_lora(from_gpt_size("tiny", vocab_size=97, seq_len=19), 2)
-    setup = Setup(dtype="bf16", stage3_param_persistence_threshold=0)
+    setup = bf16_setup(dtype="bf16", stage3_param_persistence_threshold=0)
     one = estimate(shape, setup).row(3)
     four = estimate(shape, dataclasses.replace(setup, gpus_per_node=4)).row(3)
     # no offload: the trainable buckets gather from the master, so "params" is the frozen shard alone

@@ -7,10 +7,11 @@ from __future__ import annotations
 import io
 
 import pytest
+from _estimate_setup import bf16_setup
 from rich.console import Console
 
 from zerolaunch.cli.estimate import offload_costs, render_offload_cost
-from zerolaunch.memory import Setup, estimate, synthetic_gpt
+from zerolaunch.memory import estimate, synthetic_gpt
 from zerolaunch.memory.offload_cost import Bandwidths, measure_bandwidths
 
 NUMEL = 1_300_000_000
@@ -18,7 +19,9 @@ GB = 1e9
 
 
 def _est():
-    return estimate(synthetic_gpt(NUMEL), Setup(gpus_per_node=8, gpu_memory_bytes=80 * 2**30, dtype="bf16"))
+    return estimate(
+        synthetic_gpt(NUMEL), bf16_setup(gpus_per_node=8, gpu_memory_bytes=80 * 2**30, dtype="bf16")
+    )
 
 
 def _expected(row, numel, bw):
@@ -58,7 +61,7 @@ def test_a_frozen_base_moves_only_with_offloaded_params():
     from zerolaunch.memory.lora import with_lora
 
     shape = with_lora(synthetic_gpt(NUMEL), 8)
-    est = estimate(shape, Setup(gpus_per_node=8, gpu_memory_bytes=80 * 2**30, dtype="bf16"))
+    est = estimate(shape, bf16_setup(gpus_per_node=8, gpu_memory_bytes=80 * 2**30, dtype="bf16"))
     bw = Bandwidths(h2d=20 * GB, d2h=10 * GB, disk_read=4 * GB, disk_write=2 * GB)
     frozen_shard = shape.frozen_numel / 8
     for row, cost in offload_costs(est, bw):
@@ -88,7 +91,7 @@ def test_table_shows_the_column_and_nvme_rows_without_a_disk_number():
 
 def test_a_setup_without_offload_rows_says_so():
     # a bf16 master is never offloaded ([Note: bf16 master]): the table has no row and says why
-    est = estimate(synthetic_gpt(NUMEL), Setup(gpus_per_node=1, dtype="bf16", master_dtype="bf16"))
+    est = estimate(synthetic_gpt(NUMEL), bf16_setup(gpus_per_node=1, dtype="bf16", master_dtype="bf16"))
     bw = Bandwidths(h2d=20 * GB, d2h=10 * GB)
     assert offload_costs(est, bw) == []
     buf = io.StringIO()

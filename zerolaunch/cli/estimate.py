@@ -272,8 +272,8 @@ def print_estimate(est: Estimate, console) -> None:
 
 
 def _build_inputs(recipe, params, model, set_, world_size, vocab_size, seq_len, stage3_units, lora=None):
-    """(ModelShape, Setup fields from the recipe, micro-batch / seq / ckpt defaults). lora: (rank, targets or
-    None) from --lora-rank / --lora-targets, or None."""
+    """(ModelShape, Setup fields from the recipe (its engine options), micro-batch / seq / ckpt defaults).
+    lora: (rank, targets or None) from --lora-rank / --lora-targets, or None."""
     from zerolaunch.memory import EstimateError
 
     given = [n for n, v in (("--params", params), ("--model", model)) if v]
@@ -368,6 +368,21 @@ def _lora_overrides(rec, model, lora) -> list[str]:
     return out
 
 
+def _engine_with_dtype(engine, dtype: str | None):
+    """The recipe's engine options (else the engine's defaults) with --dtype as the compute dtype. Without
+    both, bf16 (--dtype's documented default: what a model is trained in on today's GPUs)."""
+    from dataclasses import replace
+
+    from zerolaunch.memory.sizes import normalize_dtype
+    from zerolaunch.zero.options import EngineOptions
+
+    if engine is None:
+        engine, dtype = EngineOptions(), dtype or "bf16"
+    if dtype is None:
+        return engine
+    return replace(engine, precision=replace(engine.precision, dtype=normalize_dtype(dtype)))
+
+
 def _lora_flags(rank: int | None, targets: str | None) -> tuple[int, tuple[str, ...] | None] | None:
     from zerolaunch.memory import EstimateError
     from zerolaunch.memory.sizes import positive_int
@@ -389,7 +404,6 @@ def _recipe_inputs(path, set_, world_size, lora=None):
     import torch
 
     from zerolaunch.config import import_builder, load_recipe
-    from zerolaunch.memory import setup_fields_from_engine
     from zerolaunch.memory.shape import build_on_meta, from_module
 
     rec = load_recipe(path, overrides=set_, world_size=world_size, check_builders=True)
@@ -416,7 +430,7 @@ def _recipe_inputs(path, set_, world_size, lora=None):
     }
     if isinstance(seq, int):
         defaults["seq_len"] = seq
-    return shape, setup_fields_from_engine(rec.engine), defaults | {"_recipe": rec}
+    return shape, {"engine": rec.engine}, defaults | {"_recipe": rec}
 
 
 HELP = (
@@ -530,14 +544,9 @@ def register(app: typer.Typer) -> None:
                     "--measure runs real steps of a RECIPE's own model; this config has none (--model / "
                     "--params only size the estimate)"
                 )
-            flags = {
-                "micro_batch": micro_batch,
-                "seq_len": seq_len,
-                "dtype": dtype,
-                "activation_checkpointing": ckpt,
-            }
+            flags = {"micro_batch": micro_batch, "seq_len": seq_len, "activation_checkpointing": ckpt}
             fields = fields | defaults | {k: v for k, v in flags.items() if v is not None}
-            fields.setdefault("dtype", "bf16")
+            fields["engine"] = _engine_with_dtype(fields.get("engine"), dtype)
             gpu_bytes = parse_bytes(gpu_memory) if gpu_memory else visible_gpu_memory_bytes()
             cpu_bytes = parse_bytes(cpu_memory, "--cpu-memory") if cpu_memory else host_memory_bytes()
             setup = Setup(

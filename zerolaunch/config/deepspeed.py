@@ -100,7 +100,9 @@ OFFLOAD_PARAM: dict[str, Any] = {
 ZERO: dict[str, Any] = {
     "stage": USE,
     "reduce_bucket_size": USE,
-    "allgather_bucket_size": USE,
+    "allgather_bucket_size": Note(
+        "stages 1/2 all-gather the updated params one reduce bucket at a time (reduce_bucket_size)", "int"
+    ),
     "overlap_comm": USE,
     "contiguous_gradients": Note("gradients are always reduced into contiguous flat buckets", "bool"),
     "stage3_prefetch_bucket_size": USE,

@@ -3,11 +3,12 @@
 With no DeepSpeed block the engine takes zerolaunch's defaults (ZeRO stage 1) and the train section. With
 one, DeepSpeed's defaults apply where a key is absent (stage 0, overlap_comm on for stage 3 only, pinned
 offload buffers, WarmupLR's 1000 warmup steps and 0.001 peak), as a DeepSpeed user expects. Bucket "auto"s
-come from the hidden size h as in Hugging Face: reduce h*h, stage-3 prefetch 0.9*h*h, persistence 10*h.
-This module owns that mapping. The engine's rules (stage range, offload_param needs stage 3, ...) are not
-repeated here: `build_engine` runs zero/option_rules.py's `option_problems` on the options it built and reports
-the first at the key the user wrote (its file and line or --set flag), so the recipe check and the engine's
-cannot drift. What stays here is the recipe's own: types, choices, "auto" and the limits no engine rule has.
+come from the hidden size h as in Hugging Face: reduce h*h, stage-3 prefetch 0.9*h*h, persistence 10*h (h
+from config/hidden.py, or the model a caller hands over). This module owns that mapping. The engine's rules
+(stage range, offload_param needs stage 3, ...) are not repeated here: `resolve_engine_options` runs
+zero/option_rules.py's `option_problems` on the options it built and reports the first at the key the user
+wrote (its file and line or --set flag), so the recipe check and the engine's cannot drift. What stays here is
+the recipe's own: types, choices, "auto" and the limits no engine rule has.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from zerolaunch.zero.options import COMM_DTYPES
 
 from .deepspeed import optimizer_name, scheduler_name
 from .errors import RecipeError
-from .hidden import hidden_size
+from .hidden import ModelHidden, hidden_size
 from .schema import TrainSection
 from .tree import Path
 from .values import DS, Resolver
@@ -30,13 +31,17 @@ if TYPE_CHECKING:
 Z: Path = DS + ("zero_optimization",)
 
 
-def build_engine(r: Resolver, train: TrainSection) -> EngineOptions:
+def resolve_engine_options(
+    r: Resolver, train: TrainSection, model: ModelHidden | None = None
+) -> EngineOptions:
+    """The engine's options of the recipe; `model`: the hidden size of the model a caller trains, for the
+    bucket "auto"s, in place of the recipe's model section."""
     from zerolaunch.zero.options import EngineOptions, OptimizerOptions, PrecisionOptions
 
     # A block made only by --set keeps zerolaunch's defaults: `--set zero_optimization.x=...` must not
     # silently drop the stage to DeepSpeed's 0.
     has_ds = isinstance(r.raw(DS), dict) and r.tree.from_file(DS)
-    zero = _zero(r, has_ds)
+    zero = _zero(r, has_ds, model)
     fp16: Path = DS + ("fp16",)
     k = "engine.precision."
     precision = PrecisionOptions(
@@ -163,7 +168,7 @@ def option_error(r: Resolver, problem: OptionProblem) -> RecipeError:
     )
 
 
-def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
+def _zero(r: Resolver, has_ds: bool, model: ModelHidden | None) -> ZeroOptions:
     from zerolaunch.zero.options import ZeroOptions
 
     base = ZeroOptions()
@@ -174,7 +179,7 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
 
     def h_auto(factor: float, power: int, key: str):
         def compute() -> tuple[int, str]:
-            h, source = hidden_size(r, Z + (key,))
+            h, source = hidden_size(r, Z + (key,), model)
             value = int(factor * h**power)
             formula = {1: "h", 2: "h*h"}[power]
             return value, f"{'' if factor == 1 else f'{factor:g}*'}{formula} with h={h} ({source})"
@@ -214,12 +219,6 @@ def _zero(r: Resolver, has_ds: bool) -> ZeroOptions:
     return ZeroOptions(
         stage=stage,
         reduce_bucket_size=reduce_bucket,
-        allgather_bucket_size=r.value(
-            k + "allgather_bucket_size",
-            Z + ("allgather_bucket_size",),
-            "int",
-            base.allgather_bucket_size,
-        ),
         overlap_comm=overlap,
         stage3_prefetch_bucket_size=prefetch,
         stage3_param_persistence_threshold=persistence,

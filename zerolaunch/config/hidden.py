@@ -1,13 +1,15 @@
 """The model hidden size h that a bucket "auto" needs (reduce_bucket_size = h*h, and so on, as Hugging Face).
 
-This module owns where h is read from: model.args, an inline Hugging Face config, a local model folder's
-config.json, or the built-in GPT's size table (models/gpt_sizes.py, torch-free). It does not own the autos
-themselves (config/engine_options.py) nor the train section's (auto.py).
+This module owns where h is read from: the model a caller already holds (`ModelHidden`, the Hugging Face
+door's), else model.args, an inline Hugging Face config, a local model folder's config.json, or the built-in
+GPT's size table (models/gpt_sizes.py, torch-free). It does not own the autos themselves
+(config/engine_options.py) nor the train section's (auto.py).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path as FsPath
 
 from zerolaunch.models.gpt_sizes import SIZES
@@ -19,8 +21,28 @@ from .values import Resolver
 HIDDEN_KEYS = ("d_model", "hidden_size", "n_embd")
 
 
-def hidden_size(r: Resolver, for_path: Path) -> tuple[int, str]:
-    """The model hidden size h for a bucket "auto": model.args, else the built-in GPT size table."""
+@dataclass(frozen=True)
+class ModelHidden:
+    """The hidden size of the model a caller trains, read from that model: it stands in for the recipe's
+    model section, which a DeepSpeed config handed over with a model (the Hugging Face door) does not have."""
+
+    size: int | None
+    """None: the model has no hidden size, so a bucket "auto" cannot be resolved."""
+    source: str
+    """Where it was read, as the recipe table shows it: "the model's config.hidden_size"."""
+
+
+def hidden_size(r: Resolver, for_path: Path, model: ModelHidden | None = None) -> tuple[int, str]:
+    """The model hidden size h for a bucket "auto": the caller's model, else model.args, else the built-in GPT
+    size table."""
+    if model is not None:
+        if model.size is None:
+            raise r.fail(
+                for_path,
+                f'is "auto", which needs the model hidden size, and {model.source} has none',
+                f"Give {for_path[-1]} a number",
+            )
+        return model.size, model.source
     args = r.raw(("model", "args"))
     args = args if isinstance(args, dict) else {}
     for key in HIDDEN_KEYS:

@@ -23,9 +23,9 @@ from . import deepspeed as ds_vocab
 from . import limits
 from .auto import check_compile_scope, resolve_compile_optimizer, resolve_train
 from .builders import DATA_PASSED, args_problem, check_builder_spec, import_builder
-from .engine_options import build_engine
+from .engine_options import resolve_engine_options
 from .errors import RecipeError, did_you_mean
-from .hidden import gpt_hidden_sizes
+from .hidden import ModelHidden, gpt_hidden_sizes
 from .paths import resolve_path_args
 from .peft_section import resolve_peft
 from .schema import (
@@ -429,8 +429,11 @@ def load_recipe(
     overrides: Iterable[str] = (),
     world_size: int = 1,
     check_builders: bool = False,
+    model_hidden: ModelHidden | None = None,
 ) -> Recipe:
-    """Load, override (--set > file > defaults), check and resolve a recipe for `world_size` ranks."""
+    """Load, override (--set > file > defaults), check and resolve a recipe for `world_size` ranks.
+    `model_hidden`: the hidden size of the model the caller trains (the Hugging Face door's), which the
+    bucket "auto"s take instead of the recipe's model section."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise RecipeError(f"world size must be a positive integer, got {world_size!r}.")
     if isinstance(source, dict):
@@ -464,7 +467,7 @@ def load_recipe(
     optimizer = ds_vocab.optimizer_name(tree, DS)
     has_scheduler = ds_vocab.scheduler_name(tree, DS) is not None
     train = resolve_train(r, stem, has_scheduler, optimizer)
-    engine = build_engine(r, train)
+    engine = resolve_engine_options(r, train, model_hidden)
     check_compile_scope(r, train, engine)
     train, engine = resolve_compile_optimizer(r, train, engine)
     model, data, checkpoint, entrypoint = _sections(r, train, base_dir)

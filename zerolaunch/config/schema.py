@@ -263,6 +263,9 @@ def engine_from_json(data: dict[str, Any]) -> EngineOptions:
     )
 
     zero = dict(data["zero"])
+    # fields the engine never read, written by earlier versions: such a file still loads
+    for gone in ("allgather_bucket_size", "contiguous_gradients"):
+        zero.pop(gone, None)
     zero["offload_optimizer"] = OffloadOptions(**zero["offload_optimizer"])
     zero["offload_param"] = OffloadOptions(**zero["offload_param"])
     zero["stage3_units"] = tuple(zero["stage3_units"])
@@ -291,10 +294,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-UNUSED_ENGINE_FIELDS = frozenset({"engine.zero.contiguous_gradients"})
-"""EngineOptions fields the engine never reads: not shown as rows (the DeepSpeed keys are noted instead)."""
-
-
 def flat_items(recipe: Recipe) -> list[tuple[str, Any]]:
     """(dotted key, value) for every leaf the table shows; the keys of `Recipe.origins`."""
     data = recipe.to_json()
@@ -304,7 +303,7 @@ def flat_items(recipe: Recipe) -> list[tuple[str, Any]]:
         if isinstance(value, dict) and value and expand:
             for key, sub in value.items():
                 walk(f"{prefix}.{key}", sub, expand=True)
-        elif prefix not in UNUSED_ENGINE_FIELDS:
+        else:
             items.append((prefix, value))
 
     for section in ("model", "data", "train", "checkpoint"):

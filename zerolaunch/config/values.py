@@ -144,7 +144,6 @@ INT_BOUNDS: dict[str, tuple[int, str]] = {
     "keep": (2**20, "2**20 = 1,048,576 checkpoints"),
     "buffer_count": (2**10, "1,024 staging buffers"),
     "reduce_bucket_size": _ELEMENTS,
-    "allgather_bucket_size": _ELEMENTS,
     "stage3_prefetch_bucket_size": _ELEMENTS,
     "stage3_param_persistence_threshold": _ELEMENTS,
     "stage3_max_live_parameters": _ELEMENTS,

@@ -3,10 +3,12 @@ from the TrainingArguments, as transformers fills them for DeepSpeed, and turned
 
 The rules are transformers' (integrations/deepspeed.py, HfTrainerDeepSpeedConfig: trainer_config_process
 when the arguments are built, trainer_config_finalize once the model and the number of steps are known),
-written here so that DeepSpeed need not be installed. An explicit value that contradicts a TrainingArguments
-value is an error naming both; transformers collects those until finalize, this raises the ones it can see
-when the arguments are built and the rest when the engine is built, before the first step. The DeepSpeed
-vocabulary itself (which keys exist, what each does) is config/'s.
+written here so that DeepSpeed need not be installed. The bucket "auto"s (reduce_bucket_size and the
+stage-3 ones) are not filled here: `model_hidden` hands the model's hidden size to the recipe loader, whose
+config/engine_options.py resolves every bucket "auto", a recipe's or this door's. An explicit value that
+contradicts a TrainingArguments value is an error naming both; transformers collects those until finalize,
+this raises the ones it can see when the arguments are built and the rest when the engine is built, before
+the first step. The DeepSpeed vocabulary itself (which keys exist, what each does) is config/'s.
 """
 
 from __future__ import annotations
@@ -17,12 +19,7 @@ import os
 from typing import Any
 
 from zerolaunch.config.errors import UserError
-
-HIDDEN_SIZE_KEYS = (
-    "zero_optimization.reduce_bucket_size",
-    "zero_optimization.stage3_prefetch_bucket_size",
-    "zero_optimization.stage3_param_persistence_threshold",
-)
+from zerolaunch.config.hidden import ModelHidden
 
 ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused")
 """TrainingArguments.optim values whose update the engine's AdamW computes (torch.optim.AdamW)."""
@@ -127,20 +124,9 @@ class TrainerDSConfig:
         self.fill_match("bf16.enabled", bool(args.bf16 or args.bf16_full_eval), "bf16|bf16_full_eval")
 
     # ---- transformers' trainer_config_finalize -----------------------------------------------------------
-    def finalize(self, args, model, num_training_steps: int) -> None:
-        """Fill what needs the model and the step count (transformers' trainer_config_finalize)."""
-        auto_keys = [k for k in HIDDEN_SIZE_KEYS if self.is_auto(k)]
-        if auto_keys:
-            hidden = model_hidden_size(model)
-            if hidden is None:
-                raise UserError(
-                    "the model's config has neither `hidden_size` nor `hidden_sizes`, so these 'auto' entries "
-                    f"of the DeepSpeed config cannot be filled: {auto_keys}. Replace 'auto' with a number."
-                )
-            self.fill_only("zero_optimization.reduce_bucket_size", hidden * hidden)
-            if self.stage() == 3:
-                self.fill_only("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * hidden * hidden))
-                self.fill_only("zero_optimization.stage3_param_persistence_threshold", 10 * hidden)
+    def finalize(self, args, num_training_steps: int) -> None:
+        """Fill what needs the step count (transformers' trainer_config_finalize); the bucket "auto"s, which
+        need the model, are left to the recipe loader (`model_hidden`)."""
         self.fill_match(
             "scheduler.params.total_num_steps", num_training_steps, "num_training_steps (calculated)"
         )
@@ -152,16 +138,18 @@ class TrainerDSConfig:
         self.raise_mismatches()
 
 
-def model_hidden_size(model) -> int | None:
+def model_hidden(model) -> ModelHidden:
+    """The model's hidden size for the bucket "auto"s, read as transformers reads it (hidden_size, else the
+    largest of hidden_sizes, on the config or its text_config), for `load_recipe(..., model_hidden=...)`."""
     config = getattr(model, "config", None)
-    for cfg in (config, getattr(config, "text_config", None)):
+    for cfg, where in ((config, "config"), (getattr(config, "text_config", None), "config.text_config")):
         if cfg is None:
             continue
         if getattr(cfg, "hidden_size", None) is not None:
-            return int(cfg.hidden_size)
+            return ModelHidden(int(cfg.hidden_size), f"the model's {where}.hidden_size")
         if getattr(cfg, "hidden_sizes", None):
-            return int(max(cfg.hidden_sizes))
-    return None
+            return ModelHidden(int(max(cfg.hidden_sizes)), f"the model's {where}.hidden_sizes (largest)")
+    return ModelHidden(None, "the model's config (no hidden_size or hidden_sizes)")
 
 
 def optimizer_block(args) -> dict:

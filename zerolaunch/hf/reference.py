@@ -57,7 +57,7 @@ class FrozenModel(EngineForward):
 def frozen_options(args, model: nn.Module):
     """Engine options for a frozen model from the TrainingArguments' DeepSpeed config (zero_ds_config)."""
     from zerolaunch.config import load_recipe
-    from zerolaunch.hf.config import TrainerDSConfig, optimizer_block
+    from zerolaunch.hf.config import TrainerDSConfig, model_hidden, optimizer_block
 
     config = copy.deepcopy(args.zero_ds_config)
     for key in FROZEN_ONLY_KEYS:
@@ -66,10 +66,11 @@ def frozen_options(args, model: nn.Module):
     if isinstance(zero, dict):
         zero.pop("offload_optimizer", None)
     filled = TrainerDSConfig(config)
-    filled.finalize(args, model, 0)  # the buckets from this model's hidden size; no schedule to fill
+    filled.finalize(args, 0)  # no schedule to fill
     # the recipe needs an optimizer to describe; the inference engine builds none
     config["optimizer"] = optimizer_block(args)
-    options = load_recipe(config, world_size=args.world_size).engine
+    # the bucket "auto"s from this model's hidden size
+    options = load_recipe(config, world_size=args.world_size, model_hidden=model_hidden(model)).engine
     return replace(options, gradient_accumulation_steps=1)
 
 

@@ -277,7 +277,7 @@ class ZeroTrainerMixin:
             # evaluate()/predict() before train() steps nothing, and a schedule over 0 steps is invalid
             # ("auto" total_num_steps would be 0); train() installs the config's schedule on this engine
             filled.config.pop("scheduler", None)
-        filled.finalize(self.args, self.model, num_training_steps)
+        filled.finalize(self.args, num_training_steps)
         config = filled.config
         own_optimizer = "optimizer" not in config
         if own_optimizer:
@@ -286,8 +286,10 @@ class ZeroTrainerMixin:
 
     def _zero_options(self, config: dict):
         from zerolaunch.config import load_recipe
+        from zerolaunch.hf.config import model_hidden
 
-        options = load_recipe(config, world_size=self.args.world_size).engine
+        hidden = model_hidden(self.model)
+        options = load_recipe(config, world_size=self.args.world_size, model_hidden=hidden).engine
         # the Trainer divides the loss by the accumulation (or by the window's token count) itself
         return replace(options, gradient_accumulation_steps=1)
 

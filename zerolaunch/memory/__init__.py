@@ -16,7 +16,6 @@ from zerolaunch.memory.estimate import (
     Row,
     Setup,
     estimate,
-    setup_fields_from_engine,
 )
 from zerolaunch.memory.shape import ModelShape, synthetic_gpt
 from zerolaunch.memory.sizes import EstimateError, parse_bytes, parse_count
@@ -30,7 +29,6 @@ __all__ = [
     "Row",
     "Setup",
     "estimate",
-    "setup_fields_from_engine",
     "parse_bytes",
     "parse_count",
     "synthetic_gpt",

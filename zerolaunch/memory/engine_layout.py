@@ -69,7 +69,8 @@ def max_padded_bucket(lay) -> int:
 
 def nvme_staging_bytes(setup, largest_chunk_numel: int) -> int:
     """nvme.SwapStore's host buffers: buffer_count x the largest chunk x (master + moments), fp32."""
-    return setup.nvme_buffer_count * 4 * (1 + setup.optimizer_state_tensors) * largest_chunk_numel
+    count = setup.engine.zero.offload_optimizer.buffer_count
+    return count * 4 * (1 + setup.optimizer_state_tensors) * largest_chunk_numel
 
 
 def grad_segments(lay, direct: bool):

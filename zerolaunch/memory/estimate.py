@@ -19,15 +19,16 @@ backward (written from the backward hooks: stage 2 and world size 1) and with th
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from zerolaunch.memory import engine_layout as el
 from zerolaunch.memory.activations import activation_profile
 from zerolaunch.memory.deepspeed import deepspeed_bytes
 from zerolaunch.memory.shape import ModelShape
-from zerolaunch.memory.sizes import DTYPE_BYTES, EstimateError, normalize_dtype, positive_int
+from zerolaunch.memory.sizes import DTYPE_BYTES, EstimateError, positive_int
 from zerolaunch.memory.stage3 import largest_unit_shard, stage3_states
-from zerolaunch.zero.options import bucket_numel
+from zerolaunch.zero.option_rules import option_problems
+from zerolaunch.zero.options import EngineOptions, bucket_numel
 
 OFFLOADS = ("none", "optimizer-cpu", "optimizer+params-cpu", "optimizer-nvme", "optimizer+params-nvme")
 STATE_KEYS = ("params", "grads", "master", "optimizer", "buckets")
@@ -39,33 +40,16 @@ _STATE_TENSORS = {"adamw": 2, "adam": 2, "sgd": 1}
 class Setup:
     gpus_per_node: int = 1
     nodes: int = 1
-    dtype: str = "bf16"
     micro_batch: int = 1
     seq_len: int = 1024
     activation_checkpointing: bool = False
     """Which activation figure the total uses (both are always shown)."""
-    optimizer: str = "adamw"
-    momentum: float = 0.0
-    decay_1d: bool = False
-    """Weight decay on 1-D params too: one param group instead of two (train.weight_decay_1d, the engine's
-    `optimizer.decay_1d`); each group is its own padded flat buffer with its own buckets."""
-    communication_dtype: str | None = None
-    """Dtype grads are reduced in; None = fp32, as the engine."""
-    reduce_bucket_size: int = 500_000_000
-    overlap_comm: bool | None = None
-    stage3_prefetch_bucket_size: int = 50_000_000
-    stage3_param_persistence_threshold: int = 100_000
-    stage3_max_live_parameters: int = 1_000_000_000
-    stage3_max_reuse_distance: int = 0
-    """The engine's default (0: every unit freed after its forward); DeepSpeed's is 1e9."""
-    nvme_buffer_count: int = 4
-    master_dtype: str = "fp32"
-    """The engine's `precision.master_dtype`: bf16 (DeepSpeed's bf16_master_weights_and_grads +
-    bf16_optimizer_states) keeps master and optimizer state in 2 bytes and is never offloaded, so only the
-    rows without offload are estimated."""
-    fused_step: bool = False
-    """The engine's `optimizer.fused_step` (train.compile_optimizer): with one rank, no offload and a 16-bit
-    model, the grad shard is held in the compute dtype ([Note: compute-dtype grads] in zero/grad_shards.py)."""
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    """The engine's options the rows price (a recipe's `engine` as it is), with the engine's defaults: the
+    dtypes, the optimizer (its state tensors; `decay_1d`: one param group or two, each its own padded flat
+    buffer with its own buckets; `fused_step`: [Note: compute-dtype grads] in zero/grad_shards.py), the
+    buckets, the stage-3 budgets and offload_optimizer.buffer_count. Each row sets its own stage and offload.
+    A bf16 `precision.master_dtype` is never offloaded, so only the rows without offload are estimated."""
     gpu_memory_bytes: int | None = None
     cpu_memory_bytes: int | None = None
     """Host RAM per node; when known, a row also has to fit there."""
@@ -78,29 +62,19 @@ class Setup:
         positive_int(self.nodes, "--nodes")
         positive_int(self.micro_batch, "--micro-batch")
         positive_int(self.seq_len, "--seq-len")
-        positive_int(self.reduce_bucket_size, "zero.reduce_bucket_size")
-        positive_int(self.stage3_prefetch_bucket_size, "zero.stage3_prefetch_bucket_size")
-        positive_int(self.nvme_buffer_count, "offload nvme buffer_count")
         if isinstance(self.headroom, bool) or not 0 <= self.headroom < 1:
             raise EstimateError(
                 f"--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%, got {self.headroom!r}"
             )
-        if self.stage3_param_persistence_threshold < 0:
-            raise EstimateError("zero.stage3_param_persistence_threshold must be >= 0")
-        if self.stage3_max_reuse_distance < 0:
-            raise EstimateError("zero.stage3_max_reuse_distance must be >= 0")
-        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
-        if self.communication_dtype is not None:
-            object.__setattr__(self, "communication_dtype", normalize_dtype(self.communication_dtype))
-        if self.master_dtype not in ("fp32", "bf16"):
-            raise EstimateError(f"master dtype {self.master_dtype!r} is unknown; use fp32 or bf16")
-        if self.master_dtype not in ("fp32", self.dtype):
-            raise EstimateError(
-                f"a {self.master_dtype} master (bf16.bf16_master_weights_and_grads) needs a bf16 model; the "
-                f"dtype is {self.dtype}: use --dtype bf16, or an fp32 master"
-            )
-        if self.optimizer not in _STATE_TENSORS:
-            raise EstimateError(f"optimizer {self.optimizer!r} is unknown; use one of adamw, adam, sgd")
+        # the engine's own rules: options it would refuse are not priced
+        problems = option_problems(self.engine)
+        if problems:
+            raise EstimateError(f"engine option {problems[0].message()}")
+
+    @property
+    def dtype(self) -> str:
+        """The compute dtype (the engine's `precision.dtype`)."""
+        return self.engine.precision.dtype
 
     @property
     def world_size(self) -> int:
@@ -113,30 +87,32 @@ class Setup:
     def grad_bytes(self, stage: int, offload: str) -> int:
         """Bytes per element of the engine's grad shard at `stage` / `offload`: 4, or the compute dtype's at
         world size 1 ([Note: compute-dtype grads] in zero/grad_shards.py)."""
+        p = self.engine.precision
         return el.grad_shard_bytes(
             stage,
             self.world_size,
             offload,
-            self.dtype,
-            self.communication_dtype,
-            self.fused_step,
-            self.master_dtype,
+            p.dtype,
+            p.communication_dtype,
+            self.engine.optimizer.fused_step,
+            p.master_dtype,
         )
 
     @property
     def master_bytes(self) -> int:
         """Bytes per element of the master and of each optimizer state tensor."""
-        return DTYPE_BYTES[self.master_dtype]
+        return DTYPE_BYTES[self.engine.precision.master_dtype]
 
     @property
     def comm_bytes(self) -> int:
-        return DTYPE_BYTES[self.communication_dtype or "fp32"]
+        return DTYPE_BYTES[self.engine.precision.communication_dtype or "fp32"]
 
     @property
     def optimizer_state_tensors(self) -> int:
-        if self.optimizer == "sgd" and self.momentum == 0:
+        o = self.engine.optimizer
+        if o.name == "sgd" and o.momentum == 0:
             return 0
-        return _STATE_TENSORS[self.optimizer]
+        return _STATE_TENSORS[o.name]
 
     @property
     def usable_gpu_bytes(self) -> int | None:
@@ -150,7 +126,8 @@ class Setup:
         return None if c is None else int(c * (1 - self.headroom))
 
     def overlap(self, stage: int) -> bool:
-        return stage == 3 if self.overlap_comm is None else self.overlap_comm
+        """The engine's overlap_comm at `stage` (None: DeepSpeed's default, on for stage 3 only)."""
+        return replace(self.engine.zero, stage=stage).overlap
 
 
 @dataclass
@@ -248,12 +225,13 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     the first gradient write of a window to the step when it is on the device ([Note: released grad shards]
     in zero/grad_shards.py): those bytes are returned as "released", for the peak to place them."""
     b, c, world = setup.dtype_bytes, setup.comm_bytes, setup.world_size
+    precision = setup.engine.precision
     lay = el.stage012_layout(
         shape.specs,
         stage,
         world,
-        bucket_numel(setup.reduce_bucket_size, offload != "none"),
-        decay_1d=setup.decay_1d,
+        bucket_numel(setup.engine.zero.reduce_bucket_size, offload != "none"),
+        decay_1d=setup.engine.optimizer.decay_1d,
     )
     shard = el.shard_numel(lay)
     gpu, host = _zero_states(), _zero_states()
@@ -264,13 +242,13 @@ def stage012_states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     # grads go straight into the fp32 shard (no full grads, staging or reduce copies; stages 0/1 as the engine
     # does for one micro-step per window, which is what this estimate assumes), in the compute dtype with the
     # fused step or a bf16 master ([Note: compute-dtype grads] in zero/grad_shards.py).
-    direct = el.accumulates_directly(stage, world, offload, setup.dtype, setup.communication_dtype)
+    direct = el.accumulates_directly(stage, world, offload, precision.dtype, precision.communication_dtype)
     grad_bytes = setup.grad_bytes(stage, offload)
     # master, grad shard and optimizer state all live on the master device (the host when offloaded); the
     # master is the params themselves at stage 0 or one rank when it has their dtype ([Note: master is
     # params] in zero/flat/flat_sharding.py).
     states = gpu if offload == "none" else host
-    master_is_params = el.master_is_params(stage, world, offload, setup.dtype, setup.master_dtype)
+    master_is_params = el.master_is_params(stage, world, offload, precision.dtype, precision.master_dtype)
     states["master"] = 0 if master_is_params else setup.master_bytes * shard
     states["grads"] = grad_bytes * shard
     # the step count shared by every element is a Python int (zero/optim/shard_optimizer.py), not a tensor.
@@ -323,7 +301,7 @@ def _rows_wanted(setup: Setup):
     for stage in (0, 1, 2, 3):
         for offload in OFFLOADS:
             ok, _ = _supported(stage, offload)
-            if ok and (offload == "none" or setup.master_dtype == "fp32"):
+            if ok and (offload == "none" or setup.engine.precision.master_dtype == "fp32"):
                 yield stage, offload
 
 
@@ -380,8 +358,8 @@ def _states(shape: ModelShape, setup: Setup, stage: int, offload: str):
         # grad in backward and freed after the step ([Note: released grad shards] in zero/grad_shards.py);
         # after the loss, about one unit's: the largest stands for it.
         released = gpu["grads"]
-        threshold, world = setup.stage3_param_persistence_threshold, setup.world_size
-        unit = largest_unit_shard(shape, world, threshold, setup.decay_1d) if released else 0
+        threshold, world = setup.engine.zero.stage3_param_persistence_threshold, setup.world_size
+        unit = largest_unit_shard(shape, world, threshold, setup.engine.optimizer.decay_1d) if released else 0
         return gpu, host, transient, gathered, staging, nvme, released, setup.grad_bytes(3, offload) * unit
     gpu, host, transient, released, in_backward = stage012_states(shape, setup, stage, offload)
     nvme = 0
@@ -559,24 +537,3 @@ def _what_is_short(choices: list[tuple[Row, bool]], setup: Setup) -> str:
         + (" + activation checkpointing" if ckpt else "")
         + f"), has {_gib(setup.gpu_memory_bytes)} ({_gib(setup.usable_gpu_bytes)} usable){also}; {fix}"
     )
-
-
-def setup_fields_from_engine(options) -> dict:
-    """Setup keyword arguments taken from a recipe's `EngineOptions` (zero/options.py)."""
-    z, p, o = options.zero, options.precision, options.optimizer
-    return {
-        "dtype": p.dtype,
-        "communication_dtype": p.communication_dtype,
-        "optimizer": o.name,
-        "momentum": o.momentum,
-        "decay_1d": o.decay_1d,
-        "reduce_bucket_size": z.reduce_bucket_size,
-        "overlap_comm": z.overlap_comm,
-        "stage3_prefetch_bucket_size": z.stage3_prefetch_bucket_size,
-        "stage3_param_persistence_threshold": z.stage3_param_persistence_threshold,
-        "stage3_max_live_parameters": z.stage3_max_live_parameters,
-        "stage3_max_reuse_distance": z.stage3_max_reuse_distance,
-        "nvme_buffer_count": z.offload_optimizer.buffer_count,
-        "fused_step": o.fused_step,
-        "master_dtype": p.master_dtype,
-    }

@@ -168,8 +168,9 @@ def stage3_states(shape, setup, offload: str):
     this rank's swap files.
     """
     b, c, world = setup.dtype_bytes, setup.comm_bytes, setup.world_size
-    threshold = setup.stage3_param_persistence_threshold
-    units, resident = unit_padded_numels(shape, world, threshold, setup.decay_1d)
+    zero, precision, decay_1d = setup.engine.zero, setup.engine.precision, setup.engine.optimizer.decay_1d
+    threshold = zero.stage3_param_persistence_threshold
+    units, resident = unit_padded_numels(shape, world, threshold, decay_1d)
     frozen_units, frozen_resident = frozen_padded_numels(shape, world, threshold)
     shard = (sum(units) + resident) // world
     gpu = dict.fromkeys(("params", "grads", "master", "optimizer", "buckets"), 0)
@@ -198,9 +199,9 @@ def stage3_states(shape, setup, offload: str):
     whole_units = [t + f for t, f in zip(units, frozen_units, strict=True)]
     gathered, gathered_trainable = gathered_peak(
         whole_units,
-        setup.stage3_prefetch_bucket_size,
-        setup.stage3_max_live_parameters,
-        setup.stage3_max_reuse_distance,
+        zero.stage3_prefetch_bucket_size,
+        zero.stage3_max_live_parameters,
+        zero.stage3_max_reuse_distance,
         part=units,
     )
     # zero/stage3/schedule.py: a unit's staging buffer lives from its first grad until its reduce-scatter
@@ -209,7 +210,7 @@ def stage3_states(shape, setup, offload: str):
     in_flight = 3 if setup.overlap(3) else 1
     blocks = [u for u in units[1:] if u]
     staging = c * (units[0] + resident + in_flight * max(blocks, default=0))
-    if el.accumulates_directly(3, world, offload, setup.dtype, setup.communication_dtype):
+    if el.accumulates_directly(3, world, offload, precision.dtype, precision.communication_dtype):
         staging = 0  # one rank: grads go straight into the grad shard ([Note: direct grads])
     gathered_bytes = b * gathered
     if from_master and world > 1 and b != 4:
@@ -224,7 +225,7 @@ def stage3_states(shape, setup, offload: str):
         # and buffer_count staging buffers of the largest chunk, reported as "optimizer" (nvme_staging_bytes).
         host["grads"] = 4 * shard
         host["optimizer"] = el.nvme_staging_bytes(
-            setup, largest_bucket_shard(shape, world, threshold, setup.decay_1d)
+            setup, largest_bucket_shard(shape, world, threshold, decay_1d)
         )
         nvme += 4 * shard + opt
         return gpu, host, 0, *live, nvme

@@ -269,12 +269,6 @@ RULES: tuple[Rule, ...] = (
         "Use 0 or more elements",
     ),
     _field(
-        "zero.allgather_bucket_size",
-        lambda v: v < 1,
-        ">= 1 element",
-        "Use a positive number of elements, e.g. 5e8",
-    ),
-    _field(
         "zero.stage3_prefetch_bucket_size",
         lambda v: v < 0,
         ">= 0 (0 = no prefetch)",

@@ -61,12 +61,8 @@ class ZeroOptions:
     """0 = plain data parallel (all-reduce), 1 = shard optimizer state, 2 = + gradients, 3 = + parameters."""
     reduce_bucket_size: int = 500_000_000
     """Elements per gradient bucket: one reduce-scatter per bucket."""
-    allgather_bucket_size: int = 500_000_000
-    """Elements per parameter all-gather after the step (stages 1/2)."""
     overlap_comm: bool | None = None
     """Run collectives on a side stream during backward; None = DeepSpeed's default (on for stage 3 only)."""
-    contiguous_gradients: bool = True
-    """Copy each gradient into its bucket buffer as soon as it is produced (avoids fragmentation)."""
     stage3_prefetch_bucket_size: int = 50_000_000
     """Elements gathered ahead of use in stage 3."""
     stage3_param_persistence_threshold: int = 100_000

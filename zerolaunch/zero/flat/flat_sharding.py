@@ -6,8 +6,8 @@ The buffers and gradient buckets are reducer.py's; see [Note: layout].
 - Stage 1: full grads (param.grad are views into a flat grad buffer) accumulate over micro-steps with no
   communication; at the boundary each bucket is reduce-scattered, each rank steps the slices it owns.
 - Stage 2: reduce-scatter per bucket during backward (reducer.BackwardReducer); only the fp32 shard is kept.
-- Stages 1/2: updated params return with one all-gather per gradient bucket (allgather_bucket_size is not
-  used separately: the reduce buckets already bound the message size).
+- Stages 1/2: updated params return with one all-gather per gradient bucket (DeepSpeed's allgather_bucket_size
+  is accepted with no effect: the reduce buckets already bound the message size).
 - The fp32 master + optimizer state are ../optim/shard_optimizer.py's (on the device, the host or in an nvme
   swap file); the step walks its chunks and all-gathers each bucket as soon as its last chunk has stepped and
   been sent to the device, so with offload the copies overlap the CPU step ([Note: offload pipeline]).
