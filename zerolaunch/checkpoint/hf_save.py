@@ -48,17 +48,17 @@ def write_hf_pretrained(
 ) -> Path:
     """COLLECTIVE: write the HF model directory that `model.save_pretrained` writes.
 
-    model: the engine's module; iter_full_state(dtype): the engine's (zero/engine.py); param_specs: the
-    engine's param_specs(); group: its process group. Every rank iterates iter_full_state (it gathers); rank 0 writes config.json and the weights under
-    save_pretrained's names and layout: transformers' conversion mapping reversed (per-expert MoE tensors,
-    GPT-NeoX's embed_out; models/hf_mapping.py), split into files by huggingface_hub's shard planner at
-    max_shard_bytes (default: save_pretrained's default). Each tensor is written at its place in its file
-    as it arrives, so rank 0 holds one conversion group (one fused tensor), not a shard. dtype: of the
-    written weights (default: as the model holds them; fp32 from a 16-bit model gives the exact master
-    weights). Tied weights are written once (HF re-ties them on load); non-persistent buffers (rotary tables)
-    are left out, as save_pretrained does. tokenizer: a tokenizer or processor, or a local folder holding
-    one; its own save_pretrained writes it in (checkpoint/hf_folder.py). A PEFT model (peft's PeftModel)
-    gets its adapter folder, as its own save_pretrained writes it (checkpoint/peft_adapter.py).
+    model: the engine's module; iter_full_state(dtype): the engine's (zero/engine.py); param_specs: the engine's
+    param_specs(); group: its process group. Every rank iterates iter_full_state (it gathers); rank 0 writes
+    config.json and the weights under save_pretrained's names and layout: transformers' conversion mapping
+    reversed (per-expert MoE tensors, GPT-NeoX's embed_out; models/hf_mapping.py), split into files by
+    huggingface_hub's shard planner at max_shard_bytes (default: save_pretrained's default). Each tensor is
+    written at its place in its file as it arrives, so rank 0 holds one conversion group (one fused tensor), not
+    a shard. dtype: of the written weights (default: as the model holds them; fp32 from a 16-bit model gives the
+    exact master weights). Tied weights are written once (HF re-ties them on load); non-persistent buffers
+    (rotary tables) are left out, as save_pretrained does. tokenizer: a tokenizer or processor, or a local
+    folder holding one; its own save_pretrained writes it in (checkpoint/hf_folder.py). A PEFT model (peft's
+    PeftModel) gets its adapter folder, as its own save_pretrained writes it (checkpoint/peft_adapter.py).
     """
     if is_peft_model(model):  # what PeftModel.save_pretrained writes: the adapter only
         return save_peft_adapter(
@@ -90,13 +90,13 @@ def write_hf_pretrained(
         for name, tensor in iter_full_state(dtype):
             if writer is None or name not in shapes:
                 continue
-            group = plan.groups[plan.by_source[name]]
-            inputs = pending.setdefault(group.first, {})
+            conversion = plan.groups[plan.by_source[name]]
+            inputs = pending.setdefault(conversion.first, {})
             # a copy: gathered tensors may be views of one bucket that the next gather overwrites
             inputs[name] = tensor.detach().to("cpu", copy=True)
-            if len(inputs) == len(group.sources):
-                del pending[group.first]
-                for out_name, out in plan.convert(group, inputs.__getitem__).items():
+            if len(inputs) == len(conversion.sources):
+                del pending[conversion.first]
+                for out_name, out in plan.convert(conversion, inputs.__getitem__).items():
                     writer.put(out_name, out)
         if writer is not None:
             writer.finish(hf_config_dict(model), live_model=model, tokenizer_dir=tokenizer)

@@ -24,7 +24,7 @@ def init_process_group(timeout_s: float | None = None) -> bool:
     timeout_s: the collective timeout; None takes ZEROLAUNCH_TIMEOUT (which `zerolaunch train --timeout`
     sets for an entrypoint script), else 1800 s. Under a launcher (torchrun's variables set) this rank is
     also made to die with it (launch/orphans.py), and a collective timeout that ends the script names the
-    rank(s) that hung (train/hang_census.py), whoever started the group.
+    rank(s) that hung (hang_census.py), whoever started the group.
     Returns True when this call created it. Without torchrun's variables (a plain `python train.py`) nothing is
     started: the engine runs as a world of one.
     """
