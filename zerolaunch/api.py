@@ -1,10 +1,10 @@
 """The library API: `engine = zerolaunch.initialize(model, config)`, the way `deepspeed.initialize` is used.
 
-This module owns: turning a user's config (a recipe dict or file, a DeepSpeed dict or ds_config.json, a
-Recipe, EngineOptions, or nothing = the recipe of the `zerolaunch train` run that started this script) into
-engine options; the user-facing engine wrapper (forward / backward / step / save and load checkpoints); and
-`save_hf_pretrained(engine, out)` for scripts (the writer is checkpoint/hf_save.py). The engine itself is zero/, checkpoint
-files are checkpoint/; the process group a plain `torchrun` script gets is launch/process_group.py's;
+This module owns: turning a user's config (a recipe dict or file, a DeepSpeed dict or ds_config.json, a Recipe,
+EngineOptions, or nothing = the recipe of the `zerolaunch train` run that started this script) into engine
+options; the user-facing engine wrapper (forward / backward / step / save and load checkpoints); and
+`save_hf_pretrained(engine, out)` for scripts (the writer is checkpoint/hf_save.py). The engine itself is zero/,
+checkpoint files are checkpoint/; the process group a plain `torchrun` script gets is launch/process_group.py's;
 environment variables are read in launch/env.py. This only wires them.
 """
 

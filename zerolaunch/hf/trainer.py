@@ -4,7 +4,7 @@ whose every step runs through zerolaunch's engine, at ZeRO stages 0-3.
 How it plugs in, the way transformers plugs DeepSpeed in (integrations/deepspeed.py), without accelerate's
 DDP wrapper: `_prepare_for_training` builds the engine (build.py build_engine, the one every door uses) over
 `trainer.model` instead of `accelerator.prepare`, and the Trainer then drives a `ZeroModel` (forward through
-the engine) with optim_sched.py's `ZeroOptimizer` as its optimizer. The accelerator's class is swapped for a subclass whose
+the engine) with `ZeroOptimizer` as its optimizer. The accelerator's class is swapped for a subclass whose
 `backward` is the engine's backward, followed at the accumulation boundary (accelerate's `sync_gradients`,
 which the Trainer sets) by the engine's step: grad norm, clipping, the fp16 skip and the optimizer update
 happen there, and `optimizer.step()` is then a no-op, as under DeepSpeed. The engine is built with
@@ -13,11 +13,11 @@ accumulation, or the token count `num_items_in_batch`); the engine then averages
 as DDP does.
 
 The optimizer and lr schedule are decided in one place, optim_sched.py `zero_optim_sched` (the config's
-`scheduler` block runs the engine's schedule, else the Trainer's own scheduler drives the engine's lrs),
-as transformers' `deepspeed_optim_sched` decides them for DeepSpeed. Checkpoints: `checkpoint-N/` holds save_model's HF folder, the
-Trainer's own files (trainer_state.json, rng_state_*.pth, scheduler.pt) and the engine's sharded checkpoint
-in `checkpoint-N/zerolaunch/`. Needs a transformers whose Trainer has TRAINER_HOOKS (checked:
-5.17 and 5.25 have them, 5.0 and 4.x do not: refused at class creation, with the version).
+`scheduler` block runs the engine's schedule, else the Trainer's own scheduler drives the engine's lrs), as
+transformers' `deepspeed_optim_sched` decides them for DeepSpeed. Checkpoints: `checkpoint-N/` holds save_model's
+HF folder, the Trainer's own files (trainer_state.json, rng_state_*.pth, scheduler.pt) and the engine's sharded
+checkpoint in `checkpoint-N/zerolaunch/`. Needs a transformers whose Trainer has TRAINER_HOOKS (checked: 5.17 and
+5.25 have them, 5.0 and 4.x do not: refused at class creation, with the version).
 """
 
 from __future__ import annotations
