@@ -16,10 +16,9 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint import hf_out
+from zerolaunch.checkpoint import hf_folder, hf_out
 from zerolaunch.checkpoint.contract import ParamSpecLike
 from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
-from zerolaunch.checkpoint.hf_folder import HFFolderWriter
 from zerolaunch.checkpoint.peft_adapter import is_peft_model, save_peft_adapter
 from zerolaunch.models.hf import hf_config_dict, is_hf_model
 from zerolaunch.zero import comm
@@ -82,7 +81,7 @@ def write_hf_pretrained(
         ]
         # the one HF writer (checkpoint/hf_folder.py, also convert-checkpoint's): rank 0 builds the folder under
         # a temp name and renames it into place, so a crash leaves the previous folder (or none), never a mix.
-        writer = HFFolderWriter(Path(out_dir))
+        writer = hf_folder.HFFolderWriter(Path(out_dir))
         pending: dict[str, dict[str, torch.Tensor]] = {}
     try:
         if writer is not None:
