@@ -357,7 +357,7 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
         if engine in ("torch-compile", "torch-amp-compile"):
             model = torch.compile(model)
         elif engine == "torch-compile-blocks":
-            from zerolaunch.train.compiling import compile_blocks
+            from zerolaunch.models.compiling import compile_blocks
 
             # what separates per-block from whole-model compilation, without any engine around it
             compile_blocks(model, backend="inductor")
@@ -468,7 +468,7 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
         else:
             model = make()
         if engine.endswith("-compile"):
-            from zerolaunch.train.compiling import compile_blocks
+            from zerolaunch.models.compiling import compile_blocks
 
             # train.compile's code path: each block's forward, in place (names and stage 3 units unchanged)
             compile_blocks(model, backend="inductor", unit_classes=opts.zero.stage3_units)

@@ -1,11 +1,11 @@
 """The library API: `engine = zerolaunch.initialize(model, config)`, the way `deepspeed.initialize` is used.
 
-This module owns: turning a user's config (a recipe dict or file, a DeepSpeed dict or ds_config.json, a
-Recipe, EngineOptions, or nothing = the recipe of the `zerolaunch train` run that started this script) into
-engine options; the user-facing engine wrapper (forward / backward / step / save and load checkpoints); and
-writing a Hugging Face model directory (`save_hf_pretrained`). The engine itself is zero/, checkpoint files are
-checkpoint/; the process group a plain `torchrun` script gets and the runner of a recipe's `entrypoint:` are
-train/entrypoint.py; environment variables are read in launch/env.py. This only wires them.
+This module owns: turning a user's config (a recipe dict or file, a DeepSpeed dict or ds_config.json, a Recipe,
+EngineOptions, or nothing = the recipe of the `zerolaunch train` run that started this script) into engine
+options; the user-facing engine wrapper (forward / backward / step / save and load checkpoints); and
+`save_hf_pretrained(engine, out)` for scripts (the writer is checkpoint/hf_save.py). The engine itself is zero/,
+checkpoint files are checkpoint/; the process group a plain `torchrun` script gets is launch/process_group.py's;
+environment variables are read in launch/env.py. This only wires them.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import torch
 import torch.distributed as dist
 
 from zerolaunch.build import build_engine
-from zerolaunch.checkpoint.extra import HF_CONFIG_KEY
+from zerolaunch.checkpoint.hf_save import with_hf_config, write_hf_pretrained
 from zerolaunch.launch import env
-from zerolaunch.models.hf import hf_config_dict
-from zerolaunch.train.entrypoint import init_process_group
+from zerolaunch.launch.process_group import init_process_group
+from zerolaunch.models.compiling import compile_for
+from zerolaunch.util.errors import TrainError
 from zerolaunch.zero import EngineOptions, comm
 
 
@@ -225,7 +226,7 @@ class ZeroLaunchEngine:
         self, backend: str = "inductor", compile_kwargs=None, schedule=None, compiled_autograd_enabled=False
     ) -> None:
         """DeepSpeed's engine.compile(): torch.compile of the model, as `train.compile` does it
-        (train/compiling.py). DeepSpeed compiles the whole module; here at stages 0-2 (without overlap_step)
+        (models/compiling.py). DeepSpeed compiles the whole module; here at stages 0-2 (without overlap_step)
         the model's whole forward is compiled (`compile_scope: model`), and at stage 3, whose gather hooks run
         inside the forward, each unit's forward (`compile_scope: blocks`). With the inductor backend the
         optimizer step is fused too where it can be (Engine.use_fused_step), as `train.compile_optimizer`
@@ -251,9 +252,6 @@ class ZeroLaunchEngine:
                 stacklevel=2,
             )
             kwargs.pop("backend")
-        from zerolaunch.train.batches import TrainError
-        from zerolaunch.train.compiling import compile_for
-
         options = self.engine.options
         whole = options.zero.stage < 3 and not options.zero.offload_optimizer.overlap_step
         try:
@@ -409,16 +407,11 @@ class ZeroLaunchEngine:
         """
         from zerolaunch.checkpoint import save_checkpoint
 
-        extra = dict(extra or {})
-        if self.rank == 0 and HF_CONFIG_KEY not in extra:
-            hf_config = hf_config_dict(self.module)
-            if hf_config is not None:
-                extra[HF_CONFIG_KEY] = hf_config
         return save_checkpoint(
             self.engine,
             Path(save_dir),
             step=self.engine.global_steps if step is None else step,
-            extra=extra,
+            extra=with_hf_config(extra, self.module, self.rank),
             group=self.group,
             exclude_frozen_parameters=exclude_frozen_parameters,
         )
@@ -486,87 +479,20 @@ def save_hf_pretrained(
     max_shard_bytes: int | None = None,
     tokenizer=None,
 ) -> Path:
-    """COLLECTIVE: write the HF model directory that `model.save_pretrained` writes.
-
-    Every rank iterates engine.iter_full_state (it gathers); rank 0 writes config.json and the weights under
-    save_pretrained's names and layout: transformers' conversion mapping reversed (per-expert MoE tensors,
-    GPT-NeoX's embed_out; models/hf_mapping.py), split into files by huggingface_hub's shard planner at
-    max_shard_bytes (default: save_pretrained's default). Each tensor is written at its place in its file
-    as it arrives, so rank 0 holds one conversion group (one fused tensor), not a shard. dtype: of the
-    written weights (default: as the model holds them; fp32 from a 16-bit model gives the exact master
-    weights). Tied weights are written once (HF re-ties them on load); non-persistent buffers (rotary tables)
-    are left out, as save_pretrained does. tokenizer: a tokenizer or processor, or a local folder holding
-    one; its own save_pretrained writes it in (checkpoint/hf_folder.py). A PEFT model (peft's PeftModel)
-    gets its adapter folder, as its own save_pretrained writes it (checkpoint/peft_adapter.py).
-    """
-    from zerolaunch.checkpoint.peft_adapter import is_peft_model, save_peft_adapter
-    from zerolaunch.models.hf import is_hf_model
-
-    inner = getattr(engine, "engine", engine)
-    model = inner.module
-    if is_peft_model(model):  # what PeftModel.save_pretrained writes: the adapter only
-        full_state = inner.iter_full_state(dtype=dtype)
-        return save_peft_adapter(
-            model, full_state, inner.param_specs(), inner.group, out_dir, tokenizer=tokenizer
-        )
-    if not is_hf_model(model):
-        raise ValueError(
-            f"save_hf_pretrained needs a transformers PreTrainedModel, got {type(model).__name__}; "
-            "use zerolaunch convert-checkpoint for other models"
-        )
-    from zerolaunch.checkpoint import hf_out
-    from zerolaunch.checkpoint.hf_folder import HFFolderWriter
-
-    rank = comm.rank(inner.group)
-    persistent = set(model.state_dict().keys())  # tied aliases appear once, non-persistent buffers not at all
-    writer = None
-    if rank == 0:
-        shapes = _full_shapes(inner, model, persistent, dtype)
-        plan = hf_out.save_plan(model, list(shapes))
-        outputs = plan.output_shapes(lambda n: shapes[n])
-        shards = [
-            [(n, tuple(outputs[n].shape), outputs[n].dtype) for n in names]
-            for names in hf_out.plan_shards(outputs, max_shard_bytes)
-        ]
-        # the one HF writer (checkpoint/hf_folder.py, also convert-checkpoint's): rank 0 builds the folder under
-        # a temp name and renames it into place, so a crash leaves the previous folder (or none), never a mix.
-        writer = HFFolderWriter(Path(out_dir))
-        pending: dict[str, dict[str, torch.Tensor]] = {}
-    try:
-        if writer is not None:
-            writer.open_shards(shards)
-        for name, tensor in inner.iter_full_state(dtype=dtype):
-            if writer is None or name not in shapes:
-                continue
-            group = plan.groups[plan.by_source[name]]
-            inputs = pending.setdefault(group.first, {})
-            # a copy: gathered tensors may be views of one bucket that the next gather overwrites
-            inputs[name] = tensor.detach().to("cpu", copy=True)
-            if len(inputs) == len(group.sources):
-                del pending[group.first]
-                for out_name, out in plan.convert(group, inputs.__getitem__).items():
-                    writer.put(out_name, out)
-        if writer is not None:
-            writer.finish(hf_config_dict(model), live_model=model, tokenizer_dir=tokenizer)
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    comm.barrier(inner.group)
-    return Path(out_dir)
-
-
-def _full_shapes(inner, model, persistent: set[str], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """{name: meta tensor} of what iter_full_state yields and the folder keeps (params once, persistent
-    buffers), with the shape and dtype it will have: the shard plan is made before anything is gathered."""
-    out = {}
-    for spec in inner.param_specs():
-        if spec.name in persistent:
-            d = getattr(torch, spec.dtype)
-            d = dtype if dtype is not None and d.is_floating_point else d
-            out[spec.name] = torch.empty(spec.shape, dtype=d, device="meta")
-    for name, b in model.named_buffers():
-        if name in persistent and name not in out:
-            d = dtype if dtype is not None and b.is_floating_point() else b.dtype
-            out[name] = torch.empty(b.shape, dtype=d, device="meta")
-    return out
+    """COLLECTIVE: write the HF model directory that `model.save_pretrained` writes, from a ZeroLaunchEngine
+    or a zerolaunch.zero.Engine: config.json and the weights under save_pretrained's names and shards (at
+    max_shard_bytes; default save_pretrained's), in `dtype` (default: as the model holds them; fp32 from a
+    16-bit model gives the exact master weights), the tokenizer or processor (an object or a local folder)
+    if given, a PeftModel's adapter folder. Rank 0 holds one tensor group at a time, not a shard
+    (checkpoint/hf_save.py write_hf_pretrained)."""
+    inner = getattr(engine, "engine", engine)  # a ZeroLaunchEngine, or the engine itself
+    return write_hf_pretrained(
+        inner.module,
+        inner.iter_full_state,
+        inner.param_specs(),
+        inner.group,
+        out_dir,
+        dtype=dtype,
+        max_shard_bytes=max_shard_bytes,
+        tokenizer=tokenizer,
+    )

@@ -32,6 +32,10 @@ MUST_NOT_IMPORT = {
     "launch": {"train"},
     "config": {"checkpoint", "train", "launch", "cli"},
     "memory": {"train", "launch", "cli", "config"},
+    # the Trainer door builds on the engine and checkpoint/ as any door does, not on the script API
+    "hf": {"api", "train", "cli", "worker"},
+    # the script API wires the engine, checkpoint/ and launch/; the built-in loop is another door beside it
+    "api": {"train", "cli", "hf", "worker"},
 }
 
 

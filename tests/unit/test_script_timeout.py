@@ -2,7 +2,7 @@
 (launch/env.py `script_timeout_s`, which `zerolaunch train --timeout` sets for an entrypoint script) is read
 as seconds, a bad value is a UserError naming the variable, and the HF arguments' ddp_timeout (the group
 accelerate starts) takes it unless the script set its own; a script's rank that timed out names the ranks that
-never timed out with it (train/hang_census.py).
+never timed out with it (launch/hang_census.py).
 
 Leaves out: the groups themselves timing out (tests/e2e/test_hangs_orphans.py).
 """
@@ -51,7 +51,7 @@ def test_hf_arguments_take_it_unless_the_script_set_ddp_timeout(monkeypatch, tmp
 def test_the_census_names_the_ranks_that_never_timed_out_with_this_one():
     import torch.distributed as dist
 
-    from zerolaunch.train.hang_census import looks_like_timeout, missing_ranks
+    from zerolaunch.launch.hang_census import looks_like_timeout, missing_ranks
 
     store = dist.HashStore()
     assert missing_ranks(store, 0, 3, attempt=0, wait_s=0.2) == [1, 2]

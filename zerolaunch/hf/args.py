@@ -13,7 +13,7 @@ import math
 from zerolaunch.config.errors import UserError
 from zerolaunch.hf import accelerate_env, meta_load
 from zerolaunch.hf.config import TrainerDSConfig, read_ds_config
-from zerolaunch.launch import env, orphans
+from zerolaunch.launch import env, hang_census, orphans
 
 DEFAULT_DDP_TIMEOUT = 1800
 """TrainingArguments' own ddp_timeout default: a value left there takes ZEROLAUNCH_TIMEOUT when it is set."""
@@ -32,8 +32,6 @@ class ZeroArgsMixin:
             # torchrun / accelerate launch: this rank dies with its launcher (no orphan training on), and a
             # collective timeout that ends the script names the hung rank(s)
             orphans.die_with_parent()
-            from zerolaunch.train import hang_census
-
             hang_census.install()
         timeout_s = env.script_timeout_s()
         if timeout_s is not None and self.ddp_timeout == DEFAULT_DDP_TIMEOUT:

@@ -100,33 +100,24 @@ def prepare_frozen(trainer, model: nn.Module) -> FrozenModel:
 
 
 def guard_direct_calls(engine) -> None:
-    """Stage 3: a forward of `engine.module` that does not come through `engine(...)` while the root unit is
-    not gathered (TRL's PEFT reference, `trainer.model(...)` with the adapter disabled, in evaluation or in
-    a precompute pass) gets the root gathered around it, as the engine's own forward does. Inside the
-    engine's forward it does nothing; nor right after a forward with grad, where the root is still gathered
-    for backward and the units' own hooks gather each unit as it runs. Without it such a call reads the
-    root's released buffer: wrong log-probs and no error (DPO's evaluate with a PEFT reference showed it)."""
-    schedule = getattr(engine.sharding, "schedule", None)
-    if engine.stage != 3 or schedule is None:
+    """Stage 3: a forward of `engine.module` that does not come through `engine(...)` (TRL's PEFT reference,
+    `trainer.model(...)` with the adapter disabled, in evaluation or in a precompute pass) runs inside
+    Engine.gathered(), which gathers the root around it as the engine's own forward does, and does nothing
+    inside the engine's forward or right after a forward with grad (the root is still gathered for backward
+    and the units' own hooks gather each unit as it runs). Without it such a call reads the root's released
+    buffer: wrong log-probs and no error (DPO's evaluate with a PEFT reference showed it)."""
+    if engine.stage != 3:
         return
-    from zerolaunch.zero.stage3.partition import ROOT
-    from zerolaunch.zero.stage3.schedule import SchedulePhase
-
-    root = schedule.flats[ROOT]
-    if root is None:  # nothing of the root is sharded
-        return
-    opened: list[bool] = []  # per forward of the root in progress: whether this guard began it
+    contexts: list = []  # per forward of the module in progress, innermost last
 
     def before(module, args):
-        if opened:  # a call inside one the guard began (the engine's forward is in progress)
-            opened.append(False)
-        elif schedule.phase is SchedulePhase.IDLE and not root.gathered:
-            engine.sharding.begin_forward()
-            opened.append(True)
+        context = engine.gathered()
+        context.__enter__()
+        contexts.append(context)
 
     def after(module, args, output):
-        if opened and opened.pop():
-            engine.sharding.end_forward()
+        if contexts:
+            contexts.pop().__exit__(None, None, None)
 
     engine.module.register_forward_pre_hook(before)
     engine.module.register_forward_hook(after, always_call=True)

@@ -12,13 +12,12 @@ gradient_accumulation_steps 1 because the Trainer normalises the loss over the w
 accumulation, or the token count `num_items_in_batch`); the engine then averages the grads over the ranks,
 as DDP does.
 
-The lr: a config with a `scheduler` block runs the engine's schedule (DeepSpeed's formulas); without one the
-Trainer's own `lr_scheduler_type` + warmup runs over a stand-in optimizer that holds only the groups' lrs,
-and the engine reads each group's lr from it at every step (the same steps: the Trainer steps the scheduler
-only after a step that was not skipped). Checkpoints: `checkpoint-N/` holds save_model's HF folder, the
-Trainer's own files (trainer_state.json, rng_state_*.pth, scheduler.pt) and the engine's sharded checkpoint
-in `checkpoint-N/zerolaunch/`. Needs a transformers whose Trainer has TRAINER_HOOKS (checked:
-5.17 and 5.25 have them, 5.0 and 4.x do not: refused at class creation, with the version).
+The optimizer and lr schedule are decided in one place, optim_sched.py `zero_optim_sched` (the config's
+`scheduler` block runs the engine's schedule, else the Trainer's own scheduler drives the engine's lrs), as
+transformers' `deepspeed_optim_sched` decides them for DeepSpeed. Checkpoints: `checkpoint-N/` holds save_model's
+HF folder, the Trainer's own files (trainer_state.json, rng_state_*.pth, scheduler.pt) and the engine's sharded
+checkpoint in `checkpoint-N/zerolaunch/`. Needs a transformers whose Trainer has TRAINER_HOOKS (checked: 5.17 and
+5.25 have them, 5.0 and 4.x do not: refused at class creation, with the version).
 """
 
 from __future__ import annotations
@@ -33,7 +32,11 @@ from pathlib import Path
 
 import torch
 
+from zerolaunch.checkpoint.hf_save import with_hf_config, write_hf_pretrained
+from zerolaunch.checkpoint.load import load_checkpoint
+from zerolaunch.checkpoint.save import save_checkpoint
 from zerolaunch.config.errors import UserError
+from zerolaunch.hf.optim_sched import EngineLRScheduler, zero_optim_sched
 from zerolaunch.hf.reference import (
     EngineForward,
     FrozenModel,
@@ -41,6 +44,7 @@ from zerolaunch.hf.reference import (
     is_training_model,
     prepare_frozen,
 )
+from zerolaunch.zero import comm
 
 ENGINE_DIR = "zerolaunch"
 """checkpoint-N/zerolaunch/: the engine's sharded checkpoint (all ranks write their own shard)."""
@@ -59,84 +63,6 @@ class ZeroModel(EngineForward):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The engine clears its grads at each step; the Trainer's calls between steps change nothing."""
-
-
-class ZeroOptimizer(torch.optim.Optimizer):
-    """The Trainer's `optimizer`: the step already ran in the engine at the accumulation boundary (the
-    accelerator's backward), as DeepSpeed's optimizer wrapper does; `param_groups` are the lr holders the
-    schedule reads (one per engine group), so callbacks see each group's lr."""
-
-    def __init__(self, holder: torch.optim.Optimizer):
-        self.holder = holder
-        self.defaults = holder.defaults
-        self.state = {}
-
-    @property
-    def param_groups(self):
-        return self.holder.param_groups
-
-    def step(self, closure=None):
-        # the holder's params have no grads, so nothing moves; stepping it tells torch's scheduler that the
-        # optimizer stepped before it (its order check)
-        self.holder.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        return None
-
-    def state_dict(self) -> dict:
-        return {}  # the engine's checkpoint holds the optimizer state
-
-    def load_state_dict(self, state_dict) -> None:
-        return None
-
-
-def _lr_holder(engine) -> torch.optim.Optimizer:
-    """An optimizer over one dummy tensor per engine group, whose param_groups carry the lrs a torch
-    scheduler writes (what transformers' get_scheduler needs); it never steps."""
-    lrs = engine.lrs_at(0)
-    groups = [{"params": [torch.zeros(1, requires_grad=True)], "lr": lr} for lr in lrs]
-    return torch.optim.SGD(groups, lr=lrs[0])
-
-
-class HolderSchedule:
-    """The engine's lr schedule when the Trainer's scheduler runs: each group's lr as the scheduler set it
-    (zero/sched.py LRSchedule's interface: lrs_at, state_dict, load_state_dict)."""
-
-    def __init__(self, holder: torch.optim.Optimizer):
-        self.holder = holder
-
-    def lrs_at(self, step: int, group_lrs) -> list[float]:
-        return [float(g["lr"]) for g in self.holder.param_groups]
-
-    def check_groups(self, num_groups: int, groups: str) -> None:
-        return None
-
-    def state_dict(self) -> dict:
-        # the Trainer's scheduler.pt holds the schedule; the engine's own record says it has none
-        return {"name": "none", "last_step": -1}
-
-    def load_state_dict(self, state: dict) -> None:
-        return None
-
-
-class EngineLRScheduler:
-    """The Trainer's `lr_scheduler` when the config has a `scheduler` block: the engine's schedule runs, so
-    `step()` does nothing (DeepSpeed's scheduler wrapper); get_last_lr is the lr of the next step."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def step(self, *args, **kwargs) -> None:
-        return None
-
-    def get_last_lr(self) -> list[float]:
-        return self.engine.lrs_at(self.engine.global_steps)
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state) -> None:
-        return None
 
 
 def _accelerator_class(base: type) -> type:
@@ -198,18 +124,15 @@ def _release_group_at_exit() -> None:
 
 
 def _synced_generate(generate, engine):
-    """model.generate at stage 3: the root unit gathered around the whole generation, and synced_gpus on (a
-    rank that finished keeps running forwards, so every rank joins every gather, as under DeepSpeed ZeRO-3)."""
+    """model.generate at stage 3: the whole generation inside Engine.gathered(), and synced_gpus on (a rank
+    that finished keeps running forwards, so every rank joins every gather, as under DeepSpeed ZeRO-3)."""
 
     @functools.wraps(generate)
     def wrapper(*args, **kwargs):
         if kwargs.get("synced_gpus") is None:
             kwargs["synced_gpus"] = engine.world_size > 1
-        engine.sharding.begin_forward()
-        try:
+        with engine.gathered():
             return generate(*args, **kwargs)
-        finally:
-            engine.sharding.end_forward()
 
     return wrapper
 
@@ -224,7 +147,6 @@ class ZeroTrainerMixin:
         self.zero_step = None  # the StepInfo of the last accumulation boundary
         self.zero_skipped_steps = 0
         self._zero_model: ZeroModel | None = None
-        self._zero_holder = None
         from zerolaunch.hf.meta_load import consume, plain_from_pretrained, reload_whole
 
         if kwargs.get("peft_config") is not None:
@@ -305,9 +227,9 @@ class ZeroTrainerMixin:
         return [g for g in groups if g["params"]]
 
     def _zero_build(self, num_training_steps: int) -> None:
-        """Build the engine once (a later train() or evaluate() reuses it) and install this run's schedule."""
+        """Build the engine once (a later train() or evaluate() reuses it) and install this run's optimizer
+        and schedule (optim_sched.py)."""
         from zerolaunch.build import build_engine
-        from zerolaunch.zero.sched import LRSchedule
 
         config, own_optimizer = self._zero_config(num_training_steps)
         options = self._zero_options(config)
@@ -325,20 +247,9 @@ class ZeroTrainerMixin:
             guard_direct_calls(engine)  # TRL's PEFT reference calls the model outside the engine
             if engine.stage == 3 and hasattr(self.model, "generate"):
                 self.model.generate = _synced_generate(self.model.generate, engine)
-        engine = self.zero_engine
-        if "scheduler" in config:
-            engine.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
-            self._zero_holder = _lr_holder(engine)
-            self.lr_scheduler = EngineLRScheduler(engine)
-        else:
-            # the holder starts at each group's own lr (a schedule of none), then the Trainer's schedule runs it
-            engine.scheduler = LRSchedule(replace(options.scheduler, name="none"), options.optimizer.lr)
-            self._zero_holder = _lr_holder(engine)
-            self.lr_scheduler = None
-            self.create_scheduler(num_training_steps, optimizer=self._zero_holder)
-            engine.scheduler = HolderSchedule(self._zero_holder)
-        engine._lr = engine.lrs_at(engine.global_steps)[0]  # what StepInfo reports until the next step
-        self.optimizer = ZeroOptimizer(self._zero_holder)
+        self.optimizer, self.lr_scheduler = zero_optim_sched(
+            self, self.zero_engine, config, options, num_training_steps
+        )
 
     def _wrap_model(self, model, training: bool = True, dataloader=None):
         if self._zero_model is None:
@@ -402,15 +313,16 @@ class ZeroTrainerMixin:
             torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _write_pretrained(self, out: Path) -> None:
-        from zerolaunch.api import save_hf_pretrained
-        from zerolaunch.zero import comm
-
         rank0 = comm.rank(None) == 0
         staging = out / ".zerolaunch-pretrained"
         if rank0:
             out.mkdir(parents=True, exist_ok=True)
         comm.barrier(None)
-        save_hf_pretrained(self.zero_engine, staging)  # its writer publishes `staging` whole
+        engine = self.zero_engine
+        # its writer publishes `staging` whole
+        write_hf_pretrained(
+            engine.module, engine.iter_full_state, engine.param_specs(), engine.group, staging
+        )
         if rank0:
             # into a folder that may hold other things (output_dir holds the checkpoints): file by file
             for name in os.listdir(out):
@@ -422,16 +334,17 @@ class ZeroTrainerMixin:
         comm.barrier(None)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        from zerolaunch.api import ZeroLaunchEngine
-
-        ZeroLaunchEngine(self.zero_engine).save_checkpoint(Path(output_dir) / ENGINE_DIR)
+        engine = self.zero_engine
+        extra = with_hf_config(None, engine.module, engine.rank)  # convert-checkpoint writes config.json
+        save_checkpoint(
+            engine, Path(output_dir) / ENGINE_DIR, step=engine.global_steps, extra=extra, group=engine.group
+        )
         if self.args.should_save and not isinstance(self.lr_scheduler, EngineLRScheduler):
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, "scheduler.pt"))
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         if checkpoint is None:
             return
-        from zerolaunch.api import ZeroLaunchEngine
 
         folder = Path(checkpoint) / ENGINE_DIR
         if not folder.is_dir():
@@ -440,15 +353,13 @@ class ZeroTrainerMixin:
                 "save_only_model=True or by another engine, so the optimizer state is not there. Resume from a "
                 "checkpoint saved without save_only_model, or start a new run with the model loaded from it"
             )
-        ZeroLaunchEngine(self.zero_engine).load_checkpoint(folder)
+        load_checkpoint(self.zero_engine, folder, group=self.zero_engine.group)
         scheduler = Path(checkpoint) / "scheduler.pt"
         if scheduler.is_file() and not isinstance(self.lr_scheduler, EngineLRScheduler):
             self.lr_scheduler.load_state_dict(torch.load(scheduler, weights_only=True))
             # a torch scheduler's state does not hold its optimizer's lrs (the stock Trainer restores them
             # with optimizer.pt): set the groups' lrs the engine reads to where the schedule stands
-            for group, lr in zip(
-                self._zero_holder.param_groups, self.lr_scheduler.get_last_lr(), strict=True
-            ):
+            for group, lr in zip(self.optimizer.param_groups, self.lr_scheduler.get_last_lr(), strict=True):
                 group["lr"] = lr
         # a subclass's own additions run (TRL's GRPOTrainer restores its entropy controller here); transformers'
         # part finds no optimizer.pt in the folder and loads nothing
@@ -460,8 +371,6 @@ class ZeroTrainerMixin:
         # the engine is built: its checkpoint (loaded in _prepare_for_training) carries the weights
 
     def _load_best_model(self) -> None:
-        from zerolaunch.api import ZeroLaunchEngine
-
         best = self.state.best_model_checkpoint
         folder = Path(best) / ENGINE_DIR
         if not folder.is_dir():
@@ -470,7 +379,7 @@ class ZeroTrainerMixin:
                 "it was saved with save_only_model=True; turn save_only_model off to load the best model back"
             )
         # weights and optimizer state, as DeepSpeed's integration loads the best checkpoint
-        ZeroLaunchEngine(self.zero_engine).load_checkpoint(folder)
+        load_checkpoint(self.zero_engine, folder, group=self.zero_engine.group)
 
 
 def zero_trainer(cls: type) -> type:

@@ -19,12 +19,8 @@ import torch
 import torch.utils.data
 
 from zerolaunch.config import import_builder
-from zerolaunch.config.errors import UserError
 from zerolaunch.config.schema import PREFETCH_MODES
-
-
-class TrainError(UserError):
-    """A recipe's builders or data that the loop cannot train with; the message names the fix."""
+from zerolaunch.util.errors import TrainError
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import torch
 from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_PEFT_KEY, HF_TOKENIZER_KEY
 from zerolaunch.data.identity import IDENTITY_KEY, data_identity, identity_changes, refusal
 from zerolaunch.train import schedule_change, seeding
-from zerolaunch.train.batches import TrainError
+from zerolaunch.util.errors import TrainError
 
 
 def checkpoint_root(recipe) -> Path:

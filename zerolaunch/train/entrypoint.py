@@ -1,13 +1,12 @@
 """A user's training script in place of the built-in loop: running a recipe's `entrypoint:` in a worker
-(`run_entrypoint`), and the process group such a script gets from torchrun's environment when it starts none
-itself (`init_process_group`, which `zerolaunch.initialize` calls).
+(`run_entrypoint`). The process group such a script gets from torchrun's environment when it starts none
+itself is launch/process_group.py's (`init_process_group`, which `zerolaunch.initialize` calls).
 
 The variables themselves are read in zerolaunch.launch.env; the engine wrapper is zerolaunch.api.
 """
 
 from __future__ import annotations
 
-import atexit
 import runpy
 import shlex
 import sys
@@ -16,48 +15,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-from zerolaunch.launch import env, orphans
-from zerolaunch.train import hang_census
-from zerolaunch.zero import comm
-
-
-def init_process_group(timeout_s: float | None = None) -> bool:
-    """Start the default process group from torchrun's env (nccl on CUDA, gloo on CPU) unless one exists.
-
-    timeout_s: the collective timeout; None takes ZEROLAUNCH_TIMEOUT (which `zerolaunch train --timeout`
-    sets for an entrypoint script), else 1800 s. Under a launcher (torchrun's variables set) this rank is
-    also made to die with it (launch/orphans.py), and a collective timeout that ends the script names the
-    rank(s) that hung (train/hang_census.py), whoever started the group.
-    Returns True when this call created it. Without torchrun's variables (a plain `python train.py`) nothing is
-    started: the engine runs as a world of one.
-    """
-    if not env.launched_by_torchrun():
-        return False
-    orphans.die_with_parent()
-    hang_census.install()
-    if dist.is_initialized():
-        return False
-    if timeout_s is None:
-        timeout_s = env.script_timeout_s() or env.DEFAULT_SCRIPT_TIMEOUT_SECONDS
-    backend = env.entrypoint_backend() or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(env.local_rank())
-    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
-    # the group we made is ours to tear down; torch warns at exit about a group never destroyed. An uncaught
-    # exception reaches sys.excepthook before the atexit handlers run: then the peers are not waited for.
-    failed = []
-    previous_hook = sys.excepthook
-
-    def note_failure(*exc_info):
-        failed.append(True)
-        previous_hook(*exc_info)
-
-    sys.excepthook = note_failure
-    atexit.register(lambda: comm.destroy_default_group(every_rank_finished=not failed))
-    return True
+from zerolaunch.launch import env
 
 
 def run_entrypoint(recipe, resolved_path, backend: str | None = None, timeout_s: float | None = None) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.train.batches import TrainError
+from zerolaunch.util.errors import TrainError
 
 INDEX_NAME = "model.safetensors.index.json"
 

@@ -22,12 +22,12 @@ import torch.distributed as dist
 from zerolaunch.build import build_engine
 from zerolaunch.checkpoint.save import nothing_to_do
 from zerolaunch.config import import_builder
+from zerolaunch.models.compiling import compile_for
 from zerolaunch.report.mfu import hf_flops_per_token
 from zerolaunch.train import seeding, step_stats
 from zerolaunch.train.batches import (
     BatchSource,
     PrefetchingSource,
-    TrainError,
     build_data,
     build_model,
     forward,
@@ -36,12 +36,12 @@ from zerolaunch.train.batches import (
     tokens_in,
 )
 from zerolaunch.train.checkpointing import CheckpointHook
-from zerolaunch.train.compiling import compile_for
 from zerolaunch.train.context import RunContext
 from zerolaunch.train.init_weights import attach_initial_weights, load_initial_weights, safetensors_files
 from zerolaunch.train.loss_norm import GlobalLossNorm, check_label_shift
 from zerolaunch.train.nonfinite import NonFiniteGuard
 from zerolaunch.train.reporting import StepReporter
+from zerolaunch.util.errors import TrainError
 from zerolaunch.zero.protocol import StepInfo
 
 

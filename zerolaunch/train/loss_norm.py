@@ -27,6 +27,8 @@ import inspect
 import torch
 import torch.distributed as dist
 
+from zerolaunch.util.errors import TrainError
+
 IGNORE = -100
 
 
@@ -50,8 +52,6 @@ def check_label_shift(data, model, builder: str) -> None:
     shift = getattr(data, "label_shift", None)
     if shift is None:
         return
-    from zerolaunch.train.batches import TrainError
-
     model_shifts = model_shifts_labels(model)
     if shift == "data" and model_shifts:
         raise TrainError(

@@ -11,6 +11,7 @@ stages 0-2, `stage3.unit_sharding.UnitSharding` for stage 3, picked by `sharding
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -24,7 +25,7 @@ from .optim.torch_optim import check_and_scale, note_nonfinite_loss, sum_of_squa
 from .option_rules import why_not_fused
 from .options import EngineOptions
 from .protocol import DTYPES, StepInfo, validate_options
-from .sched import LRSchedule, groups_description
+from .sched import LRSchedule, Schedule, groups_description
 from .sharding import Sharding, StrategyContext
 
 
@@ -90,7 +91,7 @@ class Engine(EngineStateMixin):
         self.shards = self.sharding.shards
         self.num_groups = self.sharding.num_groups
 
-        self.scheduler = LRSchedule(options.scheduler, options.optimizer.lr)
+        self.scheduler: Schedule = LRSchedule(options.scheduler, options.optimizer.lr)
         self.scheduler.check_groups(
             self.num_groups, groups_description(param_groups, options.optimizer.decay_1d)
         )
@@ -210,6 +211,28 @@ class Engine(EngineStateMixin):
     def lrs_at(self, step: int) -> list[float]:
         """Each param group's lr for the optimizer step after `step` steps (sched.py LRSchedule.lrs_at)."""
         return self.scheduler.lrs_at(step, self.shards.group_lrs)
+
+    def set_schedule(self, schedule: Schedule) -> None:
+        """Run the next optimizer steps at `schedule`'s lrs (sched.py Schedule) instead of the options' one,
+        e.g. a Hugging Face Trainer's scheduler (hf/optim_sched.py). The checkpoint meta then records
+        `schedule.state_dict()`; StepInfo reports its lr for the next step until that step runs."""
+        self.scheduler = schedule
+        self._lr = self.lrs_at(self.global_steps)[0]
+
+    @contextmanager
+    def gathered(self):
+        """Forwards of `engine.module` called directly inside read gathered params (generate, a reference
+        model's forward outside `engine(...)`). At stage 3 the root unit is gathered for the whole context and
+        every other unit as its forward runs, then freed, as in the engine's forward (one unit at a time
+        besides the root; synced_gpus keeps ranks in step for these gathers); all is released at the end. A
+        no-op at stages 0-2, and inside the engine's forward or backward, or after a forward with grad whose
+        backward is still to run (its gathers are in place)."""
+        opened = self.sharding.open_forward()
+        try:
+            yield
+        finally:
+            if opened:
+                self.sharding.end_forward()
 
     def use_fused_step(self) -> bool:
         """Turn `optimizer.fused_step` on from now on where it can run (option_rules.why_not_fused: Adam /

@@ -11,14 +11,36 @@ WarmupDecayLR give `warmup_min_lr`, WarmupCosineLR gives 0) and its engine calls
 each applied optimizer step, so step k+1 runs at the formula's value for `last_batch_iteration == k - 1`.
 The first two steps of a DeepSpeed warmup therefore both run at the warmup's start lr. The nanoGPT "cosine" is
 not DeepSpeed's and applies its formula at `k` directly.
+
+`Schedule` is what the engine asks of any schedule (`Engine.set_schedule` installs another one, e.g. the
+Hugging Face Trainer's scheduler read through its optimizer's groups: hf/optim_sched.py).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Protocol
 
 from .option_rules import scheduler_problems
 from .options import SchedulerOptions
+
+
+class Schedule(Protocol):
+    """The engine's lr schedule: the lrs of a step, asked before it runs, and what a checkpoint keeps of it."""
+
+    def lrs_at(self, step: int, group_lrs: Sequence[float | None]) -> list[float]:
+        """Each param group's lr for the optimizer step that follows `step` steps already taken; group_lrs:
+        each group's own lr (None: the optimizer's)."""
+        ...
+
+    def state_dict(self) -> dict:
+        """JSON-able, saved in the engine's checkpoint meta."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what state_dict returned (raise ValueError when it belongs to another schedule)."""
+        ...
 
 
 class LRSchedule:

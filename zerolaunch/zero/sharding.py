@@ -115,6 +115,11 @@ class Sharding:
     def end_forward(self) -> None:
         pass
 
+    def open_forward(self) -> bool:
+        """Begin a forward for a call of the module outside the engine's (Engine.gathered) when one is
+        needed; True when begun (end_forward closes it)."""
+        return False
+
     def begin_backward(self) -> None:
         pass
 

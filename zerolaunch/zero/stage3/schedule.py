@@ -261,6 +261,17 @@ class Stage3Schedule:
             self.gather_and_wait(ROOT)
             self._prefetch(self.predicted[1:])
 
+    def open_forward(self) -> bool:
+        """A forward of the module outside the engine's (Engine.gathered): begun when the hooks are IDLE and
+        the root is released; not inside the engine's forward or backward, nor after a forward with grad,
+        where the root is still gathered for backward and each unit's hooks gather it as it runs. True when
+        begun (end_forward closes it)."""
+        root = self.flats[ROOT]
+        if self.phase is not SchedulePhase.IDLE or (root is not None and root.gathered):
+            return False
+        self.begin_forward()
+        return True
+
     def end_forward(self) -> None:
         """After the model's forward: keep what backward needs first, free mispredicted prefetches."""
         if self.phase is SchedulePhase.BACKWARD:

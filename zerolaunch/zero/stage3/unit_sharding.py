@@ -296,6 +296,9 @@ class UnitSharding(UnitStateMixin, Sharding):
     def end_forward(self) -> None:
         self.schedule.end_forward()
 
+    def open_forward(self) -> bool:
+        return self.schedule.open_forward()
+
     def begin_backward(self) -> None:
         self.schedule.begin_backward()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zerolaunch.train.batches import TrainError
+from zerolaunch.util.errors import TrainError
 from zerolaunch.zero.stage3.partition import find_unit_modules
 
 

@@ -7,7 +7,7 @@ group's store (still reachable: it is the launcher's, not the collective's) and 
 others that timed out too; the ranks that never mark themselves are the ones that did not reach the
 collective. One line on stderr names them before the traceback.
 
-Owns: the excepthook and the census. Not: the timeout itself (train/entrypoint.py, hf/args.py take it from
+Owns: the excepthook and the census. Not: the timeout itself (launch/process_group.py, hf/args.py take it from
 ZEROLAUNCH_TIMEOUT) nor the launcher's panel.
 """
 
