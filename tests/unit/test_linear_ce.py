@@ -156,3 +156,37 @@ def test_gpt_flex_document_mask_equals_sdpa_mask_cuda():
 def test_bad_options_are_clear_errors(kwargs, words):
     with pytest.raises(ValueError, match=words):
         gpt.build("tiny", vocab_size=97, seq_len=16, **kwargs)
+
+
+def _llama(**kw):
+    from zerolaunch.models.hf import build
+
+    torch.manual_seed(0)
+    config = dict(
+        model_type="llama", vocab_size=53, hidden_size=16, intermediate_size=24, num_hidden_layers=2
+    )
+    config.update(num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    return build(config=config, **kw)
+
+
+@pytest.mark.parametrize("items", [None, 7.0])
+def test_hf_loss_chunk_equals_hf_loss(items):
+    plain, chunked = _llama(), _llama(loss_chunk=4)
+    ids = torch.randint(0, 53, (2, 10))
+    labels = ids.clone()
+    labels[0, :4] = -100
+    kw = {} if items is None else {"num_items_in_batch": torch.tensor(items)}
+    got, want = chunked(input_ids=ids, labels=labels, **kw), plain(input_ids=ids, labels=labels, **kw)
+    assert got.logits is None
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-6, atol=1e-6)
+    got.loss.backward()
+    want.loss.backward()
+    for (name, p), q in zip(chunked.named_parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+    # without labels the model's own forward gives the logits
+    torch.testing.assert_close(chunked(input_ids=ids).logits, plain(input_ids=ids).logits)
+
+
+def test_hf_loss_chunk_bad_value_is_a_clear_error():
+    with pytest.raises(ValueError, match="loss_chunk must be an int >= 0"):
+        _llama(loss_chunk="big")
