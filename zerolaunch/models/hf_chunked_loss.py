@@ -78,3 +78,4 @@ def enable_chunked_loss(model: nn.Module, chunk_rows: int) -> None:
         )
 
     model.forward = forward
+    model.zerolaunch_loss_chunk = chunk_rows  # what estimate-memory prices (memory/linear_loss.py)
