@@ -190,3 +190,17 @@ def test_hf_loss_chunk_equals_hf_loss(items):
 def test_hf_loss_chunk_bad_value_is_a_clear_error():
     with pytest.raises(ValueError, match="loss_chunk must be an int >= 0"):
         _llama(loss_chunk="big")
+
+
+def test_gpt_loss_chunk_under_a_whole_forward_compile():
+    # train.compile_scope: model traces the head's loss with dynamo (aot_eager: no C++ compiler needed)
+    model, ref = _gpt_pair(loss_chunk=8), _gpt_pair()
+    ids = torch.randint(0, 97, (2, 32))
+    compiled = torch.compile(model, backend="aot_eager")
+    loss = compiled(ids, labels=ids).loss
+    loss.backward()
+    want = ref(ids, labels=ids).loss
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)

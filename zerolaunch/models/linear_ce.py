@@ -101,6 +101,10 @@ def head_loss(
             f"a chunked loss needs the output projection to be a Linear without bias, got {type(head).__name__}"
             + (" with a bias" if isinstance(head, nn.Linear) else "")
         )
+    if torch.compiler.is_compiling():
+        # dynamo cannot trace the forward swap below; a whole-forward compile (train.compile_scope: model) runs
+        # only where no hook gathers weights (stages 0-2), so the weight is the head's own
+        return linear_cross_entropy(hidden, head.weight, labels, chunk_rows=chunk_rows, divisor=divisor)
     original = head.__dict__.get("forward")
     head.forward = lambda h, y, r, d: _loss_forward(head, h, y, r, d)
     try:
