@@ -24,7 +24,7 @@ with deepspeed.checkpointing.checkpoint on each GPT block), fsdp2 (fully_shard p
 fp32 reduce, torch AdamW). A row first runs each of --seqs (8k, 16k, 32k: 1 warmup + --steps timed steps, tokens/s
 from the median), then doubles the sequence until a step fails, then bisects --bisect times (one step each), all
 within --row-budget seconds (a probe that would start after it is skipped; the row's process is killed at
---row-budget + 120 s). A failed step (CUDA OOM and anything else) ends the process, since an engine may not
+--row-budget + 60 s). A failed step (CUDA OOM and anything else) ends the process, since an engine may not
 survive a failure mid-step: the driver starts a new process for the next probe, so OOM is a recorded failure,
 not a crash of the bench. Each process prints `RESULT {json}` after every probe. The driver prints a table
 (longest sequence, tokens/s and peak GiB at each of --seqs, ratio to the best peer) and writes
@@ -280,7 +280,7 @@ def _launch(model: str, row: str, probes: list[tuple[int, int]], args, deadline:
         str(deadline),
     ]
     cmd += ["--device", args.device, "--max-seq", str(args.max_seq), "--doc-len", str(args.doc_len)]
-    left = max(deadline - time.time(), 0) + 120  # the build and one last probe may run past the budget
+    left = max(deadline - time.time(), 0) + 60  # the build and one last probe may run past the budget
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
         out, code = p.stdout, p.returncode

@@ -44,8 +44,10 @@ class DocumentBlockMask:
         def same_document_causal(b, h, q_idx, kv_idx):
             return (kv_idx <= q_idx) & (doc[b, q_idx] == doc[b, kv_idx])
 
+        # compiled on CUDA: eager create_block_mask evaluates the mask over all B x T x T pairs at once (16 GiB
+        # of bools at 128k tokens); compiled, it evaluates tile by tile
         block_mask = create_block_mask(
-            same_document_causal, B, None, T, T, device=position_ids.device, _compile=False
+            same_document_causal, B, None, T, T, device=position_ids.device, _compile=position_ids.is_cuda
         )
         return cls(block_mask)
 
