@@ -185,6 +185,11 @@ def test_hf_loss_chunk_equals_hf_loss(items):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
     # without labels the model's own forward gives the logits
     torch.testing.assert_close(chunked(input_ids=ids).logits, plain(input_ids=ids).logits)
+    # in eval mode the model's own forward runs (evaluation metrics and predict() read the logits)
+    chunked.eval(), plain.eval()
+    got, want = chunked(input_ids=ids, labels=labels, **kw), plain(input_ids=ids, labels=labels, **kw)
+    torch.testing.assert_close(got.logits, want.logits)
+    torch.testing.assert_close(got.loss, want.loss)
 
 
 def test_hf_loss_chunk_bad_value_is_a_clear_error():

@@ -4,17 +4,16 @@ HF's causal LMs compute `logits = lm_head(hidden)` for every position, then `For
 fp32 and shifts the labels: at 32k tokens and Llama 3's 128k vocabulary that is 8 GiB of bf16 logits and
 three fp32 copies in the loss. With a chunk size the model's forward, when it is given labels, calls the
 base model for the hidden states and then the chunked linear + cross-entropy (models/linear_ce.py) through
-the lm_head module (so a ZeRO-3 unit holding it gathers its weight as for its own forward). It keeps HF's
+the lm_head module (so a ZeRO-3 unit holding it gathers its weight as for its own forward). In eval mode, and
+without labels, the model's own forward runs (evaluation metrics and predict() read the logits). It keeps HF's
 loss rule exactly: labels shifted by one with -100 padding (or `shift_labels` as given), the sum over
 labelled positions divided by `num_items_in_batch` when given (the loop's global-batch normalization,
-train/loss_norm.py), else their mean. Without labels (evaluation, generation) the model's own forward runs.
+train/loss_norm.py), else their mean.
 
 Models whose logits are not `lm_head(hidden)` (a final soft-capping or a logit scale) are refused when built.
 """
 
 from __future__ import annotations
-
-import inspect
 
 import torch.nn.functional as F
 from torch import nn
@@ -40,17 +39,23 @@ def enable_chunked_loss(model: nn.Module, chunk_rows: int) -> None:
             "remove loss_chunk"
         )
     model_forward = model.forward
-    known = set(inspect.signature(model_forward).parameters)
 
     def forward(
         input_ids=None, attention_mask=None, position_ids=None, labels=None, num_items_in_batch=None, **kwargs
     ):
         shift_labels = kwargs.pop("shift_labels", None)
-        if labels is None and shift_labels is None:
-            if num_items_in_batch is not None and "num_items_in_batch" in known:
+        # evaluation and prediction keep HF's forward: callers there read the logits (metrics, predict())
+        if (labels is None and shift_labels is None) or not model.training:
+            if num_items_in_batch is not None:
                 kwargs["num_items_in_batch"] = num_items_in_batch
+            if shift_labels is not None:
+                kwargs["shift_labels"] = shift_labels
             return model_forward(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                labels=labels,
+                **kwargs,
             )
         for unused in ("logits_to_keep", "return_dict", "use_cache"):
             kwargs.pop(unused, None)
