@@ -9,6 +9,7 @@ It ignores dropout masks (the built-in GPT defaults to dropout 0) and allocator 
 from __future__ import annotations
 
 from zerolaunch.memory.arch import Arch
+from zerolaunch.memory.linear_loss import linear_loss_peak_bytes
 
 
 def block_saved_bytes(arch: Arch, tokens: int, dtype_bytes: int, batch: int, seq_len: int) -> int:
@@ -68,7 +69,10 @@ def activation_profile(arch: Arch | None, setup, *, checkpointing: bool) -> tupl
     block = block_saved_bytes(arch, tokens, b, setup.micro_batch, setup.seq_len)
     # ln_f input and output (the lm_head input), + ln_f's fp32 mean/rstd.
     head_saved = b * tokens * 2 * h + 8 * tokens
-    loss_peak = loss_peak_bytes(tokens, V, b, arch.loss_chunk_rows)
+    if arch.linear_loss_rows:
+        loss_peak = linear_loss_peak_bytes(tokens, V, h, b, arch.linear_loss_rows)
+    else:
+        loss_peak = loss_peak_bytes(tokens, V, b, arch.loss_chunk_rows)
     if not checkpointing:
         # The peak is at the start of backward: every block's saved tensors + the head + the loss tensors.
         saved = L * block + head_saved

@@ -24,6 +24,9 @@ class Arch:
     loss_chunk_rows: int | None = None
     """Rows of (tokens, vocab) logits per fp32 cross-entropy chunk (the built-in GPT's chunked loss,
     models/gpt.py chunked_cross_entropy); None = one fp32 cross-entropy over all rows (Hugging Face models)."""
+    linear_loss_rows: int | None = None
+    """Rows per chunk of the linear + cross-entropy that never holds the logits (`model.args.loss_chunk`,
+    memory/linear_loss.py); when set it replaces loss_chunk_rows' logits and loss."""
 
     def __post_init__(self):
         for k in ("n_layer", "d_model", "n_head", "vocab_size", "d_ff"):

@@ -79,6 +79,7 @@ def detect_arch(model) -> Arch | None:
                 got["d_ff"] or 4 * got["d_model"],
                 gated,
                 _loss_chunk_rows(model, got["vocab_size"]),
+                _linear_loss_rows(model),
             )
     return None
 
@@ -109,3 +110,12 @@ def _loss_chunk_rows(model, vocab_size: int) -> int | None:
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a PeftModel
     return max(1, CE_CHUNK_ELEMENTS // vocab_size) if isinstance(base, GPT) else None
+
+
+def _linear_loss_rows(model) -> int | None:
+    """`model.args.loss_chunk` of the built-in GPT or an HF model (models/hf_chunked_loss.py); None when off."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a PeftModel
+    rows = getattr(base, "zerolaunch_loss_chunk", None) or getattr(
+        getattr(base, "config", None), "loss_chunk", 0
+    )
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else None

@@ -26,7 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from zerolaunch.models.flex_doc import DocumentBlockMask, flex_available, flex_document_attention
 from zerolaunch.models.gpt_sizes import SIZES
+from zerolaunch.models.linear_ce import head_loss
 
 INIT_STD = 0.02
 
@@ -44,6 +46,12 @@ class GPTConfig:
     """Biases in the Linear and LayerNorm layers (False: GPT-NeoX / LLaMA style, slightly faster)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of keeping them (memory for ~30% time)."""
+    loss_chunk: int = 0
+    """Rows (tokens) per chunk of a linear + cross-entropy that never holds the (B, T, vocab) logits
+    (models/linear_ce.py; forward then returns logits None with labels); 0: logits, then a chunked loss."""
+    attention: str = "sdpa"
+    """The document mask's kernel: sdpa (a (B, 1, T, T) bool mask) or flex (a BlockMask, compiled; CUDA only,
+    elsewhere and with dropout the SDPA mask: models/flex_doc.py)."""
 
     @property
     def d_head(self) -> int:
@@ -52,8 +60,8 @@ class GPTConfig:
 
 @dataclass
 class GPTOutput:
-    logits: torch.Tensor
-    """(B, T, vocab_size)."""
+    logits: torch.Tensor | None
+    """(B, T, vocab_size); None when loss_chunk computed the loss without them."""
     loss: torch.Tensor | None
     """Mean cross-entropy over the labelled positions; None without labels."""
 
@@ -99,13 +107,21 @@ class CausalSelfAttention(nn.Module):
         self.proj = _residual_linear(cfg.d_model, cfg.d_model, cfg.bias, cfg.n_layer)
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (
             t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)
         )  # (B, H, T, D)
-        y = F.scaled_dot_product_attention(
+        if isinstance(attn_mask, DocumentBlockMask):
+            y = flex_document_attention(q, k, v, attn_mask)
+        else:
+            y = self._sdpa(q, k, v, attn_mask)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_drop(self.proj(y))
+
+    def _sdpa(self, q, k, v, attn_mask):
+        return F.scaled_dot_product_attention(
             q,
             k,
             v,
@@ -113,8 +129,6 @@ class CausalSelfAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=attn_mask is None,
         )  # (B, H, T, D)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.resid_drop(self.proj(y))
 
 
 class MLP(nn.Module):
@@ -143,7 +157,7 @@ class Block(nn.Module):
         for m in self.modules():
             init_weights(m)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), attn_mask)
         return x + self.mlp(self.ln_2(x))
 
@@ -211,14 +225,32 @@ class GPT(nn.Module):
             pos = torch.arange(T, device=input_ids.device)  # (T,)
         else:
             pos = position_ids  # (B, T)
-            attn_mask = document_causal_mask(position_ids)
+            # one mask per batch, shared by every layer (a BlockMask's construction costs a pass over T^2/128^2)
+            if (
+                self.config.attention == "flex"
+                and flex_available(input_ids.device)
+                and not self.config.dropout
+            ):
+                attn_mask = DocumentBlockMask.from_position_ids(position_ids)
+            else:
+                attn_mask = document_causal_mask(position_ids)
         x = self.transformer.drop(self.transformer.wte(input_ids) + self.transformer.wpe(pos))  # (B, T, C)
         for block in self.transformer.h:
             if self.activation_checkpointing and self.training:
                 x = checkpoint(block, x, attn_mask, use_reentrant=False)
             else:
                 x = block(x, attn_mask)
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
+        x = self.transformer.ln_f(x)
+        if labels is not None and self.config.loss_chunk:
+            loss = head_loss(
+                self.lm_head,
+                x.view(B * T, -1),
+                labels.reshape(-1),
+                chunk_rows=self.config.loss_chunk,
+                divisor=num_items_in_batch,
+            )
+            return GPTOutput(logits=None, loss=loss)
+        logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if labels is not None:
             loss = chunked_cross_entropy(
@@ -307,6 +339,8 @@ def build(
     dropout: float = 0.0,
     activation_checkpointing: bool = False,
     bias: bool = True,
+    loss_chunk: int = 0,
+    attention: str = "sdpa",
     **overrides,
 ) -> GPT:
     """A GPT of a named size; `overrides` (n_layer, n_head, d_model) replace the size's values."""
@@ -316,7 +350,7 @@ def build(
     if unknown:
         raise ValueError(
             f"GPT build got unknown argument(s) {', '.join(unknown)}; known: size, vocab_size, seq_len, "
-            "dropout, activation_checkpointing, bias, n_layer, n_head, d_model"
+            "dropout, activation_checkpointing, bias, loss_chunk, attention, n_layer, n_head, d_model"
         )
     cfg = GPTConfig(
         vocab_size=vocab_size,
@@ -324,6 +358,8 @@ def build(
         dropout=dropout,
         bias=bias,
         activation_checkpointing=activation_checkpointing,
+        loss_chunk=loss_chunk,
+        attention=attention,
         **SIZES[size],
     )
     cfg = replace(cfg, **overrides)
@@ -333,6 +369,12 @@ def build(
             raise ValueError(f"GPT {name} must be a positive int, got {value!r}")
     if cfg.d_model % cfg.n_head:
         raise ValueError(f"GPT d_model {cfg.d_model} must be divisible by n_head {cfg.n_head}")
+    if isinstance(cfg.loss_chunk, bool) or not isinstance(cfg.loss_chunk, int) or cfg.loss_chunk < 0:
+        raise ValueError(
+            f"GPT loss_chunk must be an int >= 0 (tokens per loss chunk, 0 = off), got {cfg.loss_chunk!r}"
+        )
+    if cfg.attention not in ("sdpa", "flex"):
+        raise ValueError(f"GPT attention must be sdpa or flex, got {cfg.attention!r}")
     if not 0.0 <= cfg.dropout < 1.0:
         raise ValueError(f"GPT dropout must be in [0, 1), got {cfg.dropout!r}")
     return GPT(cfg)

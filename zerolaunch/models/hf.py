@@ -109,6 +109,7 @@ def build(
     dtype: str = "fp32",
     attn_implementation: str | None = None,
     meta: bool = False,
+    loss_chunk: int = 0,
 ) -> nn.Module:
     """The model builder.
 
@@ -117,11 +118,17 @@ def build(
     attn_implementation: eager | sdpa | flash_attention_2 ..., None = transformers' default.
     meta: build on the meta device (no memory; for ZeRO-3 to materialize unit by unit). With `path`, the
       weights are read unit by unit from the directory's safetensors files (models/hf_load.py).
+    loss_chunk: tokens per chunk of a training loss that never holds the logits (models/hf_chunked_loss.py);
+      0 = HF's own loss.
     """
     if (path is None) == (config is None):
         raise ValueError(
             "model.args needs exactly one of path (a local HF model directory) or config (an inline "
             "config with model_type)"
+        )
+    if isinstance(loss_chunk, bool) or not isinstance(loss_chunk, int) or loss_chunk < 0:
+        raise ValueError(
+            f"model.args.loss_chunk must be an int >= 0 (tokens per loss chunk, 0 = off), got {loss_chunk!r}"
         )
     if dtype not in DTYPES:
         raise ValueError(f"model.args.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -150,10 +157,21 @@ def build(
     # from_pretrained hands back eval mode (dropout off); this builder builds models to train.
     model.train()
     # train.activation_checkpointing calls model.enable_activation_checkpointing(); HF spells it
-    # gradient_checkpointing_enable. Non-reentrant: it re-runs ZeRO-3's gather hooks in the recomputation.
-    model.enable_activation_checkpointing = functools.partial(
-        model.gradient_checkpointing_enable, gradient_checkpointing_kwargs={"use_reentrant": False}
-    )
+    # activation_checkpointing_enable (gradient_checkpointing_enable before transformers 5.x, deprecated
+    # since). Non-reentrant: it re-runs ZeRO-3's gather hooks in the recomputation.
+    if hasattr(model, "activation_checkpointing_enable"):
+        enable = functools.partial(
+            model.activation_checkpointing_enable, activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+    else:
+        enable = functools.partial(
+            model.gradient_checkpointing_enable, gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+    model.enable_activation_checkpointing = enable
+    if loss_chunk:
+        from zerolaunch.models.hf_chunked_loss import enable_chunked_loss
+
+        enable_chunked_loss(model, loss_chunk)
     return model
 
 
