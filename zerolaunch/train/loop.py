@@ -78,6 +78,12 @@ def _with_meta_arg(recipe):
     return replace(recipe, model=replace(recipe.model, args={**recipe.model.args, arg: True}))
 
 
+def _builds_hf_on_meta(recipe) -> bool:
+    """The builder builds on meta itself and names its meta argument (the HF builder)."""
+    fn = import_builder(recipe.model.builder, recipe.base_dir)
+    return getattr(fn, "meta_arg", None) is not None
+
+
 def _streamed_init_from(recipe):
     """{tensor name: file} of model.init_from when the stage-3 engine can read it unit by unit: safetensors
     weights and a builder that builds on meta itself (the HF builder's meta_arg); else None."""
@@ -152,12 +158,13 @@ class Trainer:
         recipe = self.recipe
         # weights to load need real tensors: meta construction only when the engine will initialise them,
         # from the builder's init or, for an HF model, from init_from's safetensors a unit at a time. A PEFT
-        # adapter is built over real weights: the engine's meta init knows the base model's names and init,
-        # not the adapter's (LoRA's B starts at zero)
-        streamed = _streamed_init_from(recipe) if recipe.peft is None else None
+        # adapter goes on meta only over an HF model (models/hf.py meta_init_fn: HF's init or the files for
+        # the base, PEFT's for the adapter); another builder's reset_parameters() would redraw LoRA's B
+        peft_on_meta = recipe.peft is None or _builds_hf_on_meta(recipe)
+        streamed = _streamed_init_from(recipe) if peft_on_meta else None
         on_meta = (
             recipe.engine.zero.stage == 3
-            and recipe.peft is None
+            and peft_on_meta
             and (not recipe.model.init_from or streamed is not None)
         )
         model = build_model(_with_meta_arg(recipe) if on_meta else recipe, meta_if_supported=on_meta)
