@@ -6,7 +6,8 @@ on 1 and on 2 gloo ranks. Checked per rank:
 
 - the build's peak resident memory (VmHWM, reset just before the engine) rises by at most this rank's 1/N of
   the base, plus the largest unit's transient init buffers (fp32 values + the compute-dtype full buffer: on the
-  CPU the compute device is the host too), plus 48 MiB;
+  CPU the compute device is the host too), plus the adapter's master, optimizer state and grads, plus 48 MiB
+  (measured: 286.5 MiB at N=1 for a 176 MiB base, 191.3 MiB per rank at N=2);
 - with an accelerator present, each unit's host shard is page-locked in place at its exact size (a recording
   stand-in for the CUDA runtime: this machine has none), never through torch's pinned cache, which rounds
   every block up to a power of two (the 34B bench held 97 GiB of pinned blocks for a 63 GiB base); the
@@ -88,12 +89,14 @@ def _build(rank, world_size):
     before = _status_bytes("VmRSS")
     engine = zerolaunch.initialize(model, ds, device="cpu")
     rise = _status_bytes("VmHWM") - before
+    owned = engine.memory_bytes()
     flats = [f for f in engine.engine.sharding.flats if f is not None and f.shard is not None]
     shards = {f.shard.untyped_storage().data_ptr(): f.shard.untyped_storage().nbytes() for f in flats}
     return {
         "base_bytes": base_bytes,
         "layer_numel": layer_numel,
         "rise": rise,
+        "adapter_state": owned["master"] + owned["optimizer"] + owned["grads"],
         "shards": shards,
         "registered": dict(runtime.registered),
     }
@@ -107,7 +110,8 @@ def test_offload_param_build_holds_the_base_once(world_size, monkeypatch):
     for rank, r in enumerate(run_ranks(_build, world_size, timeout_s=300)):
         base_share = r["base_bytes"] / world_size
         transient = 6 * r["layer_numel"]  # fp32 init values + the bf16 full buffer of one decoder layer
-        assert r["rise"] <= base_share + transient + SLACK, (
+        bound = base_share + transient + r["adapter_state"] + SLACK
+        assert r["rise"] <= bound, (
             f"rank {rank}: the build's peak rose by {r['rise'] / 2**20:.0f} MiB for a base share of "
             f"{base_share / 2**20:.0f} MiB"
         )
