@@ -112,3 +112,14 @@ def test_modules_to_save_starts_as_its_original(group, tmp_path):
     assert torch.equal(state["base_model.model.lm_head.original_module.weight"].float(), copy.float())
     trainable = {n for n, p in engine.module.named_parameters() if p.requires_grad}
     assert "base_model.model.lm_head.modules_to_save.default.weight" in trainable
+
+
+def test_modules_to_save_of_a_whole_unit_is_refused(tmp_path):
+    from zerolaunch.util.errors import UserError
+
+    _base(tmp_path / "base")
+    with pytest.raises(UserError) as err:
+        _trainer_model(_recipe(tmp_path / "base", modules_to_save=["layers.1"]))
+    message = str(err.value)
+    assert "peft.modules_to_save" in message and "`model.layers.1`" in message
+    assert "LlamaDecoderLayer" in message and "`model.layers.1.mlp`" in message

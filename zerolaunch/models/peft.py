@@ -192,6 +192,23 @@ def _init_adapter(model, layer, adapter: str) -> None:
     layer.reset_lora_parameters(adapter, mode)
 
 
+def saved_unit_problem(model, unit_names) -> str | None:
+    """Why a `modules_to_save` module cannot start as its original on a meta-built base: it is a ZeRO-3 unit
+    of its own (a decoder layer), sharded before its copy (another unit) is filled from it; else None."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    for name, wrapper in model.named_modules():
+        if isinstance(wrapper, ModulesToSaveWrapper) and type(wrapper.original_module).__name__ in unit_names:
+            short = name.removeprefix("base_model.model.")
+            return (
+                f"peft.modules_to_save names `{short}`, a whole ZeRO-3 unit ({type(wrapper.original_module).__name__}): "
+                "at stage 3 the base is built on the meta device and each unit sharded in turn, so its trainable "
+                "copy could not start as the pretrained original. Save a module inside a unit instead (e.g. "
+                f"`{short}.mlp`), or train at stage 2"
+            )
+    return None
+
+
 def _saved_module_copies(model) -> dict:
     """id(module of a modules_to_save copy) -> the module of the original it copies. PEFT deep-copies each
     `modules_to_save` module when it wraps it, so the trained copy starts as the pretrained original; on meta

@@ -42,6 +42,7 @@ from zerolaunch.train.init_weights import attach_initial_weights, load_initial_w
 from zerolaunch.train.loss_norm import GlobalLossNorm, check_label_shift
 from zerolaunch.train.nonfinite import NonFiniteGuard
 from zerolaunch.train.reporting import StepReporter
+from zerolaunch.util.errors import UserError
 from zerolaunch.zero.protocol import StepInfo
 
 
@@ -76,6 +77,16 @@ def _with_meta_arg(recipe):
     if arg is None or arg in recipe.model.args:
         return recipe
     return replace(recipe, model=replace(recipe.model, args={**recipe.model.args, arg: True}))
+
+
+def _check_saved_units(model, recipe) -> None:
+    from zerolaunch.models.hf import unit_class_names
+    from zerolaunch.models.peft import saved_unit_problem
+
+    units = recipe.engine.zero.stage3_units or unit_class_names(model.get_base_model())
+    problem = saved_unit_problem(model, set(units))
+    if problem is not None:
+        raise UserError(f"{recipe.source or 'the recipe'}: {problem}")
 
 
 def _builds_hf_on_meta(recipe) -> bool:
@@ -176,6 +187,8 @@ class Trainer:
             from zerolaunch.models.peft import apply_peft
 
             model = apply_peft(model, recipe.peft, where=recipe.source or "the recipe")
+            if on_meta and recipe.peft.modules_to_save:
+                _check_saved_units(model, recipe)
         if recipe.train.activation_checkpointing:
             enable = getattr(model, "enable_activation_checkpointing", None)
             if enable is None:
