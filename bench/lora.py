@@ -2,8 +2,9 @@
 
     python bench/lora.py --size 8b                                   # zl-z3, ds-z3, fsdp2 at a Llama-3-8B shape
     python bench/lora.py --size 34b --rows zl-z3-offp,ds-z3-offp     # a CodeLlama-34B-like shape, params on the host
-    python bench/lora.py --size 34b --layers 64 --rows zl-z3,zl-z3-offp  # 44.8e9 params: the bf16 base (83.5 GiB)
-                                                                     # exceeds an 80 GB card (48 layers: 62.9 GiB)
+    python bench/lora.py --size 40b --rows zl-z3-offp                # 43.4e9 params: the bf16 base (80.9 GiB)
+                                                                     # exceeds an 80 GB card (34b: 62.9 GiB)
+    python bench/lora.py --size 34b --rows fsdp2-offp,ds-z3-offp     # the peers, params on the host
     python bench/lora.py --tiny --device cpu --rows zl-z3,fsdp2      # a 2-layer model (tests/unit/test_bench_lora.py)
 
 The model is transformers' LlamaForCausalLM (bf16, sdpa, random init, no download) built on the meta device where
@@ -24,6 +25,9 @@ dropout 0) on every linear layer of the decoder (q, k, v, o, gate, up, down); HF
                [final norm, lm_head] together (reshard_after_forward False) and on the root, with
                MixedPrecisionPolicy(param_dtype bf16, reduce_dtype fp32); built on meta, then to_empty on the GPU
                and initialized there. torch's AdamW (fused on CUDA) over the trainable params.
+- fsdp2-offp:  the same with CPUOffloadPolicy(pin_memory=True) on every fully_shard: each group (a decoder
+               layer, the embedding, [norm, lm_head]) is made real on the GPU, initialized and sharded in turn,
+               FSDP2 moving its shard to pinned host memory, so the GPU never holds the base.
 
 Every row builds the base with the same name-seeded init (`SeededLlama`: each weight drawn from a generator seeded
 by its name, so the values do not depend on the engine or on the order it initializes in) and PEFT's LoRA init
@@ -48,8 +52,8 @@ import time
 import zlib
 from pathlib import Path
 
-ROWS = ("zl-z3", "zl-z3-offp", "ds-z3", "ds-z3-offp", "fsdp2")
-PEERS = {False: ("ds-z3", "fsdp2"), True: ("ds-z3-offp",)}  # by "offloads params"
+ROWS = ("zl-z3", "zl-z3-offp", "ds-z3", "ds-z3-offp", "fsdp2", "fsdp2-offp")
+PEERS = {False: ("ds-z3", "fsdp2"), True: ("ds-z3-offp", "fsdp2-offp")}  # by "offloads params"
 SIZES = {
     "8b": dict(  # Llama-3-8B
         hidden_size=4096,
@@ -64,6 +68,17 @@ SIZES = {
         hidden_size=8192,
         intermediate_size=22016,
         num_hidden_layers=48,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=32000,
+        rope_theta=1000000.0,
+    ),
+    # the 34b shape with 62 decoder layers (43.4e9 params): its bf16 base (80.9 GiB) is more than an 80 GB card
+    # holds (79.1 GiB), and at about 1.05x on the host with offload_param it fits a 125 GiB host
+    "40b": dict(
+        hidden_size=8192,
+        intermediate_size=22016,
+        num_hidden_layers=62,
         num_attention_heads=64,
         num_key_value_heads=8,
         vocab_size=32000,
@@ -167,9 +182,10 @@ def param_counts(model) -> tuple[int, int]:
     return trainable, total
 
 
-def _init_module_tree(model) -> None:
-    """The fsdp2 row's init after to_empty: HF's (seeded) init for the base's modules, PEFT's for each LoRA
-    layer's adapter (B = 0), as PEFT and transformers would have done on real tensors."""
+def _init_module_tree(model, roots=None) -> None:
+    """The fsdp2 rows' init after to_empty: HF's (seeded) init for the base's modules, PEFT's for each LoRA
+    layer's adapter (B = 0), as PEFT and transformers would have done on real tensors. roots: only the
+    modules of these subtrees (default: the whole model)."""
     import torch
     from peft.tuners.lora import LoraLayer
 
@@ -182,8 +198,9 @@ def _init_module_tree(model) -> None:
         if isinstance(getattr(layer, attr, None), torch.nn.Module)
         for m in getattr(layer, attr).modules()
     }
+    modules = model.modules() if roots is None else (m for root in roots for m in root.modules())
     with torch.no_grad():
-        for module in model.modules():
+        for module in modules:
             if isinstance(module, LoraLayer):
                 for adapter in module.lora_A.keys():
                     module.reset_lora_parameters(adapter, True)
@@ -249,8 +266,8 @@ def build_row(row: str, args, device):
                     out[name] = p.detach().float().cpu().clone()
             return out
 
-    elif row == "fsdp2":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    elif row in ("fsdp2", "fsdp2-offp"):
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         with torch.device("meta"):
             model = Seeded._from_config(config, dtype=bf16)
@@ -259,14 +276,19 @@ def build_row(row: str, args, device):
         for p in model.parameters():  # accelerate: fp32 master for what trains, the frozen base as loaded
             if p.requires_grad:
                 p.data = p.data.float()
-        model.to_empty(device=device)
-        _init_module_tree(model)
         kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=torch.float32)}
         base = model.get_base_model()
-        for layer in base.model.layers:
-            fully_shard(layer, **kw)
-        fully_shard(base.get_input_embeddings(), **kw)
-        fully_shard([base.model.norm, base.get_output_embeddings()], **kw, reshard_after_forward=False)
+        groups = [(layer,) for layer in base.model.layers] + [(base.get_input_embeddings(),)]
+        last = (base.model.norm, base.get_output_embeddings())
+        if row == "fsdp2":
+            model.to_empty(device=device)
+            _init_module_tree(model)
+            for (module,) in groups:
+                fully_shard(module, **kw)
+            fully_shard(list(last), **kw, reshard_after_forward=False)
+        else:
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+            _fsdp2_offload_build(model, [*groups, last], kw, device)
         fully_shard(model, **kw)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=LR, weight_decay=0.0, fused=device.type == "cuda")
@@ -285,6 +307,27 @@ def build_row(row: str, args, device):
     else:
         raise SystemExit(f"unknown row {row!r}; choose from {', '.join(ROWS)}")
     return step, state, {"trainable_params": trainable, "total_params": total}
+
+
+def _fsdp2_offload_build(model, groups, kw, device) -> None:
+    """fsdp2-offp: each group (a decoder layer; the embedding; the final norm with lm_head) made real on the
+    device, initialized and fully_shard-ed with CPUOffloadPolicy, whose FSDPParam moves the shard to (pinned)
+    host memory, before the next: the GPU never holds the base. What is left on meta (the rotary buffers) is
+    made real last; the caller wraps the root."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    for group in groups:
+        for module in group:
+            module.to_empty(device=device)
+        _init_module_tree(model, group)
+        fully_shard(list(group) if len(group) > 1 else group[0], **kw, reshard_after_forward=len(group) == 1)
+    base = model.get_base_model()
+    for module in model.modules():
+        if any(t.is_meta for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]):
+            module.to_empty(device=device, recurse=False)
+            with torch.no_grad():
+                base._init_weights(module)
 
 
 def _ds_counts(model) -> tuple[int, int]:

@@ -1,11 +1,12 @@
 """bench/lora.py on the CPU at its tiny Llama shape, world size 1 (gloo).
 
 Covers: the zl-z3 row (zerolaunch.initialize at stage 3 on a meta-built PeftModel), the fsdp2 row (FSDP2 +
-PEFT as accelerate prepares it) and the ds-z3 row (DeepSpeed ZeRO-3, built under zero.Init; when deepspeed is
+PEFT as accelerate prepares it), fsdp2-offp (the same with CPUOffloadPolicy, each group built and sharded in
+turn) and the ds-z3 row (DeepSpeed ZeRO-3, built under zero.Init; when deepspeed is
 installed) build the same LoRA model, count the adapter's params as LoRA's formula does, train three steps with
 finite losses, step only the adapter (every base weight keeps its value, the adapter's move), and agree on the
 first loss and the base's weights (name-seeded, whichever engine draws them; LoRA's B = 0: the first loss is
-the base's). Leaves out: the -offp rows, CUDA timing and memory peaks, the driver's subprocesses.
+the base's). Leaves out: the zl/ds -offp rows, CUDA timing and memory peaks, the driver's subprocesses.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ pytest.importorskip("transformers")
 
 SEQ, STEPS = 32, 3
 HAS_DS = importlib.util.find_spec("deepspeed") is not None
-ROWS = ("zl-z3", "fsdp2", *(("ds-z3",) if HAS_DS else ()))
+ROWS = ("zl-z3", "fsdp2", "fsdp2-offp", *(("ds-z3",) if HAS_DS else ()))
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def runs(lora, tmp_path_factory):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("row", ["zl-z3", "fsdp2", "ds-z3"])
+@pytest.mark.parametrize("row", ["zl-z3", "fsdp2", "fsdp2-offp", "ds-z3"])
 def test_row_trains_the_adapter_only(lora, runs, row):
     if row not in runs:
         pytest.skip("deepspeed is not installed")

@@ -136,6 +136,7 @@ def meta_adapter_init(model, base_init):
     from torch import nn
 
     adapter_modules: set[int] = set()
+    copies = _saved_module_copies(model)
     for layer in model.modules():
         if not isinstance(layer, LoraLayer):
             continue
@@ -147,6 +148,9 @@ def meta_adapter_init(model, base_init):
             _check_meta_init(model, adapter, layer)
 
     def init(module):
+        if id(module) in copies:
+            _copy_from_original(module, copies[id(module)])
+            return
         if id(module) in adapter_modules:
             return  # the LoRA layer above it initializes it
         if isinstance(module, LoraLayer):
@@ -186,3 +190,56 @@ def _init_adapter(model, layer, adapter: str) -> None:
                 nn.init.normal_(getattr(layer, attr)[adapter])
         return
     layer.reset_lora_parameters(adapter, mode)
+
+
+def saved_unit_problem(model, unit_names) -> str | None:
+    """Why a `modules_to_save` module cannot start as its original on a meta-built base: it is a ZeRO-3 unit
+    of its own (a decoder layer), sharded before its copy (another unit) is filled from it; else None."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    for name, wrapper in model.named_modules():
+        if isinstance(wrapper, ModulesToSaveWrapper) and type(wrapper.original_module).__name__ in unit_names:
+            short = name.removeprefix("base_model.model.")
+            return (
+                f"peft.modules_to_save names `{short}`, a whole ZeRO-3 unit ({type(wrapper.original_module).__name__}): "
+                "at stage 3 the base is built on the meta device and each unit sharded in turn, so its trainable "
+                "copy could not start as the pretrained original. Save a module inside a unit instead (e.g. "
+                f"`{short}.mlp`), or train at stage 2"
+            )
+    return None
+
+
+def _saved_module_copies(model) -> dict:
+    """id(module of a modules_to_save copy) -> the module of the original it copies. PEFT deep-copies each
+    `modules_to_save` module when it wraps it, so the trained copy starts as the pretrained original; on meta
+    there was nothing to copy yet, and the copy is filled from the original once the original is initialized
+    (before it in the unit's pre-order: the wrapper holds `original_module` first)."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    copies = {}
+    for wrapper in model.modules():
+        if not isinstance(wrapper, ModulesToSaveWrapper):
+            continue
+        originals = dict(wrapper.original_module.named_modules())
+        for copy in wrapper.modules_to_save.values():
+            for name, sub in copy.named_modules():
+                if name in originals:
+                    copies[id(sub)] = originals[name]
+    return copies
+
+
+def _copy_from_original(module, original) -> None:
+    for kind in ("_parameters", "_buffers"):
+        source = getattr(original, kind)
+        for key, tensor in getattr(module, kind).items():
+            value = source.get(key)
+            if tensor is None or value is None or tensor is value:
+                continue  # a tied copy shares the original's tensor (PEFT's tied_module): nothing to fill
+            if value.is_meta or value.untyped_storage().nbytes() == 0:
+                raise ValueError(
+                    "peft.modules_to_save: the copy of a module built on the meta device is filled from its "
+                    "original, whose values this rank no longer holds whole (the module is a ZeRO-3 unit of "
+                    "its own); save a module inside a unit (lm_head, a score head), or build the base with "
+                    "real weights before get_peft_model"
+                )
+            tensor.copy_(value.to(tensor.dtype))

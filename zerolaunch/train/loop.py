@@ -41,7 +41,7 @@ from zerolaunch.train.init_weights import attach_initial_weights, load_initial_w
 from zerolaunch.train.loss_norm import GlobalLossNorm, check_label_shift
 from zerolaunch.train.nonfinite import NonFiniteGuard
 from zerolaunch.train.reporting import StepReporter
-from zerolaunch.util.errors import TrainError
+from zerolaunch.util.errors import TrainError, UserError
 from zerolaunch.zero.protocol import StepInfo
 
 
@@ -76,6 +76,22 @@ def _with_meta_arg(recipe):
     if arg is None or arg in recipe.model.args:
         return recipe
     return replace(recipe, model=replace(recipe.model, args={**recipe.model.args, arg: True}))
+
+
+def _check_saved_units(model, recipe) -> None:
+    from zerolaunch.models.hf import unit_class_names
+    from zerolaunch.models.peft import saved_unit_problem
+
+    units = recipe.engine.zero.stage3_units or unit_class_names(model.get_base_model())
+    problem = saved_unit_problem(model, set(units))
+    if problem is not None:
+        raise UserError(f"{recipe.source or 'the recipe'}: {problem}")
+
+
+def _builds_hf_on_meta(recipe) -> bool:
+    """The builder builds on meta itself and names its meta argument (the HF builder)."""
+    fn = import_builder(recipe.model.builder, recipe.base_dir)
+    return getattr(fn, "meta_arg", None) is not None
 
 
 def _streamed_init_from(recipe):
@@ -152,12 +168,13 @@ class Trainer:
         recipe = self.recipe
         # weights to load need real tensors: meta construction only when the engine will initialise them,
         # from the builder's init or, for an HF model, from init_from's safetensors a unit at a time. A PEFT
-        # adapter is built over real weights: the engine's meta init knows the base model's names and init,
-        # not the adapter's (LoRA's B starts at zero)
-        streamed = _streamed_init_from(recipe) if recipe.peft is None else None
+        # adapter goes on meta only over an HF model (models/hf.py meta_init_fn: HF's init or the files for
+        # the base, PEFT's for the adapter); another builder's reset_parameters() would redraw LoRA's B
+        peft_on_meta = recipe.peft is None or _builds_hf_on_meta(recipe)
+        streamed = _streamed_init_from(recipe) if peft_on_meta else None
         on_meta = (
             recipe.engine.zero.stage == 3
-            and recipe.peft is None
+            and peft_on_meta
             and (not recipe.model.init_from or streamed is not None)
         )
         model = build_model(_with_meta_arg(recipe) if on_meta else recipe, meta_if_supported=on_meta)
@@ -169,6 +186,8 @@ class Trainer:
             from zerolaunch.models.peft import apply_peft
 
             model = apply_peft(model, recipe.peft, where=recipe.source or "the recipe")
+            if on_meta and recipe.peft.modules_to_save:
+                _check_saved_units(model, recipe)
         if recipe.train.activation_checkpointing:
             enable = getattr(model, "enable_activation_checkpointing", None)
             if enable is None:

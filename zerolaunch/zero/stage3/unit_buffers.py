@@ -53,7 +53,7 @@ import enum
 
 import torch
 
-from .. import comm, phases, placement
+from .. import comm, host_pinning, phases, placement
 from ..grad_shards import GradShards, GradSlice
 from ..layout import Fragment, ParamSpec
 from ..optim.nvme_store import SwapStore
@@ -138,7 +138,8 @@ class UnitFlat:
         """Where `shard` starts in this rank's shard of the whole unit (the frozen buckets' start when the
         trainable ones gather from the master)."""
         if shard_device is not None:
-            self.shard = placement.zeros(self.shard_numel, shard_device, pin=pin, dtype=dtype)
+            # exact size when pinned: held all run, a power-of-two block would waste up to half of it
+            self.shard = host_pinning.zeros(self.shard_numel, shard_device, pin=pin, dtype=dtype)
         self._swap: tuple[SwapStore, int] | None = None
         self._master: list[torch.Tensor] | None = None
         """Each bucket's fp32 master view when the unit gathers from it ([Note: gather from master])."""
