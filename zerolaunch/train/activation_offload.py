@@ -23,10 +23,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-MIN_OFFLOAD_BYTES = 1 << 20
-"""Smaller saved tensors stay on the device: their copies would cost more in launches than they free."""
-PREFETCH_BYTES = 1 << 30
-"""How far ahead of backward saved tensors are brought back (about one transformer layer's at 7B, mb 8)."""
+# the numbers estimate-memory prices this with (torch-free)
+from zerolaunch.memory.activation_offload import MIN_OFFLOAD_BYTES, PREFETCH_BYTES
 
 
 class _Saved:
