@@ -153,17 +153,16 @@ class ReducePipeline:
         """sum_on_device: the reduced grads into the unit's device sum; copied into the host shard when this
         backward ends the window ([Note: device-summed window])."""
         unit, key, flush = work.unit, id(work.unit), self.window_ends
-        if not accumulate:
-            # allocated on the compute stream, which frees it after the step (the reduce stream's work on it
-            # is ordered before the compute stream's next work by the wait below)
-            self._sums[key] = torch.empty(work.out.numel(), dtype=torch.float32, device=self.device)
-        total = self._sums[key]
 
         def write() -> None:
             if accumulate:
+                total = self._sums[key]
                 total.add_(work.out)
             else:
-                total.copy_(work.out)
+                # allocated on the stream that writes it first (the reduce stream for stage 2): a block freed
+                # by the compute stream after this reduce was issued may still be read by its queued kernels.
+                # The compute stream waits for this stream before it reads the sum or frees it after the step.
+                total = self._sums[key] = work.out.to(torch.float32, copy=True)
             if flush:
                 unit.write(total, accumulate=False, host_staging=None)
 
