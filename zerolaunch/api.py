@@ -204,7 +204,7 @@ class ZeroLaunchEngine:
             )
         if self._monitors is not None:
             self._losses.append(loss.detach().float())
-        self.engine.backward(loss)
+        self.engine.backward(loss, window_ends=self._boundary)
 
     def step(self):
         """Call after every backward; the optimizer steps at each accumulation boundary -> StepInfo."""

@@ -240,6 +240,11 @@ def print_estimate(est: Estimate, console) -> None:
     console.print(
         f"params {est.numel:,} ({_params(est.numel)}){frozen}, largest layer {est.largest_layer_numel:,}; "
         f"activation checkpointing {'on' if est.setup.activation_checkpointing else 'off'} in 'peak'"
+        + (
+            "; activation offload on (saved activations in host memory)"
+            if est.setup.activation_offload
+            else ""
+        )
     )
     console.print(render_gpu_table(est))
     console.print(render_host_table(est))
@@ -427,6 +432,7 @@ def _recipe_inputs(path, set_, world_size, lora=None):
     defaults = {
         "micro_batch": rec.train.micro_batch_size,
         "activation_checkpointing": rec.train.activation_checkpointing,
+        "activation_offload": rec.train.activation_offload,
     }
     if isinstance(seq, int):
         defaults["seq_len"] = seq

@@ -373,6 +373,7 @@ def resolve_train(
         activation_checkpointing=r.value(
             "train.activation_checkpointing", T + ("activation_checkpointing",), "bool", False
         ),
+        activation_offload=r.value("train.activation_offload", T + ("activation_offload",), "bool", False),
         compile=compile_on,
         compile_backend=compile_backend,
         compile_scope=compile_scope,

@@ -102,6 +102,9 @@ class TrainSection:
     """Where the run writes recipe.resolved.json, metrics.jsonl and logs (relative to the working dir)."""
     activation_checkpointing: bool = False
     """Recompute each repeated block's activations in backward (saves memory, costs ~1/3 more compute)."""
+    activation_offload: bool = False
+    """Keep the activations saved for backward in pinned host memory, copied out on a side stream as forward
+    runs and back ahead of backward (CUDA; a CPU run keeps them where they are and says so)."""
     compile: bool = False
     """torch.compile each repeated block (the stage 3 units: a transformer's layers) in place, at every
     stage; the first step includes the compile time (reported when it ends)."""

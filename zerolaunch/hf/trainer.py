@@ -272,8 +272,10 @@ class ZeroTrainerMixin:
 
     def _zero_backward(self, loss: torch.Tensor) -> None:
         engine = self.zero_engine
-        engine.backward(loss)
+        # accelerate sets sync_gradients before the micro-step: the engine learns the window's last backward
+        # ahead of it (offloaded grads go to the host from that backward: [Note: device-summed window])
         boundary = bool(self.accelerator.sync_gradients)
+        engine.backward(loss, window_ends=boundary)
         info = engine.step(boundary)
         if boundary:
             self.zero_step = info

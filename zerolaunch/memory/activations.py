@@ -27,6 +27,11 @@ def block_saved_bytes(arch: Arch, tokens: int, dtype_bytes: int, batch: int, seq
     return dtype_bytes * tokens * (9 * h + mlp) + 4 * tokens * 4 + 4 * batch * arch.n_head * seq_len
 
 
+def head_saved_bytes(arch: Arch, tokens: int, dtype_bytes: int) -> int:
+    """What the final norm keeps for backward: its input and output (the lm_head input) + fp32 mean/rstd."""
+    return dtype_bytes * tokens * 2 * arch.d_model + 8 * tokens
+
+
 def loss_peak_bytes(tokens: int, vocab_size: int, dtype_bytes: int, chunk_rows: int | None) -> int:
     """Peak bytes of the cross-entropy over (tokens, vocab) logits, forward and backward, on top of the
     blocks' saved tensors.
@@ -67,8 +72,7 @@ def activation_profile(arch: Arch | None, setup, *, checkpointing: bool) -> tupl
     tokens = setup.micro_batch * setup.seq_len
     h, V, L = arch.d_model, arch.vocab_size, arch.n_layer
     block = block_saved_bytes(arch, tokens, b, setup.micro_batch, setup.seq_len)
-    # ln_f input and output (the lm_head input), + ln_f's fp32 mean/rstd.
-    head_saved = b * tokens * 2 * h + 8 * tokens
+    head_saved = head_saved_bytes(arch, tokens, b)
     if arch.linear_loss_rows:
         loss_peak = linear_loss_peak_bytes(tokens, V, h, b, arch.linear_loss_rows)
     else:

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import asdict, dataclass, field, replace
 
 from zerolaunch.memory import engine_layout as el
-from zerolaunch.memory.activations import activation_profile
+from zerolaunch.memory.activation_offload import offloaded_host_bytes, profile_for
 from zerolaunch.memory.deepspeed import deepspeed_bytes
 from zerolaunch.memory.shape import ModelShape
 from zerolaunch.memory.sizes import DTYPE_BYTES, EstimateError, positive_int
@@ -50,6 +50,8 @@ class Setup:
     buffer with its own buckets; `fused_step`: [Note: compute-dtype grads] in zero/grad_shards.py), the
     buckets, the stage-3 budgets and offload_optimizer.buffer_count. Each row sets its own stage and offload.
     A bf16 `precision.master_dtype` is never offloaded, so only the rows without offload are estimated."""
+    activation_offload: bool = False
+    """train.activation_offload: the saved activations are priced in host memory (memory/activation_offload.py)."""
     gpu_memory_bytes: int | None = None
     cpu_memory_bytes: int | None = None
     """Host RAM per node; when known, a row also has to fit there."""
@@ -331,7 +333,7 @@ def _max_micro_batch(shape: ModelShape, setup: Setup, ckpt: bool, peak_of) -> in
         return None
 
     def fits(mb: int) -> bool:
-        profile = activation_profile(
+        profile = profile_for(setup)(
             shape.arch, dataclasses.replace(setup, micro_batch=mb), checkpointing=ckpt
         )
         return peak_of(profile) <= usable
@@ -371,7 +373,12 @@ def _states(shape: ModelShape, setup: Setup, stage: int, offload: str):
 
 
 def estimate(shape: ModelShape, setup: Setup) -> Estimate:
-    profiles = {ckpt: activation_profile(shape.arch, setup, checkpointing=ckpt) for ckpt in (False, True)}
+    profiles = {ckpt: profile_for(setup)(shape.arch, setup, checkpointing=ckpt) for ckpt in (False, True)}
+    offloaded = (
+        offloaded_host_bytes(shape.arch, setup, checkpointing=setup.activation_checkpointing)
+        if setup.activation_offload
+        else 0
+    )
     act, act_ckpt = ((p[0] if p else None) for p in (profiles[False], profiles[True]))
     est = Estimate(
         shape.source,
@@ -400,7 +407,7 @@ def estimate(shape: ModelShape, setup: Setup) -> Estimate:
             return _peak(resident, profile, gathered, staging, transient)
 
         total, total_ckpt = (peak_of(profiles[ckpt]) for ckpt in (False, True))
-        cpu_node = setup.gpus_per_node * sum(host.values())
+        cpu_node = setup.gpus_per_node * (sum(host.values()) + offloaded)
         # DeepSpeed's model_to_params counts every param, frozen ones too: its formulas know no frozen base
         all_numel = shape.numel + shape.frozen_numel
         ds_gpu, ds_cpu = deepspeed_bytes(all_numel, shape.largest_layer_numel, stage, offload, setup)

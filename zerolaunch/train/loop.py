@@ -13,6 +13,7 @@ sequences them (as torchtitan's trainer does).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from zerolaunch.config import import_builder
 from zerolaunch.models.compiling import compile_for
 from zerolaunch.report.mfu import hf_flops_per_token
 from zerolaunch.train import seeding, step_stats
+from zerolaunch.train.activation_offload import offload_activations
 from zerolaunch.train.batches import (
     BatchSource,
     PrefetchingSource,
@@ -117,6 +119,13 @@ class Trainer:
             p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values()
         )
         self.engine = build_engine(model, recipe.engine, group=ctx.group, device=ctx.device)
+        self.offload_activations = recipe.train.activation_offload and ctx.device.type == "cuda"
+        if recipe.train.activation_offload and not self.offload_activations and ctx.is_rank0:
+            print(
+                f"train.activation_offload: the run is on the {ctx.device.type}, where activations already "
+                "live in host memory; nothing is offloaded",
+                flush=True,
+            )
         # batches drawn, pinned and copied ahead of the step; the checkpoint counts the consumed ones
         self.source = PrefetchingSource(
             BatchSource(
@@ -227,6 +236,12 @@ class Trainer:
             flush=True,
         )
 
+    def _saved_activations(self):
+        """The context one forward runs in: train.activation_offload's ([Note: activation offload])."""
+        if not self.offload_activations:
+            return contextlib.nullcontext()
+        return offload_activations(self.model)
+
     def _build_reporter(self, first) -> StepReporter:
         recipe, ctx = self.recipe, self.ctx
         seq_tokens = tokens_in(first)
@@ -274,7 +289,9 @@ class Trainer:
         # drawn first: the loss is normalized over all of them ([Note: global loss normalization])
         batches = self.loss_norm.with_items([self._next_batch() for _ in range(self.gas)])
         for batch in batches:
-            loss = loss_of(forward(engine, batch))
+            with self._saved_activations():
+                out = forward(engine, batch)
+            loss = loss_of(out)
             engine.backward(loss)
             info = engine.step()
             # detach().float() of an fp32 loss is the loss itself: clone so the sum never aliases it

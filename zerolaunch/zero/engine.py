@@ -117,8 +117,12 @@ class Engine(EngineStateMixin):
             finally:
                 self.sharding.end_forward()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """loss * loss_scale / gradient_accumulation_steps, backward; the strategy's grad hooks reduce."""
+    def backward(self, loss: torch.Tensor, *, window_ends: bool | None = None) -> None:
+        """loss * loss_scale / gradient_accumulation_steps, backward; the strategy's grad hooks reduce.
+        window_ends: whether the step() after this backward will be a boundary, when the caller decides it
+        (DeepSpeed's set_gradient_accumulation_boundary before the backward); None: every
+        gradient_accumulation_steps-th. Only where offloaded grads go to the host (once, from the window's
+        last backward: [Note: device-summed window] in reduce.py); a wrong guess costs time, never values."""
         if loss.dim() != 0:
             raise ValueError(
                 f"engine.backward expects a scalar loss, got shape {tuple(loss.shape)}; "
@@ -126,7 +130,9 @@ class Engine(EngineStateMixin):
             )
         self._refuse_failed_window("backward")
         self.wait_for_step()
-        self.sharding.begin_backward()
+        if window_ends is None:
+            window_ends = (self.micro_steps + 1) % self.options.gradient_accumulation_steps == 0
+        self.sharding.begin_backward(window_ends)
         self._loss_nonfinite = note_nonfinite_loss(self._loss_nonfinite, loss)
         self._window_backwards += 1
         scale = self.scaler.scale / self.options.gradient_accumulation_steps

@@ -113,6 +113,13 @@ def host_waits_at_boundary(device_type: str, grad_shards_device_type: str) -> bo
     return grad_shards_device_type == "cpu" and device_type != "cpu"
 
 
+def sums_window_on_device(offload_optimizer: str, gradient_accumulation_steps: int) -> bool:
+    """Stages 2/3: a window's reduced grads are summed on the device and copied into the host grad shard once,
+    from its last backward ([Note: device-summed window] in reduce.py): grad shards off the device and more
+    than one micro-step a window."""
+    return offload_optimizer != "none" and gradient_accumulation_steps > 1
+
+
 def staging_limit(overlap: bool, max_in_flight: int = STAGING_MAX_IN_FLIGHT) -> int:
     """Staging buffers flat.BackwardReducer keeps before it waits for the oldest reduce-scatter."""
     return max(1, max_in_flight) if overlap else 1

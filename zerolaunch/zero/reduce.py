@@ -13,6 +13,8 @@ What is the same for both is this module's, as FSDP2's one `foreach_reduce` serv
   overwritten by the unit's first reduce of the window, added to after it (`GradWindow`) --, the one pinned
   host staging buffer of an accumulating copy to offloaded shards, and the device sum of squares of what was
   reduced (the norm's, when a window is one micro-step and the shards are on the host).
+- `[Note: device-summed window]`: with the optimizer offloaded and several micro-steps a window, the units'
+  reduced grads are summed on the device and reach the host shard once, from the window's last backward.
 - `DirectWrites`: world size 1 without offload (plan.accumulates_directly), where a reduce-scatter is the
   identity: each param's grad goes straight into its slice of the grad shard ([Note: world size 1] in
   flat/reducer.py, [Note: direct grads] in stage3/schedule.py).
@@ -66,6 +68,21 @@ class ReduceUnit(Protocol):
 
 
 class ReducePipeline:
+    """[Note: device-summed window]
+    With the grad shards on the host (optimizer offload) and a window of several micro-steps, writing every
+    micro-step's reduced grads into the host shard costs a device->host copy of the whole shard per
+    micro-step, and each accumulating add waits for its copy on the host (DeepSpeed's offload does the same
+    copy per micro-step). With `sum_on_device`, each unit's reduced grads are summed instead in an fp32
+    tensor on the device (`_sums`: overwritten by the unit's first reduce of the window, added to after it,
+    the same fp32 adds in micro-step order as the host path, so the same values bit for bit), and the sum is
+    copied into the host shard by the write of the backward expected to end the window (`window_ends`, set
+    by the engine before each backward): the copies then run per unit as that last backward reduces, behind
+    its remaining work, and every grad element crosses once a step. A boundary the caller sets earlier than
+    expected copies what is left at finish_window (`flush`); a later one copies again at the next flush.
+    The device sums are the window's final grads, so the norm's sum of squares is taken from them on the
+    device (`window_grad_sq`), not from the host shards. Cost: an fp32 copy of this rank's grad shard on the
+    device from the window's first backward to the step (freed by reset_accumulation)."""
+
     def __init__(
         self,
         units: Sequence[ReduceUnit],
@@ -75,12 +92,20 @@ class ReducePipeline:
         host_staging_numel: int,
         track_grad_sq: bool,
         write_on_reduce_stream: bool,
+        sum_on_device: bool = False,
     ):
         """units: every unit that may be issued. write_on_reduce_stream: a unit's write runs on the
         collective's stream, before the compute stream waits for it (`Pending.wait(then=)`), else on the
         compute stream after. host_staging_numel: the largest unit shard, for the pinned buffer an
-        accumulating copy to host shards lands in."""
+        accumulating copy to host shards lands in. sum_on_device: [Note: device-summed window]."""
         self.units = list(units)
+        self.sum_on_device = sum_on_device
+        self._sums: dict[int, torch.Tensor] = {}
+        """sum_on_device: id(unit) -> the window's fp32 sum of its reduced grads, on the device."""
+        self._unflushed: set[int] = set()
+        """sum_on_device: ids of units whose sum changed since it was last copied into the host shard."""
+        self.window_ends = True
+        """sum_on_device: the backward under way is expected to be its window's last (its writes flush)."""
         self.device = device
         self.shard_device = shard_device
         self._host_staging_numel = host_staging_numel
@@ -104,6 +129,10 @@ class ReducePipeline:
         work = self.in_flight.popleft()
         unit = work.unit
         accumulate = unit.window is GradWindow.ACCUMULATING
+        if self.sum_on_device:
+            self._complete_into_sum(work, accumulate)
+            unit.window = GradWindow.ACCUMULATING
+            return work
 
         def write() -> None:
             if self._grad_sq is not None:
@@ -119,6 +148,61 @@ class ReducePipeline:
                 write()
         unit.window = GradWindow.ACCUMULATING
         return work
+
+    def _complete_into_sum(self, work: ReduceWork, accumulate: bool) -> None:
+        """sum_on_device: the reduced grads into the unit's device sum; copied into the host shard when this
+        backward ends the window ([Note: device-summed window])."""
+        unit, key, flush = work.unit, id(work.unit), self.window_ends
+
+        def write() -> None:
+            if accumulate:
+                total = self._sums[key]
+                total.add_(work.out)
+            else:
+                # allocated on the stream that writes it first (the reduce stream for stage 2): a block freed
+                # by the compute stream after this reduce was issued may still be read by its queued kernels.
+                # The compute stream waits for this stream before it reads the sum or frees it after the step.
+                total = self._sums[key] = work.out.to(torch.float32, copy=True)
+            if flush:
+                unit.write(total, accumulate=False, host_staging=None)
+
+        with phases.phase(phases.REDUCE_WRITE):
+            if self.write_on_reduce_stream:
+                work.pending.wait(then=write)
+            else:
+                work.pending.wait()
+                write()
+        if flush:
+            self._unflushed.discard(key)
+        else:
+            self._unflushed.add(key)
+
+    def flush(self) -> None:
+        """At the boundary, with nothing in flight: the device sums not yet in the host shard are copied
+        there (a boundary earlier than the engine expected), on the compute stream."""
+        if not self._unflushed:
+            return
+        with phases.phase(phases.REDUCE_WRITE):
+            for unit in self.units:
+                if id(unit) in self._unflushed:
+                    unit.write(self._sums[id(unit)], accumulate=False, host_staging=None)
+        self._unflushed.clear()
+
+    def window_grad_sq(self) -> torch.Tensor | None:
+        """sum_on_device: the sum of squares of the window's grads, from the device sums (None when there
+        are none: no backward in the window, or not sum_on_device)."""
+        if not self._sums:
+            return None
+        return sum_of_squares(list(self._sums.values()))
+
+    @property
+    def device_sum_bytes(self) -> int:
+        """Bytes of the device sums held now ([Note: device-summed window])."""
+        return sum(4 * t.numel() for t in self._sums.values())
+
+    def _drop_sums(self) -> None:
+        self._sums.clear()
+        self._unflushed.clear()
 
     def drain(self) -> None:
         while self.in_flight:
@@ -139,9 +223,11 @@ class ReducePipeline:
         return sq
 
     def reset_accumulation(self) -> None:
-        """After a step: each unit's next reduced grads overwrite its grad shard (no zeroing pass)."""
+        """After a step: each unit's next reduced grads overwrite its grad shard (no zeroing pass); the
+        device sums are freed."""
         for unit in self.units:
             unit.window = GradWindow.FRESH
+        self._drop_sums()
 
     def reset_issued(self) -> None:
         self.issued_count = 0

@@ -120,8 +120,9 @@ class Sharding:
         needed; True when begun (end_forward closes it)."""
         return False
 
-    def begin_backward(self) -> None:
-        pass
+    def begin_backward(self, window_ends: bool = True) -> None:
+        """window_ends: the engine expects this backward to be its window's last ([Note: device-summed
+        window] in reduce.py: the strategies that sum offloaded grads on the device copy them out then)."""
 
     def abort_backward(self) -> None:
         """backward() raised: leave the hooks ready for the next forward."""

@@ -131,6 +131,9 @@ class FlatSharding(Sharding):
             self._register_publish_hooks()
 
     # ---- init -----------------------------------------------------------------------------------------
+    _pipeline = None
+    """Stage 2 (world size > 1 or offload): the BackwardReducer's reduce pipeline."""
+
     def _build_grad_path(self, direct: bool) -> reducer.GradPath:
         """How grads reach the fp32 shards, chosen once: straight from their hooks at world size 1, reduced
         from their hooks per bucket in stage 2, through full-size grad buffers reduced at the boundary in
@@ -154,7 +157,12 @@ class FlatSharding(Sharding):
                 comm_dtype=self.ctx.comm_dtype,
                 stats=self.ctx.stats,
                 track_grad_sq=self._device_grad_sq,
+                sum_on_device=plan.sums_window_on_device(
+                    self.ctx.options.zero.offload_optimizer.device,
+                    self.ctx.options.gradient_accumulation_steps,
+                ),
             )
+            self._pipeline = path.pipeline
         self._hook_handles = [
             self.named_params[slot.name].register_post_accumulate_grad_hook(path.hook_for(slot))
             for slot in self.layout.params
@@ -232,7 +240,9 @@ class FlatSharding(Sharding):
                     t.data.copy_(tmp)
 
     # ---- training step --------------------------------------------------------------------------------
-    def begin_backward(self) -> None:
+    def begin_backward(self, window_ends: bool = True) -> None:
+        if self._pipeline is not None:
+            self._pipeline.window_ends = window_ends
         self.reducer.begin_backward()
 
     def finish_backward(self) -> None:

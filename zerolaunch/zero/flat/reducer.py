@@ -227,7 +227,9 @@ class BackwardReducer(_HookedReducer):
         stats: comm.CommStats,
         max_in_flight: int = plan.STAGING_MAX_IN_FLIGHT,
         track_grad_sq: bool = False,
+        sum_on_device: bool = False,
     ):
+        """sum_on_device: [Note: device-summed window] in ../reduce.py."""
         self.layout = layout
         self.shards = shards
         """The fp32 grad shards; a bucket's segment is (re-)allocated before its first write ([Note: released
@@ -253,12 +255,27 @@ class BackwardReducer(_HookedReducer):
             track_grad_sq=track_grad_sq,
             # the reduced slice is added into the shard on the reduce stream (see above)
             write_on_reduce_stream=True,
+            sum_on_device=sum_on_device,
         )
 
     @property
     def issued_count(self) -> int:
         """Reduce-scatters issued since construction (tests read it from inside backward)."""
         return self.pipeline.issued_count
+
+    @property
+    def full_grad_bytes(self) -> int:
+        """The window's device sums of the reduced grads, when offloaded grads are summed on the device."""
+        return self.pipeline.device_sum_bytes
+
+    def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
+        if not self.pipeline.sum_on_device:
+            return super().finish_window(loss_nonfinite, backwards)
+        if self.busy:
+            self.finish_backward()
+        self.pipeline.flush()
+        # the device sums are the window's grads whatever its number of backwards
+        return self.pipeline.window_grad_sq(), loss_nonfinite
 
     @property
     def staging_bytes(self) -> int:

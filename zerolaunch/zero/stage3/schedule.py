@@ -124,6 +124,7 @@ class Stage3Schedule:
         track_grad_sq: bool = False,
         grad_shards: GradShards,
         direct: bool = False,
+        sum_on_device: bool = False,
     ):
         """flats[k] / params[k]: unit k's buffers and sharded params (None / [] when it has none); the last
         entry is the resident unit of persistent params (modules[-1] is None)."""
@@ -178,6 +179,7 @@ class Stage3Schedule:
             track_grad_sq=track_grad_sq,
             # the compute stream waits for the reduce-scatter, then adds its output into the shard
             write_on_reduce_stream=False,
+            sum_on_device=sum_on_device,
         )
         """The reduce-scatters in flight and their writes into the grad shard (../reduce.py)."""
         self.predicted: list[int] = [k for k in range(n - 1) if flats[k] is not None]
@@ -371,7 +373,8 @@ class Stage3Schedule:
         return root_numel + kept + largest <= self.max_live_numel
 
     # ---- backward ------------------------------------------------------------------------------------------
-    def begin_backward(self) -> None:
+    def begin_backward(self, window_ends: bool = True) -> None:
+        self.pipeline.window_ends = window_ends
         self.phase = SchedulePhase.BACKWARD
         # a unit with no trainable param and no hooked output has no backward: nothing to prefetch for it
         self._bwd_seq = [k for k in reversed(self.calls) if self._has_backward(k)]

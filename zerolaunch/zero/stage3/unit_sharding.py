@@ -24,7 +24,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from .. import comm, phases
+from .. import comm, phases, plan
 from ..grad_shards import GradShards
 from ..layout import ParamSpec
 from ..optim import nvme_store, shard_optimizer
@@ -140,6 +140,9 @@ class UnitSharding(UnitStateMixin, Sharding):
             and options.gradient_accumulation_steps == 1,
             grad_shards=self.grad_shards,
             direct=self._accumulates_directly(options),
+            sum_on_device=plan.sums_window_on_device(
+                zero_options.offload_optimizer.device, options.gradient_accumulation_steps
+            ),
         )
         self.grad_shards.release()  # not held before the first backward either
 
@@ -299,8 +302,8 @@ class UnitSharding(UnitStateMixin, Sharding):
     def open_forward(self) -> bool:
         return self.schedule.open_forward()
 
-    def begin_backward(self) -> None:
-        self.schedule.begin_backward()
+    def begin_backward(self, window_ends: bool = True) -> None:
+        self.schedule.begin_backward(window_ends)
 
     def abort_backward(self) -> None:
         self.schedule.abort_backward()
@@ -315,6 +318,14 @@ class UnitSharding(UnitStateMixin, Sharding):
         self.grad_shards.release()
 
     def finish_window(self, loss_nonfinite: torch.Tensor | None, backwards: int):
+        pipeline = self.schedule.pipeline
+        if pipeline.sum_on_device:
+            # [Note: device-summed window]: the sums are the window's grads whatever its number of backwards
+            pipeline.flush()
+            window_sq = pipeline.window_grad_sq()
+            self._await_host_grads()
+            self.grad_shards.zero_unwritten()
+            return window_sq, loss_nonfinite
         self._await_host_grads()
         self.grad_shards.zero_unwritten()  # segments no grad reached in this window (e.g. no backward)
         device_sq = self.schedule.take_grad_sq()
@@ -354,7 +365,7 @@ class UnitSharding(UnitStateMixin, Sharding):
         out = {
             "params": sum(f.shard_bytes_in_memory + f.full_bytes_alive for f in flats)
             + nbytes([p for _, p in self.frozen_params]),
-            "grads": self.grad_shards.capacity_bytes,
+            "grads": self.grad_shards.capacity_bytes + self.schedule.pipeline.device_sum_bytes,
             "buckets": self.schedule.staging_bytes,
         }
         # under nvme "optimizer" is the host staging buffers and "nvme" the bytes on disk.
