@@ -9,7 +9,9 @@ only the final norm's tensors move. Leaves out: the CUDA measurement (bench/ on 
 
 from __future__ import annotations
 
-from zerolaunch.memory.estimate import Setup, estimate
+from _estimate_setup import bf16_setup
+
+from zerolaunch.memory.estimate import estimate
 from zerolaunch.memory.shape import from_gpt_size
 
 L, H, HEADS, B, S = 24, 2048, 32, 8, 2048
@@ -21,7 +23,7 @@ GPUS = 2
 
 def _rows(**kw):
     shape = from_gpt_size("1.3b", seq_len=S)
-    setup = Setup(gpus_per_node=GPUS, micro_batch=B, seq_len=S, dtype="bf16", **kw)
+    setup = bf16_setup(gpus_per_node=GPUS, micro_batch=B, seq_len=S, **kw)
     return {(r.stage, r.offload): r for r in estimate(shape, setup).rows}
 
 

@@ -15,7 +15,7 @@ from zerolaunch.memory.activations import (
     activation_profile,
     block_saved_bytes,
     head_saved_bytes,
-    loss_peak_bytes,
+    model_loss_peak_bytes,
 )
 from zerolaunch.memory.arch import Arch
 
@@ -30,7 +30,7 @@ def _sizes(arch: Arch, setup) -> tuple[int, int, int, int]:
     b, tokens = setup.dtype_bytes, setup.micro_batch * setup.seq_len
     block = block_saved_bytes(arch, tokens, b, setup.micro_batch, setup.seq_len)
     grads = b * tokens * (arch.d_ff + 2 * arch.d_model)
-    loss = loss_peak_bytes(tokens, arch.vocab_size, b, arch.loss_chunk_rows)
+    loss = model_loss_peak_bytes(arch, tokens, b)
     return block, head_saved_bytes(arch, tokens, b), loss, grads
 
 

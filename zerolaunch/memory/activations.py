@@ -60,6 +60,16 @@ def activation_bytes(arch: Arch | None, setup, *, checkpointing: bool) -> int | 
     return None if profile is None else profile[0]
 
 
+def model_loss_peak_bytes(arch: Arch, tokens: int, dtype_bytes: int) -> int:
+    """The loss's peak for `arch`: the chunked linear + cross-entropy's when the model computes it so
+    (model.args.loss_chunk), else the cross-entropy over full logits (chunked rows or not)."""
+    if arch.linear_loss_rows:
+        return linear_loss_peak_bytes(
+            tokens, arch.vocab_size, arch.d_model, dtype_bytes, arch.linear_loss_rows
+        )
+    return loss_peak_bytes(tokens, arch.vocab_size, dtype_bytes, arch.loss_chunk_rows)
+
+
 def activation_profile(arch: Arch | None, setup, *, checkpointing: bool) -> tuple[int, int] | None:
     """(peak bytes, peak bytes once the loss's (tokens, vocab) tensors are freed) of one micro-batch.
 
@@ -70,13 +80,10 @@ def activation_profile(arch: Arch | None, setup, *, checkpointing: bool) -> tupl
         return None
     b = setup.dtype_bytes
     tokens = setup.micro_batch * setup.seq_len
-    h, V, L = arch.d_model, arch.vocab_size, arch.n_layer
+    h, L = arch.d_model, arch.n_layer
     block = block_saved_bytes(arch, tokens, b, setup.micro_batch, setup.seq_len)
     head_saved = head_saved_bytes(arch, tokens, b)
-    if arch.linear_loss_rows:
-        loss_peak = linear_loss_peak_bytes(tokens, V, h, b, arch.linear_loss_rows)
-    else:
-        loss_peak = loss_peak_bytes(tokens, V, b, arch.loss_chunk_rows)
+    loss_peak = model_loss_peak_bytes(arch, tokens, b)
     if not checkpointing:
         # The peak is at the start of backward: every block's saved tensors + the head + the loss tensors.
         saved = L * block + head_saved
