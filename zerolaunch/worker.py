@@ -138,7 +138,7 @@ def _output_path() -> str | None:
 
 def _main_on_disk(argv: list[str]) -> None:
     """_main, with a write the disk refused (full, read-only, no permission) said as one paragraph."""
-    from zerolaunch.disk_errors import disk_error, is_disk_error
+    from zerolaunch.util.disk_errors import disk_error, is_disk_error
 
     try:
         _main(argv)

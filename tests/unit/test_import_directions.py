@@ -1,7 +1,7 @@
 """The import directions between zerolaunch's packages (docs/ARCHITECTURE.md "Tree and import direction"),
 checked with ast over every import, module-level and lazy: a lower layer never reaches up, util/ imports
-nothing of ours, and config/'s modules import each other without a circle. zero/ has its own test
-(test_zero_imports.py)."""
+nothing of ours outside util/, the layers import each other without a circle, and so do config/'s modules.
+zero/ has its own test (test_zero_imports.py)."""
 
 import ast
 import pathlib
@@ -32,6 +32,8 @@ MUST_NOT_IMPORT = {
     "launch": {"train"},
     "config": {"checkpoint", "train", "launch", "cli"},
     "memory": {"train", "launch", "cli", "config"},
+    # report/ prints what the layers that run hand it; it reaches into none of them.
+    "report": {"api", "checkpoint", "cli", "config", "data", "hf", "launch", "memory", "train", "worker"},
 }
 
 
@@ -77,12 +79,45 @@ def test_lower_layers_do_not_reach_up():
     assert not bad, bad
 
 
+def _layer(path: pathlib.Path) -> str:
+    """The top-level package or module of zerolaunch that `path` belongs to ("report", "api", ...)."""
+    return path.relative_to(ROOT).parts[0].removesuffix(".py")
+
+
+def test_util_imports_nothing_of_ours_outside_util():
+    bad = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / "util").rglob("*.py"))
+        for module in sorted(_imports(path))
+        if module != "zerolaunch" and module.split(".")[1] != "util"
+    ]
+    assert not bad, bad
+
+
+def test_layers_import_each_other_without_a_circle():
+    """A circle between layers (report/ -> disk_errors.py -> report/format.py, say) means one of them sits on
+    the wrong floor: the shared piece belongs below both."""
+    layers = {_layer(p) for p in _files()}
+    edges = {name: set() for name in layers}
+    for path in _files():
+        for module in _imports(path):
+            target = module.split(".")[1] if module.count(".") else ""
+            if target in layers and target != _layer(path):
+                edges[_layer(path)].add(target)
+    _assert_no_circle(edges)
+
+
 def test_config_modules_import_each_other_without_a_circle():
     config = {_module_name(p): p for p in (ROOT / "config").glob("*.py") if p.name != "__init__.py"}
     edges = {
         name: {m for m in config if any(i == m or i.startswith(m + ".") for i in _imports(path))} - {name}
         for name, path in config.items()
     }
+    _assert_no_circle(edges)
+
+
+def _assert_no_circle(edges: dict[str, set[str]]) -> None:
+    """Depth-first over `edges`; the first circle found fails with its names in order."""
     done, on_path = set(), []
 
     def visit(name):
@@ -96,7 +131,7 @@ def test_config_modules_import_each_other_without_a_circle():
         on_path.pop()
         done.add(name)
 
-    for name in sorted(config):
+    for name in sorted(edges):
         visit(name)
 
 

@@ -32,8 +32,8 @@ from zerolaunch.checkpoint.outputs import ByteProgress, OutTensor
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import resolve_checkpoint
 from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
-from zerolaunch.disk_errors import disk_errors
 from zerolaunch.dtypes import DTYPES, torch_dtype
+from zerolaunch.util.disk_errors import disk_errors
 from zerolaunch.util.overlap import relation, some_entries
 
 FORMATS = ("safetensors", "torch")

@@ -41,7 +41,7 @@ from zerolaunch.checkpoint.manifest import (
 )
 from zerolaunch.checkpoint.model16 import frozen_names, wants_16bit_model, write_16bit_model
 from zerolaunch.checkpoint.tensorfile import dtype_name, write_safetensors
-from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
+from zerolaunch.util.disk_errors import disk_error, disk_errors, is_disk_error
 from zerolaunch.zero import comm
 
 LATEST_NAME = "latest"

@@ -48,7 +48,7 @@ from zerolaunch.data.readers import (
     read_records,
     said,
 )
-from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
+from zerolaunch.util.disk_errors import disk_error, disk_errors, is_disk_error
 
 FORMAT = "zerolaunch-tokens"
 VERSION = 1

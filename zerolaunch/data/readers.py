@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerolaunch.util.errors import UserError
+from zerolaunch.util.sizes import fmt_bytes
 
 MODES = ("text", "prompt-completion", "chat")
 TEXT_SUFFIXES = (".txt", ".md")
@@ -375,8 +376,6 @@ def _within(records: Iterator[Record], limit: int) -> Iterator[Record]:
 
 
 def too_long(where: str, nbytes: int, limit: int) -> DataError:
-    from zerolaunch.report.format import fmt_bytes
-
     return DataError(
         f"{where}: a document of {fmt_bytes(nbytes)}, over --max-document-bytes {fmt_bytes(limit)}; the "
         f"tokenizer would hold about {fmt_bytes(250 * nbytes)} of memory for it at once. Split it into "

@@ -172,7 +172,7 @@ def disk_problem(folders) -> Exception | None:
     """A DiskError when one of `folders` cannot take a small write (full, read-only, no permission),
     else None: the cause to name when the agent failed on a worker's unreadable error record."""
     from zerolaunch.checkpoint.atomic import writer_unique_name
-    from zerolaunch.disk_errors import disk_error, is_disk_error
+    from zerolaunch.util.disk_errors import disk_error, is_disk_error
 
     for folder in folders:
         probe = Path(folder) / writer_unique_name("zerolaunch-space-test")

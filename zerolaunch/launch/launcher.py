@@ -21,13 +21,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zerolaunch.disk_errors import disk_errors
 from zerolaunch.launch import env
 from zerolaunch.launch.devices import Workers, choose_workers
 from zerolaunch.launch.ports import LOOPBACK, LaunchError, check_endpoint, free_port, parse_endpoint
 from zerolaunch.launch.previous_run import check_previous_run, write_owner
 from zerolaunch.launch.runlock import RunLock, lock_name
 from zerolaunch.launch.writable import check_writable
+from zerolaunch.util.disk_errors import disk_errors
 
 RDZV_BACKENDS = ("c10d", "static")
 MONITOR_INTERVAL_SECONDS = 0.1

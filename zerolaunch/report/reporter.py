@@ -189,7 +189,7 @@ class Reporter:
         if self.history:
             for line in render_curve([m.step for m in self.history], [m.loss for m in self.history]):
                 self.console.print(line, markup=False, highlight=False, soft_wrap=True)
-        from zerolaunch.disk_errors import disk_errors
+        from zerolaunch.util.disk_errors import disk_errors
 
         with disk_errors(self.run_dir / "summary.json", fix="give the run another --run-dir"):
             (self.run_dir / "summary.json").write_text(
