@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from zerolaunch.config.errors import UserError
-    from zerolaunch.train.nonfinite import NONFINITE_EXIT_CODE, NonFiniteStop
+    from zerolaunch.train.nonfinite import NonFiniteStop
+    from zerolaunch.util.exit_codes import NONFINITE_EXIT_CODE
 
     USER_ERROR_EXIT_CODE = UserError.exit_code
 

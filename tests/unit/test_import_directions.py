@@ -140,11 +140,11 @@ def test_the_check_sees_a_reach_up(tmp_path):
     fake = ROOT / "checkpoint" / "_probe_not_a_module.py"
     assert _module_name(fake) == "zerolaunch.checkpoint._probe_not_a_module"
     source = tmp_path / "m.py"
-    source.write_text("from ..memory.sizes import parse_bytes\nimport zerolaunch.train.loop\n")
+    source.write_text("from ..memory.arch import x\nimport zerolaunch.train.loop\n")
     tree_imports = set()
     for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 2:
             tree_imports.add("zerolaunch." + node.module)
         elif isinstance(node, ast.Import):
             tree_imports |= {a.name for a in node.names}
-    assert tree_imports == {"zerolaunch.memory.sizes", "zerolaunch.train.loop"}
+    assert tree_imports == {"zerolaunch.memory.arch", "zerolaunch.train.loop"}

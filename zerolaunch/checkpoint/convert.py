@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path
 from zerolaunch.checkpoint.errors import CheckpointError
 from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_PEFT_KEY, HF_TOKENIZER_KEY
 from zerolaunch.checkpoint.manifest import MANIFEST_NAME
@@ -33,6 +32,7 @@ from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import resolve_checkpoint
 from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
 from zerolaunch.dtypes import DTYPES, torch_dtype
+from zerolaunch.util.atomic import TMP_PREFIX, publish, remove_path
 from zerolaunch.util.disk_errors import disk_errors
 from zerolaunch.util.overlap import relation, some_entries
 
@@ -113,7 +113,7 @@ def open_source(src: Path, *, verify: bool = True):
 
 
 def parse_size(text: str, what: str = "--max-shard-size") -> int:
-    """ "5GB" -> 5_000_000_000, "200MiB" -> 209_715_200: the one parser of every size option (memory/sizes.py)."""
+    """ "5GB" -> 5_000_000_000, "200MiB" -> 209_715_200: the one parser of every size option (util/sizes.py)."""
     from zerolaunch.util.sizes import EstimateError, parse_bytes
 
     try:

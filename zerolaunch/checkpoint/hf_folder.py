@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.atomic import TMP_PREFIX, fsync_path, publish, remove_path
 from zerolaunch.checkpoint.errors import CheckpointError
+from zerolaunch.util.atomic import TMP_PREFIX, fsync_path, publish, remove_path
 
 TOKENIZER_MARKERS = (
     "tokenizer_config.json",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.atomic import write_text_atomic
+from zerolaunch.util.atomic import write_text_atomic
 
 
 def _transformers():

@@ -59,7 +59,7 @@ def save_peft_adapter(
     save_pretrained, into a temp folder that is renamed into place (a reader sees the previous folder or the
     whole new one). tokenizer: a tokenizer or processor, or a folder holding one, written in by its own
     save_pretrained."""
-    from zerolaunch.checkpoint.atomic import TMP_PREFIX, fsync_path, publish, remove_path
+    from zerolaunch.util.atomic import TMP_PREFIX, fsync_path, publish, remove_path
     from zerolaunch.zero import comm
 
     rank0 = comm.rank(group) == 0

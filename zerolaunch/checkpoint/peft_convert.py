@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.atomic import TMP_PREFIX, fsync_path, publish, remove_path
 from zerolaunch.checkpoint.errors import CheckpointError
+from zerolaunch.util.atomic import TMP_PREFIX, fsync_path, publish, remove_path
 
 
 def write_peft_folder(

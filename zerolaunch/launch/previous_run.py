@@ -280,6 +280,6 @@ def write_owner(checkpoint_root, run_dir) -> None:
     root, run_dir = Path(checkpoint_root), Path(run_dir)
     if _inside(root, run_dir):
         return
-    from zerolaunch.checkpoint.atomic import write_text_atomic
+    from zerolaunch.util.atomic import write_text_atomic
 
     write_text_atomic(root / OWNER_NAME, json.dumps({"run_dir": str(run_dir.resolve())}) + "\n")

@@ -25,8 +25,8 @@ from zerolaunch.memory import engine_layout as el
 from zerolaunch.memory.activations import activation_profile
 from zerolaunch.memory.deepspeed import deepspeed_bytes
 from zerolaunch.memory.shape import ModelShape
-from zerolaunch.memory.sizes import DTYPE_BYTES, EstimateError, normalize_dtype, positive_int
 from zerolaunch.memory.stage3 import largest_unit_shard, stage3_states
+from zerolaunch.util.sizes import DTYPE_BYTES, EstimateError, normalize_dtype, positive_int
 from zerolaunch.zero.options import bucket_numel
 
 OFFLOADS = ("none", "optimizer-cpu", "optimizer+params-cpu", "optimizer-nvme", "optimizer+params-nvme")
