@@ -1,10 +1,12 @@
 """The import directions between zerolaunch's packages (docs/ARCHITECTURE.md "Tree and import direction"),
 checked with ast over every import, module-level and lazy: a lower layer never reaches up, util/ imports
-nothing of ours outside util/, the layers import each other without a circle, and so do config/'s modules.
+nothing of ours outside util/, the layers import each other without a circle, and so do config/'s and data/'s modules.
 zero/ has its own test (test_zero_imports.py)."""
 
 import ast
 import pathlib
+
+import pytest
 
 import zerolaunch
 
@@ -107,11 +109,12 @@ def test_layers_import_each_other_without_a_circle():
     _assert_no_circle(edges)
 
 
-def test_config_modules_import_each_other_without_a_circle():
-    config = {_module_name(p): p for p in (ROOT / "config").glob("*.py") if p.name != "__init__.py"}
+@pytest.mark.parametrize("package", ["config", "data"])
+def test_a_package_s_modules_import_each_other_without_a_circle(package):
+    modules = {_module_name(p): p for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"}
     edges = {
-        name: {m for m in config if any(i == m or i.startswith(m + ".") for i in _imports(path))} - {name}
-        for name, path in config.items()
+        name: {m for m in modules if any(i == m or i.startswith(m + ".") for i in _imports(path))} - {name}
+        for name, path in modules.items()
     }
     _assert_no_circle(edges)
 

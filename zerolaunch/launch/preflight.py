@@ -141,7 +141,7 @@ def check_vocab_fits(recipe, where: str) -> None:
     if model is None:
         return
     model_vocab, model_where = model
-    from zerolaunch.data.prepare import read_manifest
+    from zerolaunch.data.manifest import read_manifest
     from zerolaunch.data.readers import DataError
 
     folders = [
