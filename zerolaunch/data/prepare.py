@@ -50,6 +50,7 @@ from zerolaunch.data.readers import (
 )
 from zerolaunch.util.atomic import fsync_path
 from zerolaunch.util.disk_errors import disk_error, disk_errors, is_disk_error
+from zerolaunch.util.sizes import EstimateError, parse_bytes
 
 CHUNK_RECORDS = 512
 """Records per tokenization task: large enough for the fast tokenizer's batch call, small for the ordered queue."""
@@ -198,8 +199,6 @@ class _Progress:
 
 def parse_document_limit(text: str) -> int | None:
     """--max-document-bytes: a size ("8MiB", "50MB") or "none"."""
-    from zerolaunch.util.sizes import EstimateError, parse_bytes
-
     if text.strip().lower() == "none":
         return None
     try:

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from zerolaunch.util.errors import UserError
+
 RECIPE_ENV = "ZEROLAUNCH_RECIPE"
 """Path of the resolved recipe JSON of the run that started this process; `initialize(model)` reads it."""
 BACKEND_ENV = "ZEROLAUNCH_BACKEND"
@@ -95,8 +97,6 @@ def script_timeout_s() -> float | None:
     except ValueError:
         seconds = float("nan")
     if not 0 < seconds < float("inf"):
-        from zerolaunch.config.errors import UserError
-
         raise UserError(
             f"{TIMEOUT_ENV}={raw!r} is not a positive number of seconds: set it to the collective timeout you "
             f"want (e.g. {TIMEOUT_ENV}=600), or unset it for the default {DEFAULT_SCRIPT_TIMEOUT_SECONDS:g} s"
