@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from zerolaunch.config.errors import UserError
-    from zerolaunch.train.nonfinite import NONFINITE_EXIT_CODE, NonFiniteStop
+    from zerolaunch.train.nonfinite import NonFiniteStop
+    from zerolaunch.util.exit_codes import NONFINITE_EXIT_CODE
 
     USER_ERROR_EXIT_CODE = UserError.exit_code
 
@@ -138,7 +139,7 @@ def _output_path() -> str | None:
 
 def _main_on_disk(argv: list[str]) -> None:
     """_main, with a write the disk refused (full, read-only, no permission) said as one paragraph."""
-    from zerolaunch.disk_errors import disk_error, is_disk_error
+    from zerolaunch.util.disk_errors import disk_error, is_disk_error
 
     try:
         _main(argv)

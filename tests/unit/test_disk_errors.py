@@ -1,5 +1,5 @@
 """A write the disk refuses (full, read-only, no permission) is one paragraph naming the path, the error and
-the bytes: the shared helper (zerolaunch/disk_errors.py), a checkpoint save (no `.tmp-step_*` left, the
+the bytes: the shared helper (zerolaunch/util/disk_errors.py), a checkpoint save (no `.tmp-step_*` left, the
 previous checkpoint and `latest` intact), convert-checkpoint (no temp folder left), metrics.jsonl, and the
 launcher's side (worker error records kept off the run dir, the dying traceback kept out of the echo, the
 full disk named when torch's agent cannot read a record).
@@ -21,7 +21,7 @@ import torch
 from _fake_engine import FakeEngine, FakeTensorSpec
 
 from zerolaunch.checkpoint.save import latest_checkpoint, save_checkpoint
-from zerolaunch.disk_errors import DiskError, disk_error, disk_errors
+from zerolaunch.util.disk_errors import DiskError, disk_error, disk_errors
 
 SPECS = [
     FakeTensorSpec("w", (64, 1024), torch.float32, True),

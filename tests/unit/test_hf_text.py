@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from zerolaunch.data import hf_text
+from zerolaunch.data.encode import load_tokenizer
+from zerolaunch.data.readers import DataError
 
 
 def _write(tmp_path, name, text):
@@ -32,6 +34,19 @@ def test_jsonl_and_directory(tmp_path):
     _write(d, "a.txt", "first")
     _write(d, "ignored.bin", "xx")
     assert hf_text.read_documents(d, text_key="body") == ["first", "second", "third"]
+
+
+def test_files_are_read_by_prepare_data_readers(tmp_path):
+    """The byte-level path reads what prepare-data reads (a .jsonl.gz's records, not its compressed bytes)
+    and, in a folder, source code too."""
+    import gzip
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    with gzip.open(d / "a.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write(json.dumps({"text": "zipped"}) + "\n")
+    _write(d, "b.py", "print(1)")
+    assert hf_text.read_documents(d) == ["zipped", "print(1)"]
 
 
 def test_batches_follow_hf_label_convention_and_ranks_are_disjoint(tmp_path):
@@ -73,16 +88,16 @@ def test_stream_is_reproducible_and_resumable(tmp_path):
 
 
 def test_missing_path_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(DataError, match=r"data.args.path: .*nope.txt: no such file"):
         hf_text.build(rank=0, world_size=1, micro_batch_size=1, seed=0, path=str(tmp_path / "nope.txt"))
 
 
 def test_bad_jsonl_lines_name_file_and_line(tmp_path):
     bad = _write(tmp_path, "bad.jsonl", '{"text": "ok"}\n{not json\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
+    with pytest.raises(DataError, match=r"bad.jsonl:2: broken JSON"):
         hf_text.read_documents(bad)
     nokey = _write(tmp_path, "nokey.jsonl", '{"content": "x"}\n')
-    with pytest.raises(ValueError, match=r"nokey.jsonl:1: no string field 'text'.*text_key"):
+    with pytest.raises(DataError, match=r"nokey.jsonl:1: no key 'text'.*data.args.text_key"):
         hf_text.read_documents(nokey)
 
 
@@ -95,8 +110,8 @@ def test_too_little_text_and_bad_sizes(tmp_path):
 
 
 def test_tokenizer_must_be_a_local_directory(tmp_path):
-    with pytest.raises(FileNotFoundError, match="never downloads"):
-        hf_text.load_tokenizer("gpt2")
+    with pytest.raises(DataError, match="never downloads"):
+        load_tokenizer("gpt2")
 
 
 def test_local_tokenizer_directory(tmp_path):

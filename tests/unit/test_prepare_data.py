@@ -244,3 +244,17 @@ def test_a_killed_run_leaves_no_output_and_the_rerun_gives_the_same_bytes(tmp_pa
     assert not _partials(tmp_path, "out")
     for name in ("tokens-00000.bin", "documents.idx", "manifest.json"):
         assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
+
+
+def test_the_folder_and_its_name_are_fsynced_with_the_shared_helper(tmp_path, tok_dir, monkeypatch):
+    """The finished folder is fsynced before its rename and OUT's parent after it, through util/atomic.py's
+    fsync_path, the one fsync helper (its crash-safety tests cover this path too)."""
+    from zerolaunch.data import prepare
+    from zerolaunch.util.atomic import fsync_path
+
+    synced = []
+    monkeypatch.setattr(prepare, "fsync_path", lambda p: (synced.append(Path(p)), fsync_path(p))[1])
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    assert _run(tmp_path / "a.jsonl", "--tokenizer", tok_dir, "--out", tmp_path / "out")[0] == 0
+    assert [p.name.startswith(".out.partial") for p in synced] == [True, False]
+    assert synced[1] == tmp_path

@@ -4,7 +4,6 @@ import math
 
 from zerolaunch.report.format import (
     byte_unit,
-    fmt_bytes,
     fmt_decimal_bytes,
     fmt_eta,
     fmt_float,
@@ -13,6 +12,7 @@ from zerolaunch.report.format import (
     fmt_seconds,
     fmt_tflops,
 )
+from zerolaunch.util.sizes import fmt_bytes
 
 
 def test_bytes_binary_and_decimal():

@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-from zerolaunch.checkpoint import atomic
 from zerolaunch.config import load_recipe
 from zerolaunch.config.load import RESOLVED_NAME, load_resolved, save_resolved
+from zerolaunch.util import atomic
 
 RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
 

@@ -24,17 +24,22 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path
+from zerolaunch.checkpoint import hf_folder, hf_out
+from zerolaunch.checkpoint.deepspeed import DeepSpeedSource, find_deepspeed_checkpoint
 from zerolaunch.checkpoint.errors import CheckpointError
 from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_PEFT_KEY, HF_TOKENIZER_KEY
 from zerolaunch.checkpoint.manifest import MANIFEST_NAME
 from zerolaunch.checkpoint.outputs import ByteProgress, OutTensor
+from zerolaunch.checkpoint.peft_convert import write_peft_folder
 from zerolaunch.checkpoint.reader import CheckpointReader
+from zerolaunch.checkpoint.reshard import reshard_checkpoint
 from zerolaunch.checkpoint.save import resolve_checkpoint
 from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
-from zerolaunch.disk_errors import disk_errors
 from zerolaunch.dtypes import DTYPES, torch_dtype
+from zerolaunch.util.atomic import TMP_PREFIX, publish, remove_path
+from zerolaunch.util.disk_errors import disk_errors
 from zerolaunch.util.overlap import relation, some_entries
+from zerolaunch.util.sizes import EstimateError, parse_bytes
 
 FORMATS = ("safetensors", "torch")
 
@@ -102,7 +107,6 @@ def open_source(src: Path, *, verify: bool = True):
     src = Path(src)
     if not src.exists():
         raise CheckpointError(f"{src} does not exist")
-    from zerolaunch.checkpoint.deepspeed import DeepSpeedSource, find_deepspeed_checkpoint
 
     ds_folder = find_deepspeed_checkpoint(src)
     if ds_folder is not None:
@@ -113,9 +117,7 @@ def open_source(src: Path, *, verify: bool = True):
 
 
 def parse_size(text: str, what: str = "--max-shard-size") -> int:
-    """ "5GB" -> 5_000_000_000, "200MiB" -> 209_715_200: the one parser of every size option (memory/sizes.py)."""
-    from zerolaunch.util.sizes import EstimateError, parse_bytes
-
+    """ "5GB" -> 5_000_000_000, "200MiB" -> 209_715_200: the one parser of every size option (util/sizes.py)."""
     try:
         return parse_bytes(text, what, example="5GB")
     except EstimateError as exc:
@@ -166,8 +168,6 @@ def convert_checkpoint(
     # a full, read-only or forbidden OUT: one paragraph; the writers below remove their temp folder
     where = {"path": out, "what": "the converted checkpoint", "fix": "give another OUT folder"}
     if to_world_size is not None:
-        from zerolaunch.checkpoint.reshard import reshard_checkpoint
-
         with disk_errors(**where):
             return reshard_checkpoint(src, out, to_world_size, progress=progress, verify=verify)
     source = open_source(src, verify=verify)
@@ -184,8 +184,6 @@ def convert_checkpoint(
             if out.suffix in (".safetensors", ".bin", ".pt"):
                 _write_file(source, out, fmt, torch_dtype(dtype), max_shard_bytes, progress)
             elif peft is not None:
-                from zerolaunch.checkpoint.peft_convert import write_peft_folder
-
                 write_peft_folder(
                     source,
                     out,
@@ -293,9 +291,6 @@ def _write_folder(source, out: Path, fmt: str, dtype: torch.dtype, max_shard_byt
     and layout reversed through transformers' conversion mapping (hf_out.save_plan), files split by
     huggingface_hub's shard planner, config.json, generation_config.json and the tokenizer when the
     checkpoint carries an HF config / tokenizer folder. One conversion group is in memory at a time."""
-    from zerolaunch.checkpoint import hf_out
-    from zerolaunch.checkpoint.hf_folder import HFFolderWriter
-
     tensors = _tensors(source)
     config = getattr(source, "hf_config", lambda: None)()
     if config is not None:
@@ -311,7 +306,7 @@ def _write_folder(source, out: Path, fmt: str, dtype: torch.dtype, max_shard_byt
         [(n, tuple(outputs[n].shape), outputs[n].dtype) for n in names]
         for names in hf_out.plan_shards(outputs, max_shard_bytes, hf_model=config is not None)
     ]
-    writer = HFFolderWriter(out, fmt=fmt)
+    writer = hf_folder.HFFolderWriter(out, fmt=fmt)
     try:
         with ByteProgress(progress, sum(_sizes(tensors, dtype)), source.description) as bar:
             converted = _converted(source, plan, by_name, dtype, bar.advance, shared=fmt == "torch")

@@ -27,8 +27,11 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.atomic import TMP_PREFIX, fsync_path, publish, remove_path
 from zerolaunch.checkpoint.errors import CheckpointError
+from zerolaunch.checkpoint.hf_out import index_dict, write_side_files
+from zerolaunch.checkpoint.tensorfile import SafetensorsWriter
+from zerolaunch.models.hf import _transformers
+from zerolaunch.util.atomic import TMP_PREFIX, fsync_path, publish, remove_path
 
 TOKENIZER_MARKERS = (
     "tokenizer_config.json",
@@ -50,8 +53,6 @@ def has_tokenizer(folder: Path) -> bool:
 def load_tokenizer(folder: Path):
     """The processor of `folder` (AutoProcessor), else its tokenizer (AutoTokenizer), offline; or a clear
     error. Whatever loads is written back by its own save_pretrained, file names and all."""
-    from zerolaunch.models.hf import _transformers
-
     transformers = _transformers()
     errors = []
     for cls in (transformers.AutoProcessor, transformers.AutoTokenizer):
@@ -142,8 +143,6 @@ class HFFolderWriter:
         safetensors streams them, torch.save holds the part (and saves a tied alias as one shared tensor)."""
         path = self._part_path(len(self._parts))
         if self.fmt == "safetensors":
-            from zerolaunch.checkpoint.tensorfile import SafetensorsWriter
-
             writer = SafetensorsWriter(path, entries, metadata={"format": "pt"})
             try:
                 for (name, _, _), tensor in zip(entries, tensors, strict=True):
@@ -165,7 +164,6 @@ class HFFolderWriter:
         then fills them in any order."""
         if self.fmt != "safetensors":
             raise CheckpointError("open_shards writes safetensors files; torch files go through write_part")
-        from zerolaunch.checkpoint.tensorfile import SafetensorsWriter
 
         for i, entries in enumerate(shards):
             self._open.append(SafetensorsWriter(self._part_path(i), entries, metadata={"format": "pt"}))
@@ -205,8 +203,6 @@ class HFFolderWriter:
             os.replace(self.tmp / f".part-{i}.{ext}", self.tmp / final)
             weight_map.update(dict.fromkeys(names, final))
         if n > 1:
-            from zerolaunch.checkpoint.hf_out import index_dict
-
             index = index_dict(weight_map, self.total_bytes, self.total_numel)
             # save_pretrained's format: indent 2, sorted keys, a final newline
             self._write_text(f"{stem}.{ext}.index.json", json.dumps(index, indent=2, sort_keys=True) + "\n")
@@ -214,8 +210,6 @@ class HFFolderWriter:
         if config is not None and tokenizer is not None:
             config = _with_tokenizer_ids(config, tokenizer)
         if config is not None:
-            from zerolaunch.checkpoint.hf_out import write_side_files
-
             write_side_files(
                 self.tmp, config, self.weights_dtype, architecture=architecture, live_model=live_model
             )

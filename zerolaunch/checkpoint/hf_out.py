@@ -20,13 +20,9 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.atomic import write_text_atomic
-
-
-def _transformers():
-    from zerolaunch.models.hf import _transformers as load
-
-    return load()
+from zerolaunch.models.hf import _transformers
+from zerolaunch.models.hf_mapping import SavePlan
+from zerolaunch.util.atomic import write_text_atomic
 
 
 def _config_object(config: dict):
@@ -141,8 +137,6 @@ def meta_model(config: dict | None):
 def save_plan(model, names: list[str]):
     """models/hf_mapping.SavePlan of `names` (in-memory names, tied aliases already dropped), listed in the
     model's state_dict order as save_pretrained lists them; the identity for no model."""
-    from zerolaunch.models.hf_mapping import SavePlan
-
     if model is None:
         return SavePlan(None, names)
     order = {n: i for i, n in enumerate(model.state_dict())}

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from zerolaunch.checkpoint.contract import CheckpointEngine, ParamSpecLike
+from zerolaunch.checkpoint.deepspeed import find_deepspeed_checkpoint
 from zerolaunch.checkpoint.errors import CheckpointError
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import resolve_checkpoint
@@ -67,8 +68,6 @@ def load_checkpoint(
     `path_or_root` is a checkpoint folder or a root with `latest`. At another world size, ranks beyond
     the saved world size get rank 0's `extra` (RNG streams cannot be re-sliced; the data position can).
     """
-    from zerolaunch.checkpoint.deepspeed import find_deepspeed_checkpoint
-
     if find_deepspeed_checkpoint(Path(path_or_root)) is not None:
         raise CheckpointError(
             f"{path_or_root} is a DeepSpeed checkpoint: --resume continues zerolaunch checkpoints only (their "

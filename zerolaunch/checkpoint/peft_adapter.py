@@ -19,7 +19,10 @@ from pathlib import Path
 import torch
 
 from zerolaunch.checkpoint.contract import ParamSpecLike
+from zerolaunch.checkpoint.hf_folder import load_tokenizer
 from zerolaunch.models.peft import is_peft_model
+from zerolaunch.util.atomic import TMP_PREFIX, fsync_path, publish, remove_path
+from zerolaunch.zero import comm
 
 __all__ = ["adapter_source_names", "is_peft_model", "save_peft_adapter"]
 
@@ -59,9 +62,6 @@ def save_peft_adapter(
     save_pretrained, into a temp folder that is renamed into place (a reader sees the previous folder or the
     whole new one). tokenizer: a tokenizer or processor, or a folder holding one, written in by its own
     save_pretrained."""
-    from zerolaunch.checkpoint.atomic import TMP_PREFIX, fsync_path, publish, remove_path
-    from zerolaunch.zero import comm
-
     rank0 = comm.rank(group) == 0
     wanted = adapter_source_names(model)
     # a tied alias is yielded once, under its source's name
@@ -93,7 +93,5 @@ def save_peft_adapter(
 
 def _save_tokenizer(tokenizer, folder: Path) -> None:
     if not hasattr(tokenizer, "save_pretrained"):
-        from zerolaunch.checkpoint.hf_folder import load_tokenizer
-
         tokenizer = load_tokenizer(Path(tokenizer))
     tokenizer.save_pretrained(str(folder))

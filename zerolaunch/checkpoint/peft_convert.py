@@ -15,15 +15,17 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.atomic import TMP_PREFIX, fsync_path, publish, remove_path
 from zerolaunch.checkpoint.errors import CheckpointError
+from zerolaunch.checkpoint.hf_folder import load_tokenizer
+from zerolaunch.checkpoint.hf_out import _config_object
+from zerolaunch.checkpoint.peft_adapter import adapter_source_names
+from zerolaunch.models.peft import import_peft
+from zerolaunch.util.atomic import TMP_PREFIX, fsync_path, publish, remove_path
 
 
 def write_peft_folder(
     source, out: Path, *, merge: bool, fmt: str, dtype: torch.dtype, max_shard_bytes: int | None
 ) -> None:
-    from zerolaunch.checkpoint.peft_adapter import adapter_source_names
-
     record, config = source.peft_record(), source.hf_config()
     if config is None:
         raise CheckpointError(f"{source.description} holds a PEFT adapter but no base model config")
@@ -45,8 +47,6 @@ def write_peft_folder(
             model.save_pretrained(str(tmp), state_dict=state, safe_serialization=fmt == "safetensors")
         tokenizer = source.hf_tokenizer_dir()
         if tokenizer is not None:
-            from zerolaunch.checkpoint.hf_folder import load_tokenizer
-
             load_tokenizer(tokenizer).save_pretrained(str(tmp))
         for path in tmp.iterdir():
             fsync_path(path)
@@ -87,9 +87,6 @@ def _load_all(source, model) -> None:
 def rebuild(base_config: dict, adapter: dict, *, meta: bool):
     """The PeftModel a checkpoint was trained as: the HF causal LM of `base_config` (on meta, or on the CPU
     with its init) under the recorded adapter config."""
-    from zerolaunch.checkpoint.hf_out import _config_object
-    from zerolaunch.models.peft import import_peft
-
     peft = import_peft()
     config_class, transformers = _config_object(base_config)
     if config_class is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.atomic import TMP_PREFIX, publish, remove_path, write_json
+from zerolaunch.checkpoint.deepspeed import find_deepspeed_checkpoint
 from zerolaunch.checkpoint.errors import CheckpointError
 from zerolaunch.checkpoint.extra import encode_extra
 from zerolaunch.checkpoint.manifest import MANIFEST_NAME, RankEntry, fragment_key, rank_file_name
@@ -25,6 +25,7 @@ from zerolaunch.checkpoint.outputs import ByteProgress
 from zerolaunch.checkpoint.reader import CheckpointReader
 from zerolaunch.checkpoint.save import resolve_checkpoint
 from zerolaunch.checkpoint.tensorfile import SafetensorsWriter, dtype_from_name
+from zerolaunch.util.atomic import TMP_PREFIX, publish, remove_path, write_json
 from zerolaunch.zero.layout import ParamSpec, plan_layout
 
 _DEFAULT_BUCKET_NUMEL = 500_000_000
@@ -33,7 +34,6 @@ _DEFAULT_BUCKET_NUMEL = 500_000_000
 def reshard_checkpoint(src, out, world_size: int, *, progress: bool = False, verify: bool = True) -> Path:
     if world_size < 1:
         raise CheckpointError(f"--to-world-size must be >= 1, got {world_size}")
-    from zerolaunch.checkpoint.deepspeed import find_deepspeed_checkpoint
 
     if find_deepspeed_checkpoint(Path(src)) is not None:
         raise CheckpointError(

@@ -19,15 +19,6 @@ from pathlib import Path
 
 import torch
 
-from zerolaunch.checkpoint.atomic import (
-    TMP_PREFIX,
-    clean_stale,
-    publish,
-    remove_path,
-    remove_tree,
-    write_json,
-    write_text_atomic,
-)
 from zerolaunch.checkpoint.contract import CheckpointEngine, ParamSpecLike
 from zerolaunch.checkpoint.errors import CheckpointError
 from zerolaunch.checkpoint.extra import encode_extra
@@ -41,7 +32,16 @@ from zerolaunch.checkpoint.manifest import (
 )
 from zerolaunch.checkpoint.model16 import frozen_names, wants_16bit_model, write_16bit_model
 from zerolaunch.checkpoint.tensorfile import dtype_name, write_safetensors
-from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
+from zerolaunch.util.atomic import (
+    TMP_PREFIX,
+    clean_stale,
+    publish,
+    remove_path,
+    remove_tree,
+    write_json,
+    write_text_atomic,
+)
+from zerolaunch.util.disk_errors import disk_error, disk_errors, is_disk_error
 from zerolaunch.zero import comm
 
 LATEST_NAME = "latest"

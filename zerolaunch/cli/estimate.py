@@ -390,7 +390,7 @@ def _engine_with_dtype(engine, dtype: str | None):
 
 def _lora_flags(rank: int | None, targets: str | None) -> tuple[int, tuple[str, ...] | None] | None:
     from zerolaunch.memory import EstimateError
-    from zerolaunch.memory.sizes import positive_int
+    from zerolaunch.util.sizes import positive_int
 
     if rank is None:
         if targets is not None:

@@ -506,7 +506,7 @@ def save_resolved(recipe: Recipe, run_dir: str | os.PathLike[str]) -> FsPath:
     """Write run_dir/recipe.resolved.json (via a temp file + rename, so a reader never sees half a file).
 
     Every node of a multi-node run writes it into the shared run_dir at about the same moment: each writer
-    uses its own temp name (see checkpoint.atomic.writer_unique_name), or one node's rename fails and that
+    uses its own temp name (see util.atomic.writer_unique_name), or one node's rename fails and that
     launcher dies before the rendezvous while its peers wait for it."""
     from zerolaunch.util.atomic import write_text_atomic
 

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from zerolaunch.data.manifest import read_manifest
+from zerolaunch.data.readers import DataError
+
 ALGORITHM = "crc32"
 READ_BYTES = 16 << 20
 """A file is checked in pieces of this size, so checking a 2 GiB shard holds 16 MiB, not the shard."""
@@ -83,9 +86,6 @@ def verify_folder(path: str | Path) -> str:
     """Check every file of a prepared folder against its manifest (sizes, and crc32 where recorded).
 
     Returns the line to print; a DataError naming every bad file (expected and found) when any is bad."""
-    from zerolaunch.data.prepare import read_manifest
-    from zerolaunch.data.readers import DataError
-
     folder = Path(path)
     manifest = read_manifest(folder)
     try:

@@ -8,16 +8,19 @@ This module owns the tokenization rules of prepare-data:
   completion and the EOD (the model learns to stop), not on the prompt.
 - chat: the tokenizer's chat template renders the whole conversation; loss on the tokens of assistant
   messages (found by rendering each prefix of the conversation), then EOD without loss.
-It knows nothing of files (readers.py) or of the output folder (prepare.py).
+It knows nothing of files (readers.py) or of the output folder (prepare.py). `load_tokenizer` reads the
+tokenizer those rules apply, from a local folder only.
 """
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 
 from zerolaunch.data.readers import DataError, Record, said
+from zerolaunch.util.hf_env import hf_offline
 
 
 class Encoded:
@@ -26,6 +29,25 @@ class Encoded:
 
     def __init__(self, tokens: np.ndarray, lengths: np.ndarray, loss_mask: np.ndarray | None):
         self.tokens, self.lengths, self.loss_mask = tokens, lengths, loss_mask
+
+
+def load_tokenizer(path: str | Path):
+    """A tokenizer from a local folder; never downloads (HF_HUB_OFFLINE=1, local_files_only=True)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise DataError(
+            f"--tokenizer {p}: not a folder; zerolaunch never downloads: give a local folder saved with "
+            "tokenizer.save_pretrained(...)"
+        )
+    hf_offline()  # before the import: huggingface_hub reads HF_HUB_OFFLINE once, when first imported
+    try:
+        from transformers import AutoTokenizer  # optional dependency: only a tokenizer needs it
+    except ImportError:
+        raise ImportError("--tokenizer needs transformers: pip install 'zerolaunch[hf]'") from None
+    try:
+        return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise DataError(f"--tokenizer {p}: cannot load a tokenizer from it ({said(e)})") from None
 
 
 def eod_id(tokenizer) -> int:

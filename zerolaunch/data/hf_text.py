@@ -8,97 +8,48 @@ it under a file lock, the others wait and reuse it), and `zerolaunch.data.tokens
 prepare-data reads (.txt/.md/.jsonl/.jsonl.gz/.json/.parquet; a folder means its files). For a corpus of any
 size, run `zerolaunch prepare-data` yourself and use data.tokens directly (docs/data.md).
 
-Without a tokenizer it is byte-level (ids 0..255): every rank reads the files (.txt/.md/.text/.py/.jsonl)
-into memory and cuts the bytes into fixed windows; batches follow the Hugging Face convention
-`labels == input_ids` (the model shifts the labels itself). That is fine for the corpora a launcher test
-uses, not for pre-training-size data. Batches are resumable (stream.BatchStream: batch i is a pure function of i).
+Without a tokenizer it is byte-level (ids 0..255): every rank reads the files through prepare-data's readers
+(readers.py; plain text also .text/.py) into memory and cuts the bytes into fixed windows; batches follow the
+Hugging Face convention `labels == input_ids` (the model shifts the labels itself). That is fine for the
+corpora a launcher test uses, not for pre-training-size data. Batches are resumable (stream.BatchStream: batch i is a pure function of i).
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import json
 import os
 from pathlib import Path
 
 import torch
 
+from zerolaunch.data.manifest import FORMAT, VERSION
+from zerolaunch.data.prepare import prepare_data, tokenizer_files_sha256
+from zerolaunch.data.readers import TEXT_SUFFIXES, DataError, find_sources, read_records
 from zerolaunch.data.stream import BatchStream, mix_seed
-from zerolaunch.util.hf_env import hf_offline
+from zerolaunch.data.tokens import build as tokens_build
 
-TEXT_SUFFIXES = (".txt", ".md", ".text", ".py")
-JSONL_SUFFIXES = (".jsonl",)
+BYTE_TEXT_SUFFIXES = TEXT_SUFFIXES + (".text", ".py")
+"""Plain text of the byte-level path: prepare-data's, and source code (recipes/hf-llama-1b.yaml trains on the
+docs and the package's own files)."""
 BYTE_VOCAB_SIZE = 256
 """Byte-level tokenization: one token per UTF-8 byte, so the model's vocab_size must be >= 256."""
 _EPOCH_SALT = 11
 
 
-def _files(path: str | os.PathLike | list) -> list[Path]:
-    """The files named by `path`: one file, every text/JSONL file of a directory (sorted), or a list of both."""
+def read_documents(path: str | os.PathLike | list, text_key: str = "text") -> list[str]:
+    """One string per document, read as prepare-data reads its inputs (data/readers.py): a whole text file, or
+    the `text_key` field of each JSONL line (or JSON item, or parquet/arrow row); a folder means its files."""
     paths = path if isinstance(path, list | tuple) else [path]
     if not paths:
-        raise ValueError("data.args.path is an empty list: give a text/JSONL file or a directory of them")
-    found: list[Path] = []
-    for p in map(Path, paths):
-        if not p.exists():
-            raise FileNotFoundError(
-                f"data.args.path: {p} does not exist (in a recipe, relative paths start at its folder); "
-                "give a .txt/.md/.jsonl file or a directory of them"
-            )
-        if p.is_dir():
-            inside = sorted(
-                f for f in p.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES
-            )
-            if not inside:
-                raise ValueError(
-                    f"data.args.path: directory {p} holds no {'/'.join(TEXT_SUFFIXES + JSONL_SUFFIXES)} files"
-                )
-            found.extend(inside)
-        else:
-            found.append(p)
-    return found
-
-
-def read_documents(path: str | os.PathLike | list, text_key: str = "text") -> list[str]:
-    """One string per document: a whole text file, or the `text_key` field of each JSONL line."""
-    docs: list[str] = []
-    for f in _files(path):
-        if f.suffix not in JSONL_SUFFIXES:
-            docs.append(f.read_text(encoding="utf-8", errors="replace"))
-            continue
-        for line_no, line in enumerate(f.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"{f}:{line_no}: not valid JSON ({e.msg}); each JSONL line must be one object"
-                ) from None
-            if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
-                keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise ValueError(
-                    f"{f}:{line_no}: no string field {text_key!r} (found {keys}); "
-                    "set data.args.text_key to the field that holds the text"
-                )
-            docs.append(record[text_key])
-    return docs
-
-
-def load_tokenizer(tokenizer: str | os.PathLike):
-    """A tokenizer from a local directory; never downloads (HF_HUB_OFFLINE=1, local_files_only=True)."""
-    p = Path(tokenizer)
-    if not p.is_dir():
-        raise FileNotFoundError(
-            f"data.args.tokenizer: {p} is not a directory; zerolaunch never downloads: give a local directory "
-            "saved with tokenizer.save_pretrained(...), or leave tokenizer unset for byte-level tokens"
-        )
-    hf_offline()  # before the import: huggingface_hub reads HF_HUB_OFFLINE once, when first imported
+        raise DataError("data.args.path is an empty list: give a text/JSONL file or a folder of them")
     try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise ImportError("data.args.tokenizer needs transformers: pip install 'zerolaunch[hf]'") from None
-    return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        sources = find_sources(paths, text_suffixes=BYTE_TEXT_SUFFIXES)
+    except DataError as e:
+        raise DataError(f"data.args.path: {e}") from None
+    return [record.text for src in sources for record in read_records(src, "text", text_key)]
 
 
 def tokenize(docs: list[str], tokenizer=None) -> torch.Tensor:
@@ -119,12 +70,6 @@ def tokenize(docs: list[str], tokenizer=None) -> torch.Tensor:
 
 def prepared_folder(path, tokenizer, text_key: str, cache: str | None) -> Path:
     """The prepare-data folder of these files and this tokenizer, made once (under a lock) and then reused."""
-    import fcntl
-    import hashlib
-
-    from zerolaunch.data.prepare import FORMAT, VERSION, prepare_data, tokenizer_files_sha256
-    from zerolaunch.data.readers import find_sources
-
     paths = path if isinstance(path, list | tuple) else [path]
     sources = find_sources(paths)
     key = json.dumps(
@@ -215,8 +160,6 @@ def build(
     if seq_len < 2:
         raise ValueError(f"data.args.seq_len must be >= 2 (one token predicts the next), got {seq_len}")
     if tokenizer is not None:
-        from zerolaunch.data.tokens import build as tokens_build
-
         folder = prepared_folder(path, tokenizer, text_key, cache)
         return tokens_build(
             rank=rank,

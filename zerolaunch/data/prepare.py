@@ -15,8 +15,8 @@ the next run deletes and redoes. One run at a time writes an OUT (a lock beside 
 never holds or lies inside one (the tokenizer folder included), and `--force` replaces only a folder an
 earlier prepare-data wrote: out_folder.py owns those rules ([Note: what --force may replace]). Records are
 tokenized in fixed-size chunks, in input order, by `num_proc` forked processes (ordered `imap`), so the bytes
-do not depend on num_proc or on timing. This module owns the folder format; reading inputs is readers.py,
-tokenizing encode.py.
+do not depend on num_proc or on timing. This module owns writing the folder; its format's name and version,
+and reading its manifest back, are manifest.py; reading inputs is readers.py, tokenizing encode.py.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from zerolaunch.data.checksums import checksum_record
-from zerolaunch.data.encode import encode, eod_id
+from zerolaunch.data.encode import encode, eod_id, load_tokenizer
+from zerolaunch.data.manifest import FORMAT, VERSION
 from zerolaunch.data.out_folder import check_apart, check_replaceable, lock_out, partial_name, replace_out
 from zerolaunch.data.readers import (
     MAX_DOCUMENT_BYTES,
@@ -46,12 +47,11 @@ from zerolaunch.data.readers import (
     Source,
     find_sources,
     read_records,
-    said,
 )
-from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
+from zerolaunch.util.atomic import fsync_path
+from zerolaunch.util.disk_errors import disk_error, disk_errors, is_disk_error
+from zerolaunch.util.sizes import EstimateError, parse_bytes
 
-FORMAT = "zerolaunch-tokens"
-VERSION = 1
 CHUNK_RECORDS = 512
 """Records per tokenization task: large enough for the fast tokenizer's batch call, small for the ordered queue."""
 SHARD_TOKENS = 1 << 30
@@ -87,20 +87,6 @@ def tokenizer_identity(tokenizer, path: Path) -> dict:
         "eos_token_id": tokenizer.eos_token_id,
         "files_sha256": tokenizer_files_sha256(path),
     }
-
-
-def load_tokenizer(path: str | Path):
-    from zerolaunch.data.hf_text import load_tokenizer as load
-
-    p = Path(path)
-    if not p.is_dir():
-        raise DataError(
-            f"--tokenizer {p}: not a folder; give a local folder saved with tokenizer.save_pretrained"
-        )
-    try:
-        return load(p)
-    except (OSError, ValueError) as e:
-        raise DataError(f"--tokenizer {p}: cannot load a tokenizer from it ({said(e)})") from None
 
 
 # the forked workers inherit these: the tokenizer is loaded once, before the fork
@@ -213,22 +199,12 @@ class _Progress:
 
 def parse_document_limit(text: str) -> int | None:
     """--max-document-bytes: a size ("8MiB", "50MB") or "none"."""
-    from zerolaunch.util.sizes import EstimateError, parse_bytes
-
     if text.strip().lower() == "none":
         return None
     try:
         return parse_bytes(text, "--max-document-bytes", example="64MiB")
     except EstimateError as e:
         raise DataError(f"{e} (or none for no limit)") from None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def prepare_data(
@@ -319,9 +295,9 @@ def prepare_data(
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(partial)
+        fsync_path(partial)
         replace_out(partial, out)
-        _fsync_dir(out.parent)
+        fsync_path(out.parent)
         report.maybe(docs, tokens, report.total_bytes, final=True)
         return manifest
     except BaseException as err:
@@ -343,22 +319,3 @@ def prepare_data(
             pool.join()
         _WORKER.clear()
         lock.release()
-
-
-def read_manifest(path: str | Path) -> dict:
-    """The manifest of a prepared folder, checked; errors name the folder and what to run."""
-    folder = Path(path)
-    f = folder / "manifest.json"
-    if not f.is_file():
-        hint = " (a .partial folder is an unfinished prepare-data run)" if ".partial" in folder.name else ""
-        raise DataError(
-            f"{folder}: no manifest.json, so not a prepared folder{hint}; make one with "
-            "`zerolaunch prepare-data INPUT... --tokenizer DIR --out DIR`"
-        )
-    manifest = json.loads(f.read_text())
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise DataError(
-            f"{f}: format {manifest.get('format')!r} version {manifest.get('version')!r}; expected {FORMAT!r} "
-            f"version {VERSION}: prepare the data again with this zerolaunch"
-        )
-    return manifest

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerolaunch.util.errors import UserError
+from zerolaunch.util.sizes import fmt_bytes
 
 MODES = ("text", "prompt-completion", "chat")
 TEXT_SUFFIXES = (".txt", ".md")
@@ -25,7 +26,8 @@ JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson")
 JSON_SUFFIXES = (".json",)
 PARQUET_SUFFIXES = (".parquet",)
 ARROW_SUFFIXES = (".arrow",)
-ALL_SUFFIXES = TEXT_SUFFIXES + JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES + ARROW_SUFFIXES
+RECORD_SUFFIXES = JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES + ARROW_SUFFIXES
+ALL_SUFFIXES = TEXT_SUFFIXES + RECORD_SUFFIXES
 _DATASETS_MARKERS = ("state.json", "dataset_info.json")
 _ARROW_ROWS = 1024
 
@@ -49,9 +51,9 @@ class Source:
         return self.path.stat().st_size
 
 
-def _kind(path: Path) -> str | None:
+def _kind(path: Path, text_suffixes: tuple[str, ...] = TEXT_SUFFIXES) -> str | None:
     name = path.name.lower()
-    if name.endswith(TEXT_SUFFIXES):
+    if name.endswith(text_suffixes):
         return "text"
     if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
@@ -68,12 +70,14 @@ def _is_datasets_folder(path: Path) -> bool:
     return all((path / m).is_file() for m in _DATASETS_MARKERS)
 
 
-def find_sources(inputs: list[str | Path]) -> list[Source]:
+def find_sources(inputs: list[str | Path], text_suffixes: tuple[str, ...] = TEXT_SUFFIXES) -> list[Source]:
     """The input files in order: each file as given, each folder's files sorted by path.
 
     A `datasets.save_to_disk` folder (state.json + dataset_info.json) stands for its .arrow files in the
-    order its state.json lists them; other folders are searched recursively for the known suffixes.
+    order its state.json lists them; other folders are searched recursively for the known suffixes, plain
+    text being `text_suffixes` (hf_text's byte-level path reads source code too).
     """
+    suffixes = text_suffixes + RECORD_SUFFIXES
     if not inputs:
         raise DataError(
             "prepare-data: no INPUT given; name .jsonl/.jsonl.gz/.json/.parquet/.txt/.md files or folders"
@@ -93,18 +97,18 @@ def find_sources(inputs: list[str | Path]) -> list[Source]:
                 files = [p / f["filename"] for f in state.get("_data_files", [])]
                 found.extend(Source(f, "arrow") for f in files)
                 continue
-            inside = sorted(f for f in p.rglob("*") if f.is_file() and _kind(f) is not None)
+            inside = sorted(f for f in p.rglob("*") if f.is_file() and _kind(f, text_suffixes) is not None)
             # a datasets folder inside a folder: its .json metadata files are not data
             inside = [
                 f for f in inside if not (f.name in _DATASETS_MARKERS and _is_datasets_folder(f.parent))
             ]
             if not inside:
-                raise DataError(f"{p}: the folder holds no {'/'.join(ALL_SUFFIXES)} files")
-            found.extend(Source(f, _kind(f)) for f in inside)
+                raise DataError(f"{p}: the folder holds no {'/'.join(suffixes)} files")
+            found.extend(Source(f, _kind(f, text_suffixes)) for f in inside)
         else:
-            kind = _kind(p)
+            kind = _kind(p, text_suffixes)
             if kind is None:
-                raise DataError(f"{p}: unknown file type; expected one of {', '.join(ALL_SUFFIXES)}")
+                raise DataError(f"{p}: unknown file type; expected one of {', '.join(suffixes)}")
             found.append(Source(p, kind))
     return found
 
@@ -150,7 +154,13 @@ def to_record(row, where: str, mode: str, text_key: str) -> Record:
     """The record of one JSON object / table row in `mode`."""
     if mode == "text":
         return Record(
-            where, text=_field(row, text_key, where, "pass --text-key with the field that holds the text")
+            where,
+            text=_field(
+                row,
+                text_key,
+                where,
+                "pass --text-key (data.args.text_key in a recipe) with the field that holds the text",
+            ),
         )
     if mode == "prompt-completion":
         hint = "prompt-completion rows need string fields 'prompt' and 'completion'"
@@ -375,8 +385,6 @@ def _within(records: Iterator[Record], limit: int) -> Iterator[Record]:
 
 
 def too_long(where: str, nbytes: int, limit: int) -> DataError:
-    from zerolaunch.report.format import fmt_bytes
-
     return DataError(
         f"{where}: a document of {fmt_bytes(nbytes)}, over --max-document-bytes {fmt_bytes(limit)}; the "
         f"tokenizer would hold about {fmt_bytes(250 * nbytes)} of memory for it at once. Split it into "

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from zerolaunch.data.checksums import FIX, fd_crc32, mismatch_message, recorded_crcs
-from zerolaunch.data.prepare import read_manifest
+from zerolaunch.data.manifest import read_manifest
 from zerolaunch.data.readers import DataError
 from zerolaunch.data.stream import Batch, BatchStream, mix_seed
 

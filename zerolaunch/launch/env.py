@@ -3,8 +3,9 @@ before torch is imported).
 
 Owns: torchelastic's / torchrun's worker variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT,
 TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE), zerolaunch's own (ZEROLAUNCH_RECIPE,
-ZEROLAUNCH_BACKEND, ZEROLAUNCH_TIMEOUT, ZEROLAUNCH_LAUNCHER_PID), and the Hugging Face offline default
-zerolaunch sets before importing transformers. Does not own what torch or Hugging Face read for themselves
+ZEROLAUNCH_BACKEND, ZEROLAUNCH_TIMEOUT, ZEROLAUNCH_LAUNCHER_PID). The Hugging Face offline default zerolaunch
+sets before importing transformers is util/hf_env.py's (data/ and models/ set it too, and sit below launch/).
+Does not own what torch or Hugging Face read for themselves
 (NCCL_*, HF_HOME, ...), nor the variables the launcher hands to its workers through torch's elastic agent
 (launcher.py).
 """
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from zerolaunch.util.hf_env import hf_offline  # noqa: F401  (launch's name for it)
+from zerolaunch.util.errors import UserError
 
 RECIPE_ENV = "ZEROLAUNCH_RECIPE"
 """Path of the resolved recipe JSON of the run that started this process; `initialize(model)` reads it."""
@@ -96,8 +97,6 @@ def script_timeout_s() -> float | None:
     except ValueError:
         seconds = float("nan")
     if not 0 < seconds < float("inf"):
-        from zerolaunch.config.errors import UserError
-
         raise UserError(
             f"{TIMEOUT_ENV}={raw!r} is not a positive number of seconds: set it to the collective timeout you "
             f"want (e.g. {TIMEOUT_ENV}=600), or unset it for the default {DEFAULT_SCRIPT_TIMEOUT_SECONDS:g} s"

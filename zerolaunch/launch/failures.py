@@ -18,6 +18,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from zerolaunch.util.atomic import writer_unique_name
+from zerolaunch.util.disk_errors import disk_error, is_disk_error
+
 TRACEBACK_LINES = 8
 PEER_LOST = (
     "connection reset by peer",
@@ -171,9 +174,6 @@ def render(report: FailureReport, *, restarts_used: int | None = None):
 def disk_problem(folders) -> Exception | None:
     """A DiskError when one of `folders` cannot take a small write (full, read-only, no permission),
     else None: the cause to name when the agent failed on a worker's unreadable error record."""
-    from zerolaunch.checkpoint.atomic import writer_unique_name
-    from zerolaunch.disk_errors import disk_error, is_disk_error
-
     for folder in folders:
         probe = Path(folder) / writer_unique_name("zerolaunch-space-test")
         try:

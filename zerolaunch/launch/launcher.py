@@ -21,13 +21,21 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zerolaunch.disk_errors import disk_errors
-from zerolaunch.launch import env
+from zerolaunch.checkpoint.manifest import MANIFEST_NAME
+from zerolaunch.config import load_recipe, save_resolved
+from zerolaunch.config.errors import UserError
+from zerolaunch.config.table import print_run_recipe
+from zerolaunch.launch import env, failures
 from zerolaunch.launch.devices import Workers, choose_workers
 from zerolaunch.launch.ports import LOOPBACK, LaunchError, check_endpoint, free_port, parse_endpoint
+from zerolaunch.launch.preflight import preflight
 from zerolaunch.launch.previous_run import check_previous_run, write_owner
+from zerolaunch.launch.restarts import RestartAnnouncer, failures_noted
 from zerolaunch.launch.runlock import RunLock, lock_name
 from zerolaunch.launch.writable import check_writable
+from zerolaunch.report import LiveProgress
+from zerolaunch.util.disk_errors import disk_errors
+from zerolaunch.util.exit_codes import NONFINITE_EXIT_CODE
 
 RDZV_BACKENDS = ("c10d", "static")
 MONITOR_INTERVAL_SECONDS = 0.1
@@ -134,8 +142,6 @@ def _prepare_env(workers: Workers) -> None:
 
 def launch(req: LaunchRequest, console) -> int:
     """Run the job; returns the process exit code (0 ok, 1 training failed, 130 interrupted)."""
-    from zerolaunch.config import load_recipe
-
     if req.max_restarts < 0:
         raise LaunchError(f"--max-restarts must be >= 0, got {req.max_restarts}")
     if not req.timeout_seconds > 0:
@@ -146,7 +152,6 @@ def launch(req: LaunchRequest, console) -> int:
     recipe = load_recipe(
         req.recipe, overrides=overrides, world_size=req.nnodes * workers.nproc_per_node, check_builders=True
     )
-    from zerolaunch.launch.preflight import preflight
 
     # bad input that every worker would meet: exit 2 before any starts
     for note in preflight(recipe, req.resume, world_size=req.nnodes * workers.nproc_per_node):
@@ -173,6 +178,7 @@ def _launch_in(req, recipe, rdzv, workers, run_dir: Path, checkpoint_root: Path,
         # before anything moves: a resume with nothing left to train leaves every folder as it is
         done = _finished_checkpoint(req.resume, checkpoint_root, recipe.train.steps)
         if done is not None:
+            # lazy: it imports torch, which the launcher does not need until here
             from zerolaunch.checkpoint.save import nothing_to_do
 
             line = nothing_to_do(done[1], recipe.train.steps, where=done[0])
@@ -196,7 +202,7 @@ def _finished_checkpoint(resume: str | None, checkpoint_root: Path, steps: int) 
         return None
     import json
 
-    from zerolaunch.checkpoint.manifest import MANIFEST_NAME
+    # lazy: it imports torch, which the launcher does not need until here
     from zerolaunch.checkpoint.save import latest_checkpoint, resolve_checkpoint
 
     if resume == "auto":
@@ -213,9 +219,6 @@ def _finished_checkpoint(resume: str | None, checkpoint_root: Path, steps: int) 
 
 
 def _launch_locked(req: LaunchRequest, recipe, rdzv: Rendezvous, workers: Workers, run_dir: Path, console):
-    from zerolaunch.config import save_resolved
-    from zerolaunch.config.table import print_run_recipe
-
     resolved = save_resolved(recipe, run_dir)
     print_run_recipe(recipe, console)
     where = f"{req.nnodes} node(s) x " if req.nnodes > 1 else ""
@@ -255,10 +258,8 @@ def _run_agent(
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from zerolaunch.launch import failures
+    # lazy: logs.py subclasses torch's elastic log specs, imported with the agent just above
     from zerolaunch.launch.logs import ALL_RANKS_PREFIX, ConsoleLines, RunLogsSpecs
-    from zerolaunch.launch.restarts import RestartAnnouncer, failures_noted
-    from zerolaunch.report import LiveProgress
 
     # torch's elastic loggers set their own level (LOGLEVEL, default WARNING) at import: quiet each one,
     # or "Received 2 death signal, shutting down workers" precedes the launcher's one line on Ctrl-C
@@ -321,7 +322,6 @@ def _run_agent(
         local_of = {g: local for local, g in logs.global_ranks.items()}
         exited_ok = sorted(set(local_of) - set(err.failures))
         report = failures.early_exit(report, exited_ok, lambda r: logs.log_files(local_of[r])[1])
-        from zerolaunch.util.exit_codes import NONFINITE_EXIT_CODE
 
         if failure.exitcode == NONFINITE_EXIT_CODE:
             # train.max_nonfinite_steps stopped the run on every rank: its message once, its own exit code
@@ -331,7 +331,6 @@ def _run_agent(
                 f"{message}\nfull log: {report.log_path}", markup=False, highlight=False, soft_wrap=True
             )
             return NONFINITE_EXIT_CODE
-        from zerolaunch.config.errors import UserError
 
         if failure.exitcode == UserError.exit_code:
             # a UserError raised in a worker (worker.py): its message once, exit 2, as the launcher's own
@@ -381,6 +380,7 @@ def _run_agent(
 
 def where_results_went(run_dir: Path, checkpoint_root: Path, log_dir: Path | None) -> list[str]:
     """The run's last lines: where its final checkpoint, metrics, summary and logs are."""
+    # lazy: it imports torch, which the launcher does not need until here
     from zerolaunch.checkpoint import CheckpointError, latest_checkpoint
 
     try:

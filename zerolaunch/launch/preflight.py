@@ -21,7 +21,16 @@ import threading
 import traceback
 from pathlib import Path
 
+from zerolaunch.checkpoint.errors import CheckpointError
+from zerolaunch.checkpoint.manifest import read_manifest as read_checkpoint_manifest
+from zerolaunch.config.builders import import_builder
 from zerolaunch.config.errors import UserError
+from zerolaunch.data.identity import IDENTITY_KEY, data_identity, identity_changes, refusal
+from zerolaunch.data.manifest import read_manifest as read_data_manifest
+from zerolaunch.data.readers import DataError
+from zerolaunch.models.peft import target_problem
+from zerolaunch.zero.plan import default_num_groups
+from zerolaunch.zero.sched import group_count_error, groups_description
 
 HF_BUILDER = "zerolaunch.models.hf:build"
 GPT_BUILDER = "zerolaunch.models.gpt:build"
@@ -54,6 +63,7 @@ def preflight(recipe, resume: str | None, world_size: int = 1) -> list[str]:
 
 
 def check_resume(resume: str) -> None:
+    # lazy: it imports torch, which the launcher does not need until here
     from zerolaunch.checkpoint.save import resolve_checkpoint
 
     path = Path(resume)
@@ -71,10 +81,8 @@ def check_data_unchanged(recipe, resume: str | None, where: str) -> None:
     written before identities existed, is left to the worker's load."""
     if resume is None or recipe.data.allow_change:
         return
-    from zerolaunch.checkpoint.errors import CheckpointError
-    from zerolaunch.checkpoint.manifest import read_manifest
+    # lazy: it imports torch, which the launcher does not need until here
     from zerolaunch.checkpoint.save import latest_checkpoint, resolve_checkpoint
-    from zerolaunch.data.identity import IDENTITY_KEY, data_identity, identity_changes, refusal
 
     try:
         if resume == "auto":
@@ -84,7 +92,7 @@ def check_data_unchanged(recipe, resume: str | None, where: str) -> None:
             folder = resolve_checkpoint(Path(resume))
         if folder is None:
             return
-        manifest = read_manifest(folder)
+        manifest = read_checkpoint_manifest(folder)
     except CheckpointError:
         return
     extra = manifest.ranks[0].extra if manifest.ranks else {}
@@ -104,6 +112,7 @@ def model_vocab_size(recipe) -> tuple[int, str] | None:
             return int(args["vocab_size"]), "model.args.vocab_size"
         import inspect
 
+        # lazy: it imports torch, which the launcher does not need until here
         from zerolaunch.models.gpt import build
 
         default = inspect.signature(build).parameters["vocab_size"].default
@@ -141,8 +150,6 @@ def check_vocab_fits(recipe, where: str) -> None:
     if model is None:
         return
     model_vocab, model_where = model
-    from zerolaunch.data.prepare import read_manifest
-    from zerolaunch.data.readers import DataError
 
     folders = [
         ("data.args.path", recipe.data.args.get("path")),
@@ -152,7 +159,7 @@ def check_vocab_fits(recipe, where: str) -> None:
         if folder is None:
             continue
         try:
-            tokenizer = read_manifest(folder).get("tokenizer") or {}
+            tokenizer = read_data_manifest(folder).get("tokenizer") or {}
         except (DataError, OSError, ValueError):
             continue  # not a readable prepared folder: the data check below reports it
         data_vocab = tokenizer.get("vocab_size")
@@ -192,8 +199,6 @@ def check_model_on_meta(recipe, where: str) -> None:
     import torch
     from torch import nn
 
-    from zerolaunch.config.builders import import_builder
-
     fn = import_builder(recipe.model.builder, recipe.base_dir, key="model.builder")
     try:
         with torch.device("meta"):
@@ -221,9 +226,6 @@ def check_peft_targets(recipe, where: str) -> None:
     the worker, which checks the same before get_peft_model."""
     import torch
 
-    from zerolaunch.config.builders import import_builder
-    from zerolaunch.models.peft import target_problem
-
     fn = import_builder(recipe.model.builder, recipe.base_dir, key="model.builder")
     args = dict(recipe.model.args)
     meta_arg = getattr(fn, "meta_arg", None)
@@ -243,8 +245,6 @@ def check_scheduler_groups(recipe, where: str) -> None:
     """The built-in loop's param groups are the default ones (2: decay and no-decay; 1 with
     train.weight_decay_1d: true), so a per-group warmup_min_lr / warmup_max_lr list of another length is
     refused here, before any worker starts (an entrypoint's groups are its own: its engine checks them)."""
-    from zerolaunch.zero.plan import default_num_groups
-    from zerolaunch.zero.sched import group_count_error, groups_description
 
     decay_1d = recipe.engine.optimizer.decay_1d
     message = group_count_error(
@@ -262,7 +262,6 @@ def check_data_yields(
     Runs in a daemon thread so a slow builder costs at most `timeout_s` (then a note is returned and the
     thread is left to finish on its own). The builder gets the same arguments as in the worker; no device is
     involved (batches go to the GPU in the worker's loop, not in the builder)."""
-    from zerolaunch.config.builders import import_builder
 
     spec = recipe.data.builder
     fn = import_builder(spec, recipe.base_dir, key="data.builder")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerolaunch.config.errors import UserError
+from zerolaunch.util.atomic import write_text_atomic
 
 RUN_FILES = ("metrics.jsonl", "summary.json", "recipe.resolved.json", "logs", "tensorboard", "csv_monitor")
 """What a run writes into its run dir (the monitor folders included), moved aside by --restart."""
@@ -280,6 +281,5 @@ def write_owner(checkpoint_root, run_dir) -> None:
     root, run_dir = Path(checkpoint_root), Path(run_dir)
     if _inside(root, run_dir):
         return
-    from zerolaunch.checkpoint.atomic import write_text_atomic
 
     write_text_atomic(root / OWNER_NAME, json.dumps({"run_dir": str(run_dir.resolve())}) + "\n")

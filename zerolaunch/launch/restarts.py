@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from zerolaunch.launch import failures as failure_rules
+from zerolaunch.report.metrics import read_metrics
 
 
 class RestartAnnouncer:
@@ -52,8 +53,6 @@ class RestartAnnouncer:
         self._failures = {}
 
     def _last_step(self) -> int | None:
-        from zerolaunch.report.metrics import read_metrics
-
         try:
             records = read_metrics(self.metrics_path)
         except (OSError, ValueError):
@@ -64,6 +63,7 @@ class RestartAnnouncer:
     def _resume_text(self) -> str:
         if self.resume and self.resume != "auto":
             return f"resuming from {self.resume} (--resume)"
+        # lazy: it imports torch, which the launcher does not need until here
         from zerolaunch.checkpoint import CheckpointError, latest_checkpoint
 
         try:

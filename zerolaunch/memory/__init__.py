@@ -18,7 +18,7 @@ from zerolaunch.memory.estimate import (
     estimate,
 )
 from zerolaunch.memory.shape import ModelShape, synthetic_gpt
-from zerolaunch.memory.sizes import EstimateError, parse_bytes, parse_count
+from zerolaunch.util.sizes import EstimateError, parse_bytes, parse_count
 
 __all__ = [
     "OFFLOADS",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerolaunch.memory.sizes import EstimateError
+from zerolaunch.util.sizes import EstimateError
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from zerolaunch.memory import engine_layout as el
 from zerolaunch.memory.activation_offload import offloaded_host_bytes, profile_for
 from zerolaunch.memory.deepspeed import deepspeed_bytes
 from zerolaunch.memory.shape import ModelShape
-from zerolaunch.memory.sizes import DTYPE_BYTES, EstimateError, positive_int
 from zerolaunch.memory.stage3 import largest_unit_shard, stage3_states
+from zerolaunch.util.sizes import DTYPE_BYTES, EstimateError, positive_int
 from zerolaunch.zero.option_rules import option_problems
 from zerolaunch.zero.options import EngineOptions, bucket_numel
 

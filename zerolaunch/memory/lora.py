@@ -17,7 +17,7 @@ import difflib
 
 from zerolaunch.memory.arch import Linear, Unit
 from zerolaunch.memory.engine_layout import ParamSpec
-from zerolaunch.memory.sizes import EstimateError, positive_int
+from zerolaunch.util.sizes import EstimateError, positive_int
 
 
 def lora_targets(shape, targets: tuple[str, ...] | None) -> list[Linear]:

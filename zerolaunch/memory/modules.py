@@ -7,7 +7,7 @@ Imported only on the recipe / --model paths (it needs torch); `--params` never l
 from __future__ import annotations
 
 from zerolaunch.memory.arch import Arch, Linear, Unit
-from zerolaunch.memory.sizes import EstimateError
+from zerolaunch.util.sizes import EstimateError
 
 _ARCH_KEYS = {
     "n_layer": ("n_layer", "num_hidden_layers", "n_layers", "num_layers"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from zerolaunch.memory.arch import Arch, Linear, Unit
 from zerolaunch.memory.engine_layout import ParamSpec
-from zerolaunch.memory.sizes import EstimateError
+from zerolaunch.util.sizes import EstimateError
 
 DEFAULT_VOCAB = 50304
 DEFAULT_SEQ_LEN = 1024

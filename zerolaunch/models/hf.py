@@ -21,6 +21,9 @@ import torch
 from torch import nn
 
 from zerolaunch.dtypes import DTYPES, torch_dtype
+from zerolaunch.models.hf_load import build_meta
+from zerolaunch.models.kinds import is_hf_model
+from zerolaunch.models.peft import is_peft_model, meta_adapter_init
 from zerolaunch.util.hf_env import hf_offline
 
 
@@ -96,12 +99,6 @@ def unit_class_names(model: nn.Module) -> tuple[str, ...]:
     return tuple(n for n in names if n in present)
 
 
-def is_hf_model(model: nn.Module) -> bool:
-    """True for a transformers PreTrainedModel (it has a config that save_pretrained can write)."""
-    config = getattr(model, "config", None)
-    return config is not None and hasattr(config, "save_pretrained") and hasattr(model, "_no_split_modules")
-
-
 def build(
     *,
     path: str | None = None,
@@ -135,8 +132,6 @@ def build(
     transformers = _transformers()
     extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     if path is not None and meta:
-        from zerolaunch.models.hf_load import build_meta
-
         # ZeRO-3: the engine fills each unit from the files through model.zerolaunch_init_fn.
         model = build_meta(check_local_dir(path), transformers, torch_dtype(dtype), extra)
     elif path is not None:
@@ -194,7 +189,6 @@ def meta_init_fn(model, options):
     base_init = from_files
     if base_init is None and is_hf_model(model) and hasattr(model, "_init_weights"):
         base_init = model._init_weights
-    from zerolaunch.models.peft import is_peft_model, meta_adapter_init
 
     if base_init is not None and is_peft_model(model):
         # HF's init would draw a LoRA B like any Linear: the adapter must start as PEFT starts it (B = 0)

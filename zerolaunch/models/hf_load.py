@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from zerolaunch.models.hf_mapping import LoadPlan, _core
+
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
@@ -67,8 +69,6 @@ class CheckpointInit:
     per-expert file tensors when its module is materialized, the group's file tensors read just then."""
 
     def __init__(self, model: nn.Module, files: dict[str, Path]):
-        from zerolaunch.models.hf_mapping import LoadPlan
-
         self.files = files
         self.plan = LoadPlan(model, files)
         self.aliases = tied_names(model)
@@ -166,7 +166,6 @@ def build_meta(
     init = CheckpointInit(model, files)
     model.zerolaunch_init_fn = init
     # as from_pretrained does: the transforms that matched are the ones save_pretrained reverses
-    from zerolaunch.models.hf_mapping import _core
 
     if _core() is not None:
         model._weight_conversions = init.plan.used_transforms()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from zerolaunch.models.kinds import is_hf_model
 from zerolaunch.util.errors import UserError
 
 PEFT_MISSING = (
@@ -64,7 +65,7 @@ def target_problem(model, section) -> str | None:
         for target in wanted:
             if not any(n == target or n.endswith(f".{target}") for n in names):
                 return f"peft.{key} names `{target}`, which is no module of the model.{_hint(target, leaves)}"
-    if targets == "all-linear" and not _is_transformers_model(model):
+    if targets == "all-linear" and not is_hf_model(model):
         return (
             "peft.target_modules is all-linear, which PEFT resolves for transformers models only; list the "
             f"linear layers by name instead (the model's module names: {', '.join(sorted(leaves)[:12])})"
@@ -82,12 +83,6 @@ def _hint(word: str, leaves: set[str]) -> str:
     return f" The model's module names: {', '.join(shown[:12])}{', ...' if len(shown) > 12 else ''}."
 
 
-def _is_transformers_model(model) -> bool:
-    from zerolaunch.models.hf import is_hf_model
-
-    return is_hf_model(model)
-
-
 def apply_peft(model, section, where: str = "the recipe"):
     """get_peft_model(model, LoraConfig(...)) for a recipe's `peft:` block; a UserError (exit 2) when peft is
     missing or a target does not exist."""
@@ -100,7 +95,7 @@ def apply_peft(model, section, where: str = "the recipe"):
 
 
 def _is_causal_lm(model) -> bool:
-    if not _is_transformers_model(model):
+    if not is_hf_model(model):
         return False
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 

@@ -1,31 +1,21 @@
 """How numbers read on screen: bytes, token counts, durations, percentages, "n/a".
 
 This module owns the text form of a number and nothing else, so the progress line and the end-of-run tables
-print the same quantity the same way.
+print the same quantity the same way. Bytes (`fmt_bytes`) are util/sizes.py's: the disk-error paragraph, below
+every layer, prints them too.
 """
 
 from __future__ import annotations
 
 import math
 
-NA = "n/a"
-GIB = 1024**3
+from zerolaunch.util.sizes import BINARY_UNITS, NA
 
-_BYTE_UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+GIB = 1024**3
 
 
 def _usable(value) -> bool:
     return value is not None and not (isinstance(value, float) and not math.isfinite(value))
-
-
-def fmt_bytes(num_bytes: float | None) -> str:
-    """1.25 GiB / 12.0 MiB / 512 B: the largest binary unit that keeps the number >= 1."""
-    if not _usable(num_bytes):
-        return NA
-    for unit, size in _BYTE_UNITS:
-        if abs(num_bytes) >= size:
-            return f"{num_bytes / size:.2f} {unit}"
-    return f"{num_bytes:.0f} B"
 
 
 def fmt_gib(num_bytes: float | None) -> str:
@@ -36,7 +26,7 @@ def fmt_gib(num_bytes: float | None) -> str:
 def byte_unit(values) -> tuple[str, int]:
     """One binary unit for a column of byte counts: the largest that keeps the biggest value >= 1."""
     largest = max((abs(v) for v in values if _usable(v)), default=0)
-    for unit, size in _BYTE_UNITS:
+    for unit, size in BINARY_UNITS:
         if largest >= size:
             return unit, size
     return "B", 1

@@ -15,8 +15,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from zerolaunch.disk_errors import disk_error, disk_errors, is_disk_error
 from zerolaunch.report import mfu as mfu_math
+from zerolaunch.util.disk_errors import disk_error, disk_errors, is_disk_error
 
 
 @dataclass(frozen=True)

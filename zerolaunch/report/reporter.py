@@ -21,6 +21,7 @@ from zerolaunch.report.metrics import MetricsFile, StepMetrics, StepRates, metri
 from zerolaunch.report.progress import ProgressDisplay
 from zerolaunch.report.summary import ThroughputSummary, summarize, theory_comm_bytes_per_step
 from zerolaunch.report.tables import memory_rows, memory_table, throughput_table
+from zerolaunch.util.disk_errors import disk_errors
 
 _ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4}
 
@@ -189,7 +190,6 @@ class Reporter:
         if self.history:
             for line in render_curve([m.step for m in self.history], [m.loss for m in self.history]):
                 self.console.print(line, markup=False, highlight=False, soft_wrap=True)
-        from zerolaunch.disk_errors import disk_errors
 
         with disk_errors(self.run_dir / "summary.json", fix="give the run another --run-dir"):
             (self.run_dir / "summary.json").write_text(

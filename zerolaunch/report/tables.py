@@ -15,7 +15,6 @@ from rich.table import Table
 from zerolaunch.report.format import (
     NA,
     byte_unit,
-    fmt_bytes,
     fmt_count,
     fmt_decimal_bytes,
     fmt_pct,
@@ -23,6 +22,7 @@ from zerolaunch.report.format import (
     fmt_tflops,
 )
 from zerolaunch.report.summary import WARMUP_STEPS, ThroughputSummary
+from zerolaunch.util.sizes import fmt_bytes
 
 # engine.memory_bytes() keys (ARCHITECTURE.md "The engine"), all required.
 MODEL_STATE_KEYS = ("params", "grads", "optimizer", "master", "buckets")

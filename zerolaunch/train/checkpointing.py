@@ -13,9 +13,17 @@ from pathlib import Path
 
 import torch
 
+from zerolaunch.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from zerolaunch.checkpoint.extra import HF_CONFIG_KEY, HF_PEFT_KEY, HF_TOKENIZER_KEY
+from zerolaunch.checkpoint.hf_folder import recipe_tokenizer_dir
+from zerolaunch.checkpoint.load import check_compatible
+from zerolaunch.checkpoint.reader import CheckpointReader
+from zerolaunch.checkpoint.save import complete_checkpoints, remove_tree, resolve_checkpoint
 from zerolaunch.data.identity import IDENTITY_KEY, data_identity, identity_changes, refusal
+from zerolaunch.models.hf import hf_config_dict
+from zerolaunch.models.peft import adapter_record, is_peft_model
 from zerolaunch.train import schedule_change, seeding
+from zerolaunch.train.evaluate import BestTracker
 from zerolaunch.util.errors import TrainError
 
 
@@ -28,10 +36,6 @@ def checkpoint_root(recipe) -> Path:
 def _would_load(folder: Path, specs) -> bool:
     """Whether `folder` passes what a load checks before it reads tensors: the manifest (and its crc32),
     every rank file's size and header, and the model's params (names, shapes, trainable)."""
-    from zerolaunch.checkpoint import CheckpointError
-    from zerolaunch.checkpoint.load import check_compatible
-    from zerolaunch.checkpoint.reader import CheckpointReader
-
     try:
         with CheckpointReader(folder) as reader:
             check_compatible(reader, specs)
@@ -44,8 +48,6 @@ def _other_checkpoint(path: Path, specs) -> str:
     """Where else to resume from when `path` cannot be loaded: the newest other complete checkpoint that
     would pass the same checks with this model (a suggestion that fails the same way helps nobody), or
     that none would."""
-    from zerolaunch.checkpoint.save import complete_checkpoints, resolve_checkpoint
-
     try:
         folder = resolve_checkpoint(path)
     except Exception:  # the path itself is what is broken: the error already says so
@@ -70,8 +72,6 @@ class CheckpointHook:
         self.keep = recipe.checkpoint.keep or None  # 0 = keep all
         self.best = None
         if recipe.checkpoint.keep_best:
-            from zerolaunch.train.evaluate import BestTracker
-
             self.best = BestTracker(self.root)
         self.engine = engine
         self.ctx = ctx
@@ -82,15 +82,11 @@ class CheckpointHook:
         self.recipe_file = recipe.source or "the recipe"
         self.data_changes: list = []
         """(field, saved, current) of a resume on other data that data.allow_change let through."""
-        from zerolaunch.checkpoint.hf_folder import recipe_tokenizer_dir
-
         # the tokenizer the recipe names travels (as a path) with the weights: convert copies its files
         self.tokenizer_dir = recipe_tokenizer_dir(dict(recipe.model.args), dict(recipe.data.args))
 
     def resume_path(self) -> Path | None:
         """The checkpoint to start from, or None for a fresh start."""
-        from zerolaunch.checkpoint import latest_checkpoint
-
         wanted = self.ctx.resume
         if wanted is None and self.ctx.restart_count > 0:
             wanted = "auto"  # an elastic restart continues from where the crashed attempt last saved
@@ -110,7 +106,6 @@ class CheckpointHook:
         path = self.resume_path()
         if path is None:
             return 0
-        from zerolaunch.checkpoint import CheckpointError, load_checkpoint
 
         try:
             extra = load_checkpoint(
@@ -153,7 +148,6 @@ class CheckpointHook:
     def save(self, step: int) -> None:
         if self.last_saved_step == step:
             return
-        from zerolaunch.checkpoint import save_checkpoint
 
         extra = {
             "train_step": step,
@@ -164,11 +158,8 @@ class CheckpointHook:
             "schedule": schedule_change.record(self.engine),
         }
         if self.ctx.is_rank0:
-            from zerolaunch.models.hf import hf_config_dict
-
             # a Hugging Face model's config travels with the weights, so convert-checkpoint can write a folder
             # that from_pretrained loads (config.json + model.safetensors).
-            from zerolaunch.models.peft import adapter_record, is_peft_model
 
             model = self.engine.module
             peft = is_peft_model(model)
@@ -189,8 +180,6 @@ class CheckpointHook:
 
     def _prune_sparing_best(self, step: int) -> None:
         """The newest `keep` checkpoints stay, and the best one beside them."""
-        from zerolaunch.checkpoint.save import complete_checkpoints, remove_tree
-
         spared = {step, self.best.step}
         older = [p for s, p in complete_checkpoints(self.root) if s not in spared]
         for path in older[: max(0, len(older) - (self.keep - 1))]:

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import torch
 
+from zerolaunch.checkpoint.convert import open_source
+from zerolaunch.checkpoint.errors import CheckpointError
+from zerolaunch.models.hf_load import CheckpointInit, weight_files
 from zerolaunch.util.errors import TrainError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -87,9 +90,6 @@ class _CheckpointSource:
 
 def _open(path: Path, init_from: str, verify: bool = True):
     if path.is_dir() and not _is_weights_folder(path):
-        from zerolaunch.checkpoint.convert import open_source
-        from zerolaunch.checkpoint.errors import CheckpointError
-
         try:
             return _CheckpointSource(open_source(path, verify=verify))
         except CheckpointError as err:
@@ -118,8 +118,6 @@ def safetensors_files(init_from: str) -> dict[str, Path] | None:
     time by the stage-3 engine), else None (a torch file or a checkpoint: loaded into a whole model)."""
     path = Path(init_from)
     if path.is_dir() and _is_weights_folder(path):
-        from zerolaunch.models.hf_load import weight_files
-
         return weight_files(path)
     if path.is_file() and path.suffix == ".safetensors":
         from safetensors import safe_open
@@ -148,8 +146,6 @@ def attach_initial_weights(model: torch.nn.Module, files: dict[str, Path], init_
     """Stage 3, an HF model built on the meta device: the engine reads each unit's tensors from `files` as it
     shards it (models/hf_load.py CheckpointInit), so no rank holds the whole model. Names and shapes are
     checked here first, against the files' headers, as load_initial_weights checks them."""
-    from zerolaunch.models.hf_load import CheckpointInit
-
     shapes = _ShapeSource(files)
     _check_names(model, shapes.names(), init_from)
     targets = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())

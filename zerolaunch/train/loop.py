@@ -23,8 +23,11 @@ import torch.distributed as dist
 from zerolaunch.build import build_engine
 from zerolaunch.checkpoint.save import nothing_to_do
 from zerolaunch.config import import_builder
+from zerolaunch.data.identity import changes_record, describe_changes
 from zerolaunch.models.compiling import compile_for
+from zerolaunch.models.peft import apply_peft
 from zerolaunch.report.mfu import hf_flops_per_token
+from zerolaunch.report.monitors import Monitors
 from zerolaunch.train import seeding, step_stats
 from zerolaunch.train.activation_offload import offload_activations
 from zerolaunch.train.batches import (
@@ -39,6 +42,7 @@ from zerolaunch.train.batches import (
 )
 from zerolaunch.train.checkpointing import CheckpointHook
 from zerolaunch.train.context import RunContext
+from zerolaunch.train.evaluate import Evaluator
 from zerolaunch.train.init_weights import attach_initial_weights, load_initial_weights, safetensors_files
 from zerolaunch.train.loss_norm import GlobalLossNorm, check_label_shift
 from zerolaunch.train.nonfinite import NonFiniteGuard
@@ -143,8 +147,6 @@ class Trainer:
         )
         self.evaluator = None
         if recipe.train.eval_every and recipe.data.eval:
-            from zerolaunch.train.evaluate import Evaluator
-
             self.evaluator = Evaluator(recipe, ctx, self.engine, self.loss_norm)
         self.checkpoints = CheckpointHook(recipe, self.engine, ctx, self.source)
         self.start_step = self.checkpoints.resume()
@@ -152,14 +154,10 @@ class Trainer:
         self.pending = self.source.next()
         self.reporter = self._build_reporter(self.pending) if ctx.is_rank0 else None
         if self.reporter is not None and self.checkpoints.data_changes:
-            from zerolaunch.data.identity import changes_record, describe_changes
-
             changes = self.checkpoints.data_changes
             self.reporter.log_data_change(self.start_step, changes_record(changes), describe_changes(changes))
         self.monitors = None
         if ctx.is_rank0 and recipe.train.monitors:
-            from zerolaunch.report.monitors import Monitors
-
             self.monitors = Monitors(
                 recipe.train.monitors
             )  # DeepSpeed's tensorboard / csv_monitor / wandb blocks
@@ -192,8 +190,6 @@ class Trainer:
         elif recipe.model.init_from:
             load_initial_weights(model, recipe.model.init_from, verify=self.ctx.verify_checkpoints)
         if recipe.peft is not None:
-            from zerolaunch.models.peft import apply_peft
-
             model = apply_peft(model, recipe.peft, where=recipe.source or "the recipe")
             if on_meta and recipe.peft.modules_to_save:
                 _check_saved_units(model, recipe)

@@ -2,18 +2,16 @@
 
 The engine already skips such a step (its grads are never applied, on every rank: zero/engine.py
 StepInfo.skipped). This module only counts them: a finite step ends the streak; `train.max_nonfinite_steps`
-bad steps in a row stop the run with `NonFiniteStop` (the worker exits with NONFINITE_EXIT_CODE). While a
-streak is open no checkpoint is written, so the newest checkpoint is the last good one. Every rank sees the
-same per-rank losses and the same global grad norm, so every rank takes the same decision with no extra
-collective.
+bad steps in a row stop the run with `NonFiniteStop` (the worker exits with util/exit_codes.py's
+NONFINITE_EXIT_CODE). While a streak is open no checkpoint is written, so the newest checkpoint is the last
+good one. Every rank sees the same per-rank losses and the same global grad norm, so every rank takes the same
+decision with no extra collective.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-from zerolaunch.util.exit_codes import NONFINITE_EXIT_CODE  # noqa: F401  (the worker's import)
 
 
 class NonFiniteStop(RuntimeError):

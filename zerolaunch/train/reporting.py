@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from zerolaunch.report.metrics import metrics_record
+
 
 class StepReporter:
     def __init__(
@@ -27,7 +29,7 @@ class StepReporter:
     ):
         self.total_steps = total_steps
         self.log_every = log_every
-        try:
+        try:  # lazy: rich is optional here (the display); without it, plain lines
             from rich.console import Console
 
             from zerolaunch.report import Reporter, StepMetrics
@@ -63,7 +65,6 @@ class StepReporter:
         if self._reporter is not None:
             self._reporter.log(self._metrics_cls(**fields))
             return
-        from zerolaunch.report.metrics import metrics_record
 
         step = fields["step"]
         record = metrics_record(self._metrics_cls(**fields), self._no_rates, step * self._tokens_per_step)

@@ -1,4 +1,5 @@
-"""Parsing of human-sized inputs: byte sizes ("80GiB", for every command), counts ("7e9", "1.3B"), dtypes.
+"""Parsing of human-sized inputs: byte sizes ("80GiB", for every command), counts ("7e9", "1.3B"), dtypes; and
+the one on-screen form of a byte count (`fmt_bytes`), which the disk-error paragraph below every layer prints too.
 
 Owns the wording of the errors for these inputs (each names the bad value and a form that works); it knows
 nothing of models or the engine. Torch-free: the `--params` path must answer without importing torch.
@@ -10,6 +11,9 @@ import math
 import re
 
 GIB = 1024**3
+NA = "n/a"
+"""How a missing or non-finite number reads on screen (report/format.py writes every other quantity so too)."""
+BINARY_UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
 
 # The one size convention of every zerolaunch option (estimate-memory, convert-checkpoint, save_hf_pretrained):
 # kB/MB/GB/TB are decimal (10**3 ...; Hugging Face's `max_shard_size` reads them so too), KiB/MiB/GiB/TiB
@@ -106,3 +110,13 @@ def normalize_dtype(text: str, what: str = "--dtype") -> str:
 
 def gib(nbytes: float) -> float:
     return nbytes / GIB
+
+
+def fmt_bytes(num_bytes: float | None) -> str:
+    """1.25 GiB / 12.0 MiB / 512 B: the largest binary unit that keeps the number >= 1."""
+    if num_bytes is None or not math.isfinite(num_bytes):
+        return NA
+    for unit, size in BINARY_UNITS:
+        if abs(num_bytes) >= size:
+            return f"{num_bytes / size:.2f} {unit}"
+    return f"{num_bytes:.0f} B"

@@ -5,8 +5,8 @@
 that filesystem and the bytes needed when the caller knows them, and what to do. `disk_errors(...)` is
 the same as a context manager; `is_disk_error(err)` says whether an exception is one. Every writer (the
 launcher's run dir files, a worker's checkpoint save, convert-checkpoint, prepare-data) shares it so a
-full disk reads the same everywhere. Torch-free; imports nothing of ours but config/errors.py and the byte
-formatting.
+full disk reads the same everywhere. Torch-free, in util/ below every layer: imports nothing of ours but
+util/errors.py and util/sizes.py's byte formatting.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from zerolaunch.config.errors import UserError
-from zerolaunch.report.format import fmt_bytes
+from zerolaunch.util.errors import UserError
+from zerolaunch.util.sizes import fmt_bytes
 
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 """Refusals the user fixes on the disk side: no space, quota, read-only filesystem, no permission."""
