@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from zerolaunch.dtypes import DTYPES, torch_dtype
+from zerolaunch.models.hf_chunked_loss import enable_chunked_loss
 from zerolaunch.models.hf_load import build_meta
 from zerolaunch.models.kinds import is_hf_model
 from zerolaunch.models.peft import is_peft_model, meta_adapter_init
@@ -164,8 +165,6 @@ def build(
         )
     model.enable_activation_checkpointing = enable
     if loss_chunk:
-        from zerolaunch.models.hf_chunked_loss import enable_chunked_loss
-
         enable_chunked_loss(model, loss_chunk)
     return model
 

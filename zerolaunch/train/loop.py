@@ -25,7 +25,8 @@ from zerolaunch.checkpoint.save import nothing_to_do
 from zerolaunch.config import import_builder
 from zerolaunch.data.identity import changes_record, describe_changes
 from zerolaunch.models.compiling import compile_for
-from zerolaunch.models.peft import apply_peft
+from zerolaunch.models.hf import unit_class_names
+from zerolaunch.models.peft import apply_peft, saved_unit_problem
 from zerolaunch.report.mfu import hf_flops_per_token
 from zerolaunch.report.monitors import Monitors
 from zerolaunch.train import seeding, step_stats
@@ -85,9 +86,6 @@ def _with_meta_arg(recipe):
 
 
 def _check_saved_units(model, recipe) -> None:
-    from zerolaunch.models.hf import unit_class_names
-    from zerolaunch.models.peft import saved_unit_problem
-
     units = recipe.engine.zero.stage3_units or unit_class_names(model.get_base_model())
     problem = saved_unit_problem(model, set(units))
     if problem is not None:
