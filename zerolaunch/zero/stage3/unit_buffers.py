@@ -101,10 +101,12 @@ class UnitFlat:
         pin: bool,
         resident: bool,
         frozen_specs: list[ParamSpec] = (),
+        may_alias: bool = False,
     ):
         """specs: the trainable params; frozen_specs: the frozen ones ([Note: frozen buckets]).
         shard_device: where this rank's compute-dtype shard lives; None = no shard in memory: in a swap
-        file, attached with `attach_swap` (offload_param nvme), or the master's, `attach_master`."""
+        file, attached with `attach_swap` (offload_param nvme), or the master's, `attach_master`.
+        may_alias: plan.aliases_gathered ([Note: world size 1 aliases]; adopt_params still checks the tensors)."""
         self.index = index
         self.rank = rank
         self.world_size = world_size
@@ -156,6 +158,7 @@ class UnitFlat:
         self._params: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         """(param, its view into the full buffer, or into its source when `aliases_source`), set by
         adopt_params."""
+        self._may_alias = may_alias
         self.aliases_source = False
         """World size 1 with every bucket's source on the compute device in its dtype: params view the
         sources, the full buffer is never allocated ([Note: world size 1 aliases]); set by adopt_params."""
@@ -349,7 +352,7 @@ class UnitFlat:
     def _alias_sources(self) -> list[torch.Tensor] | None:
         """Each bucket's gathered values as they already sit in memory, when the unit can alias them ([Note:
         world size 1 aliases]); None when any bucket needs a collective, a copy or a cast."""
-        if self.world_size != 1 or self._swap is not None:
+        if not self._may_alias or self.world_size != 1 or self._swap is not None:
             return None
         sources = []
         for i in range(len(self.buckets)):
