@@ -44,5 +44,5 @@ def test_the_train_row_trains_what_the_engine_row_trains(one_rank_group):
     engine_row = tax.run_builtin_engine_row("zl-gpt-z2-bf16", args)
     train_row = tax.run_train_row("zl-train-z2-bf16", args)
     assert train_row["step_ms"] > 0 and engine_row["step_ms"] > 0
-    assert "--cpu 1" in train_row["command"]
+    assert "--cpu 1" in train_row["command"] and train_row["train_rc"] == 0
     assert train_row["final_loss"] == engine_row["final_loss"], (train_row, engine_row)
