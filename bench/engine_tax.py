@@ -4,6 +4,7 @@
     python bench/engine_tax.py --model hf-llama --rows torch-bf16,zl-z2-bf16
     python bench/engine_tax.py --profile torch-bf16,zl-z2-bf16 --out DIR   # + a profile table per row
     python bench/engine_tax.py --tiny --device cpu            # the smoke test (tests/unit/test_bench_engine_tax.py)
+    python bench/engine_tax.py --rows zl-gpt-z2-bf16,zl-train-z2-bf16   # zerolaunch train against the engine
 
 The model is NOT zerolaunch's: `OwnGPT` below is a plain nn.Module written here (pre-norm blocks, fused qkv, sdpa,
 tied embedding), or transformers' LlamaForCausalLM with sdpa (`--model hf-llama`, random init, no download).
@@ -15,6 +16,15 @@ numbers) and trains the same synthetic batches from the same weights:
                 `engine.compile()`; the same AdamW, clip and lr.
 - torch-amp:    fp32 params + bf16 autocast, torch.compile(model), fused AdamW: the numerics of an fp32 master.
 - zl-z{2,3}:    `zerolaunch.initialize` with bf16 compute and the fp32 master, then `engine.compile()`.
+
+Two more rows (with `--model gpt`) put the user's `zerolaunch train` against the engine on one model and data:
+zerolaunch's built-in GPT (zerolaunch.models.gpt) at this bench's shape and its synthetic Markov data
+(zerolaunch.data.synthetic, seed 1234), pure bf16, ZeRO-2, compiled as engine.compile() does (the whole model):
+
+- zl-gpt-z2-bf16:   `zerolaunch.initialize` + `engine.compile()`, the batches drawn before timing.
+- zl-train-z2-bf16: `zerolaunch train recipes/gpt-1.3b.yaml --gpus 1` (--cpu 1 with --device cpu) with --set
+                    flags for the same shape, optimizer and precision; the median step of its metrics.jsonl
+                    (bench/train_path.py), the first --warmup steps left out. Its ratio is to zl-gpt-z2-bf16.
 
 A row prints `RESULT {json}`: median step ms over the timed steps, peak allocated GiB, final loss. With
 `--profile`, the row then profiles three more steps with torch.profiler and writes `profile-ROW.txt` under --out:
@@ -31,9 +41,13 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROWS = ("torch-bf16", "zl-z2-bf16", "zl-z3-bf16", "torch-amp", "zl-z2", "zl-z3")
+BUILTIN_ROWS = ("zl-gpt-z2-bf16", "zl-train-z2-bf16")
+"""The built-in GPT's rows (the module docstring): the engine against `zerolaunch train`, --model gpt only."""
+DATA_SEED = 1234  # recipes/gpt-1.3b.yaml's train.seed: the synthetic stream both built-in rows draw
 SIZES = {  # (layers, d_model, heads)
     "tiny": (2, 64, 4),
     "350m": (24, 1024, 16),
@@ -287,11 +301,164 @@ def run_row(row: str, args) -> dict:
     return out
 
 
+def builtin_gpt_args(args) -> dict:
+    """zerolaunch.models.gpt.build's arguments for this bench's shape (--size, or --tiny)."""
+    n_layer, d_model, n_head = SIZES["tiny" if args.tiny else args.size]
+    vocab = 512 if args.tiny else 50304
+    return {
+        "size": "tiny" if args.tiny else "1.3b",  # the named size is overridden by the shape below
+        "vocab_size": vocab,
+        "seq_len": args.seq_len,
+        "n_layer": n_layer,
+        "n_head": n_head,
+        "d_model": d_model,
+    }
+
+
+def run_builtin_engine_row(row: str, args) -> dict:
+    """zl-gpt-z2-bf16: the built-in GPT under zerolaunch.initialize, fed zerolaunch train's synthetic data."""
+    import torch
+
+    from zerolaunch.data.synthetic import build as build_data
+    from zerolaunch.models.gpt import build as build_gpt
+
+    device = torch.device(args.device)
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(0)
+        torch.backends.cuda.matmul.allow_tf32 = True
+    import zerolaunch
+
+    gpt = builtin_gpt_args(args)
+    torch.manual_seed(DATA_SEED)
+    engine = zerolaunch.initialize(build_gpt(**gpt), ds_config(2, True, args.micro_batch), device=device)
+    if not args.eager:
+        engine.compile()
+    stream = iter(
+        build_data(0, 1, args.micro_batch, DATA_SEED, vocab_size=gpt["vocab_size"], seq_len=args.seq_len)
+    )
+    batches = [{k: v.to(device) for k, v in next(stream).items()} for _ in range(args.warmup + args.steps)]
+    times, loss = [], None
+    for i, b in enumerate(batches):
+        if cuda and i == args.warmup:
+            torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        began = time.perf_counter()
+        loss = engine(b["input_ids"], b["labels"]).loss
+        engine.backward(loss)
+        engine.step()
+        if cuda:
+            end.record()
+            torch.cuda.synchronize()
+        if i >= args.warmup:  # on the CPU the clock, as zerolaunch train's step_seconds there
+            times.append(start.elapsed_time(end) if cuda else 1e3 * (time.perf_counter() - began))
+    return {
+        "row": row,
+        "model": "zerolaunch-gpt",
+        "size": "tiny" if args.tiny else args.size,
+        "step_ms": statistics.median(times) if times else None,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "final_loss": float(loss.detach().float()),
+        "torch": torch.__version__,
+        "card": torch.cuda.get_device_name(0) if cuda else "cpu",
+    }
+
+
+def train_row_command(args, run_dir: str, ckpt_dir: str) -> list[str]:
+    """`zerolaunch train` on recipes/gpt-1.3b.yaml, set to zl-gpt-z2-bf16's model, data, optimizer and
+    precision (DeepSpeed's pure-bf16 keys, as ds_config), compiled as engine.compile() compiles at stage 2."""
+    repo = Path(__file__).resolve().parent.parent
+    gpt = builtin_gpt_args(args)
+    sets = [f"model.args.{k}={v}" for k, v in gpt.items()] + [
+        f"data.args.vocab_size={gpt['vocab_size']}",
+        f"data.args.seq_len={args.seq_len}",
+        f"train.steps={args.warmup + args.steps}",
+        f"train.micro_batch_size={args.micro_batch}",
+        "train.gradient_accumulation_steps=1",
+        f"train.seed={DATA_SEED}",
+        f"train.lr={LR}",
+        f"train.betas=[{BETAS[0]}, {BETAS[1]}]",
+        f"train.weight_decay={WEIGHT_DECAY}",
+        "train.weight_decay_1d=true",  # a bare DeepSpeed config's rule, as zerolaunch.initialize applies it
+        f"train.gradient_clipping={CLIP}",
+        "train.warmup_steps=0",
+        "train.lr_schedule=constant",
+        "train.log_every=1",
+        f"train.compile={'false' if args.eager else 'true'}",
+        "deepspeed.bf16.bf16_master_weights_and_grads=true",
+        "deepspeed.bf16.bf16_optimizer_states=true",
+        f"checkpoint.dir={ckpt_dir}",
+        "checkpoint.keep=1",
+    ]
+    if not args.eager:
+        sets.append("train.compile_scope=model")
+    workers = ["--gpus", "1"] if args.device.startswith("cuda") else ["--cpu", "1"]
+    cmd = [sys.executable, "-m", "zerolaunch", "train", str(repo / "recipes" / "gpt-1.3b.yaml"), *workers]
+    return cmd + ["--run-dir", run_dir] + [a for kv in sets for a in ("--set", kv)]
+
+
+def run_train_row(row: str, args) -> dict:
+    """zl-train-z2-bf16: the user's path as a subprocess; the median step of its metrics.jsonl. The end-of-run
+    checkpoint (the built-in loop always saves one) comes after the last step, is not timed, and is deleted."""
+    import shutil
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from train_path import read_run
+
+    run_dir = tempfile.mkdtemp(prefix="zl-engine-tax-train-")
+    ckpt_dir = tempfile.mkdtemp(
+        prefix="zl-engine-tax-ckpt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
+    cmd = train_row_command(args, run_dir, ckpt_dir)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    finally:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+    metrics = Path(run_dir) / "metrics.jsonl"
+    run = read_run(run_dir, args.warmup) if metrics.exists() else {"steps": 0}
+    # the steps are what is measured: a failed end-of-run save (a small /dev/shm) is recorded, not fatal
+    if run["steps"] < args.steps:
+        tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-6:])
+        raise RuntimeError(f"zerolaunch train rc={p.returncode}, {run['steps']} timed steps logged: {tail}")
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    last = [r for r in rows if r.get("step_seconds")][-1]
+    peak = last.get("mem_allocated_bytes")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return {
+        "row": row,
+        "model": "zerolaunch-gpt",
+        "size": "tiny" if args.tiny else args.size,
+        "step_ms": run["median_step_ms"],
+        "peak_gib": peak / 2**30 if peak and args.device.startswith("cuda") else None,
+        "final_loss": last["loss"],
+        "data_wait_ms": run.get("median_data_wait_ms"),
+        "train_rc": p.returncode,
+        "command": " ".join(cmd),
+    }
+
+
+def run_any_row(row: str, args) -> dict:
+    if row == "zl-gpt-z2-bf16":
+        return run_builtin_engine_row(row, args)
+    if row == "zl-train-z2-bf16":
+        return run_train_row(row, args)
+    return run_row(row, args)
+
+
 def drive(args) -> None:
-    rows = ROWS if args.rows == "all" else tuple(args.rows.split(","))
-    unknown = [r for r in rows if r not in ROWS]
+    if args.rows == "all":
+        rows = ROWS + (BUILTIN_ROWS if args.model == "gpt" else ())
+    else:
+        rows = tuple(args.rows.split(","))
+    unknown = [r for r in rows if r not in ROWS + BUILTIN_ROWS]
     if unknown:
-        raise SystemExit(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+        raise SystemExit(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS + BUILTIN_ROWS)}")
     profiled = set(args.profile.split(",")) if args.profile else set()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     results = []
@@ -321,7 +488,9 @@ def print_table(results: list[dict]) -> None:
             print(f"{r['row']:<12} failed: {r['error'][-120:]}")
             continue
         ref = base["bf16" if r["row"].endswith("bf16") else "amp"]
-        ratio = r["step_ms"] / ref["step_ms"] if ref and "step_ms" in ref and r["step_ms"] else float("nan")
+        if r["row"] == "zl-train-z2-bf16":  # the user's path against the engine on the same model
+            ref = by_row.get("zl-gpt-z2-bf16")
+        ratio = r["step_ms"] / ref["step_ms"] if ref and ref.get("step_ms") and r["step_ms"] else float("nan")
         ms = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
         peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else "-"
         print(f"{r['row']:<12} {ms:>9} {ratio:>8.3f}x {peak:>9} {r['final_loss']:>9.4f}")
@@ -346,7 +515,7 @@ def main() -> None:
     ap.add_argument("--profile-row", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(run_row(args.one, args)), flush=True)
+        print("RESULT " + json.dumps(run_any_row(args.one, args)), flush=True)
     else:
         drive(args)
 

@@ -1,7 +1,8 @@
 """zero/optim/fused_step.py's chunk step is torch's Adam / AdamW: several steps of it, eagerly on CPU, against
 torch.optim (the for-loop implementation, an independent reference) fed the same grads times the multiplier,
 with and without weight decay; the params copy it writes is the master cast; grads are only read.
-Leaves out: the compiled kernel (CUDA: tests/dist/test_zero12_cuda.py)."""
+Leaves out: the compiled kernel under inductor (CUDA: tests/dist/test_zero12_cuda.py); its host reads are
+counted under dynamo alone."""
 
 from __future__ import annotations
 
@@ -75,3 +76,26 @@ def test_the_shard_optimizer_refuses_what_the_fused_step_cannot_do(optimizer, of
             device=torch.device("cpu"),
             fused_step=True,
         )
+
+
+def test_the_compiled_chunk_step_reads_nothing_back_to_the_host():
+    # betas, eps and weight decay left as dynamo's dynamic floats became graph inputs read with .item() on
+    # every call (four host reads per chunk). Dynamo alone (a backend that runs the captured graph)
+    # shows the reads; the values must still be torch's.
+    from torch.profiler import ProfilerActivity, profile
+
+    from zerolaunch.zero.optim import fused_step
+
+    kernel = fused_step._compiled(backend=lambda gm, inputs: gm.forward)
+    gen = torch.Generator().manual_seed(0)
+    for numel, weight_decay in [(101, 0.1), (37, 0.0), (64, 0.1)]:
+        master, grad = torch.randn(numel, generator=gen), torch.randn(numel, generator=gen)
+        want = master.clone()
+        states = [torch.zeros(numel) for _ in range(4)]
+        scalars = step_scalars(LR, *BETAS, 1, torch.device("cpu"))
+        args = (*scalars, *BETAS, EPS, weight_decay, True)
+        adam_chunk(want, grad, states[0], states[1], None, None, *args)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            kernel(master, grad, states[2], states[3], None, None, *args)
+        assert torch.equal(master, want)
+        assert not [e for e in prof.events() if e.name == "aten::_local_scalar_dense"]

@@ -2,8 +2,9 @@
 (zero/phases.py), as FSDP2's show as `FSDP::...`.
 
 One process, CPU. With optimizer offload the world-size-1 engine takes the reducing path (not the direct
-one), so stage 2 stages and reduce-scatters its buckets and stage 3 also gathers and waits for its units.
-The world-size-1 direct path shows its grads as `stage_grad` and nothing reduced. Leaves out: CUDA streams
+one), so stage 2 stages and reduce-scatters its buckets and stage 3 also gathers its units; their gathered
+params view the shards themselves (nothing to wait for), while a bf16 model's units cast their fp32 master
+and wait for it. The world-size-1 direct path shows its grads as `stage_grad` and nothing reduced. Leaves out: CUDA streams
 (the names are the same code on both).
 """
 
@@ -25,12 +26,14 @@ from zerolaunch.zero.options import (  # noqa: E402
     EngineOptions,
     OffloadOptions,
     OptimizerOptions,
+    PrecisionOptions,
     ZeroOptions,
 )
 
 
-def _profiled_step_names(stage: int, offload: str) -> set[str]:
+def _profiled_step_names(stage: int, offload: str, dtype: str) -> set[str]:
     options = EngineOptions(
+        precision=PrecisionOptions(dtype=dtype),
         zero=ZeroOptions(
             stage=stage,
             offload_optimizer=OffloadOptions(device=offload),
@@ -40,6 +43,7 @@ def _profiled_step_names(stage: int, offload: str) -> set[str]:
     )
     engine = Engine(Net(), options)
     x, y = micro_batch(0, 0, 1)
+    x, y = x.to(engine.dtype), y.to(engine.dtype)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         engine.backward(F.mse_loss(engine(x), y))
         engine.step()
@@ -51,16 +55,17 @@ REDUCING = ENGINE | {phases.STAGE_GRAD, phases.REDUCE_ISSUE, phases.REDUCE_WRITE
 
 
 @pytest.mark.parametrize(
-    "stage, offload, expected, absent",
+    "stage, offload, dtype, expected, absent",
     [
-        (2, "cpu", REDUCING | {phases.PUBLISH}, {phases.GATHER}),
-        (3, "cpu", REDUCING | {phases.GATHER, phases.GATHER_WAIT, phases.PUBLISH}, set()),
-        (2, "none", ENGINE | {phases.STAGE_GRAD}, {phases.REDUCE_ISSUE, phases.REDUCE_WRITE}),
+        (2, "cpu", "fp32", REDUCING | {phases.PUBLISH}, {phases.GATHER}),
+        (3, "cpu", "fp32", REDUCING | {phases.GATHER, phases.PUBLISH}, {phases.GATHER_WAIT}),
+        (3, "none", "bf16", ENGINE | {phases.GATHER, phases.GATHER_WAIT}, {phases.REDUCE_ISSUE}),
+        (2, "none", "fp32", ENGINE | {phases.STAGE_GRAD}, {phases.REDUCE_ISSUE, phases.REDUCE_WRITE}),
     ],
-    ids=["stage2-offload", "stage3-offload", "stage2-world1-direct"],
+    ids=["stage2-offload", "stage3-offload", "stage3-bf16-from-master", "stage2-world1-direct"],
 )
-def test_each_phase_of_a_step_shows_by_name_in_a_cpu_profile(stage, offload, expected, absent):
-    names = _profiled_step_names(stage, offload)
+def test_each_phase_of_a_step_shows_by_name_in_a_cpu_profile(stage, offload, dtype, expected, absent):
+    names = _profiled_step_names(stage, offload, dtype)
     assert {phases.label(p) for p in expected} <= names, sorted(n for n in names if "zerolaunch" in n)
     assert not {phases.label(p) for p in absent} & names
 

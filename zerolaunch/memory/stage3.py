@@ -193,8 +193,12 @@ def stage3_states(shape, setup, offload: str):
         gpu["params"] = unit_shards + frozen_shards + resident_shard
     else:
         gpu["params"] = frozen_shards  # the frozen bucket has no master to gather from
+    # [Note: world size 1 aliases]: one rank's gathered units are views of their shards or master
+    aliased = plan.aliases_gathered(
+        world, offload_devices(offload)[1], from_master, setup.dtype, setup.master_dtype
+    )
     # the persistent params are also kept whole on every GPU, as are the frozen ones under the threshold.
-    gpu["params"] += b * resident + b * frozen_resident + shape.frozen_fixed_bytes
+    gpu["params"] += (0 if aliased else b * resident) + b * frozen_resident + shape.frozen_fixed_bytes
     # a unit gathers its trainable and frozen buckets together (the schedule's budgets count both)
     whole_units = [t + f for t, f in zip(units, frozen_units, strict=True)]
     gathered, gathered_trainable = gathered_peak(
@@ -212,7 +216,7 @@ def stage3_states(shape, setup, offload: str):
     staging = c * (units[0] + resident + in_flight * max(blocks, default=0))
     if el.accumulates_directly(3, world, offload, precision.dtype, precision.communication_dtype):
         staging = 0  # one rank: grads go straight into the grad shard ([Note: direct grads])
-    gathered_bytes = b * gathered
+    gathered_bytes = 0 if aliased else b * gathered
     if from_master and world > 1 and b != 4:
         # each gather in flight casts its unit's fp32 master shard into a compute-dtype input (1/world of the
         # unit's trainable buckets) alive until it is waited; counted for every gathered unit, a bound (a

@@ -106,6 +106,17 @@ def gathers_from_master(offload_optimizer: str, offload_param: str) -> bool:
     return offload_optimizer == "none" and offload_param == "none"
 
 
+def aliases_gathered(
+    world_size: int, offload_param: str, from_master: bool, dtype: str, master_dtype: str
+) -> bool:
+    """stage3/unit_buffers.py [Note: world size 1 aliases]: at world size 1 a stage-3 unit's gathered params
+    are views of what it already holds, with no full buffer, where that sits on the compute device in the
+    compute dtype: the params are not offloaded (an offloaded shard is a host->device copy), and a unit that
+    gathers from its master has a master of the compute dtype (fp32 training, or pure bf16: an fp32 master
+    under a 16-bit model needs its cast). Offload devices and dtypes by name."""
+    return world_size == 1 and offload_param == "none" and (not from_master or master_dtype == dtype)
+
+
 def host_waits_at_boundary(device_type: str, grad_shards_device_type: str) -> bool:
     """At an accumulation boundary the host waits for the device only when it reads grads the device wrote:
     grad shards on the host ("cpu": optimizer offload) while training on an accelerator ([Note: boundary

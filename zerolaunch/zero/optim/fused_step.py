@@ -74,9 +74,18 @@ def adam_chunk(
 
 
 @functools.cache
-def _compiled():
+def _compiled(backend: str = "inductor"):
     # dynamic: chunks differ in size; one graph per (out given, multiplier given, decay kind) at most
-    return torch.compile(adam_chunk, dynamic=True)
+    compiled = torch.compile(adam_chunk, dynamic=True, backend=backend)
+
+    def run(*args):
+        # betas, eps and weight decay are a group's constants: traced as constants. Left dynamic (dynamo's
+        # default for floats) each becomes a graph input read back with .item() on every call: four host
+        # reads per chunk, a few hundred a step.
+        with torch._dynamo.config.patch(specialize_float=True):
+            return compiled(*args)
+
+    return run
 
 
 def adam_chunk_for(device: torch.device):

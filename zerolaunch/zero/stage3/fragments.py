@@ -32,7 +32,7 @@ class UnitStateMixin:
                 continue
             for i in flat.trainable_buckets:
                 flat.write_shard(flat.shard_offsets[i], self._bucket_master(flat, i))
-            if flat.resident:
+            if flat.resident and not flat.aliases_source:  # an aliased unit views the loaded master
                 for name, slot in flat.trainable_slots.items():
                     full = read("master", name, 0, slot.numel)
                     flat.param_view(flat.full, name).copy_(full.reshape(slot.shape))

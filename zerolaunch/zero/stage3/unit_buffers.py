@@ -45,6 +45,16 @@ straight into the full buffer, above it into a compute-dtype buffer of the bucke
 Pending keeps alive until `wait_gathered()` (none in fp32: the master view itself is the input). Nothing is
 written after a step (`write_shard` does nothing); the resident unit still re-gathers. Saves the shard's
 bytes: 2 per param / world in bf16.
+
+[Note: world size 1 aliases]
+At world size 1 a bucket's shard is the whole bucket, so where every bucket's source (the master view, or
+the shard) is on the compute device in the compute dtype, the gathered values ARE the source: no all-gather,
+no copy. Such a unit (`aliases_source`) takes each param's view straight onto its source's storage; gather
+points the params at those views, free points them back at the placeholders (it never frees the source), and
+the full buffer stays 0 bytes. Writes into the source (the step into the master, a checkpoint load, a
+shard written on the compute device) are what the next gather shows, as a re-gather would have. Where a
+bucket's source is elsewhere (an offloaded or swapped shard: a real host->device copy) or of another dtype
+(an fp32 master under a 16-bit model: a cast), the unit keeps the full buffer and gathers as above.
 """
 
 from __future__ import annotations
@@ -91,10 +101,12 @@ class UnitFlat:
         pin: bool,
         resident: bool,
         frozen_specs: list[ParamSpec] = (),
+        may_alias: bool = False,
     ):
         """specs: the trainable params; frozen_specs: the frozen ones ([Note: frozen buckets]).
         shard_device: where this rank's compute-dtype shard lives; None = no shard in memory: in a swap
-        file, attached with `attach_swap` (offload_param nvme), or the master's, `attach_master`."""
+        file, attached with `attach_swap` (offload_param nvme), or the master's, `attach_master`.
+        may_alias: plan.aliases_gathered ([Note: world size 1 aliases]; adopt_params still checks the tensors)."""
         self.index = index
         self.rank = rank
         self.world_size = world_size
@@ -145,7 +157,12 @@ class UnitFlat:
         """Each bucket's fp32 master view when the unit gathers from it ([Note: gather from master])."""
         self._zero = torch.zeros((), dtype=dtype, device=device)
         self._params: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        """(param, its view into the full buffer), set by adopt_params."""
+        """(param, its view into the full buffer, or into its source when `aliases_source`), set by
+        adopt_params."""
+        self._may_alias = may_alias
+        self.aliases_source = False
+        """World size 1 with every bucket's source on the compute device in its dtype: params view the
+        sources, the full buffer is never allocated ([Note: world size 1 aliases]); set by adopt_params."""
         self._pending: list[comm.Pending] = []
         """The all-gathers of the last gather() until wait_gathered()."""
         self.grad_views: list[torch.Tensor] = []
@@ -328,19 +345,51 @@ class UnitFlat:
         if self.resident or not self.gathered:
             return
         self.wait_gathered()
-        self.full.untyped_storage().resize_(0)
+        if not self.aliases_source:  # an aliased unit's views hold the source itself: never freed
+            self.full.untyped_storage().resize_(0)
         self._point_params_at_placeholders()
         self.state = UnitState.SHARDED
 
+    def _alias_sources(self) -> list[torch.Tensor] | None:
+        """Each bucket's gathered values as they already sit in memory, when the unit can alias them ([Note:
+        world size 1 aliases]); None when any bucket needs a collective, a copy or a cast."""
+        if not self._may_alias or self.world_size != 1 or self._swap is not None:
+            return None
+        sources = []
+        for i in range(len(self.buckets)):
+            if self._master is not None and not self.is_frozen_bucket(i):
+                src = self._master[i]
+            elif self.shard is not None:
+                src = self.stored_bucket_shard(self.shard, i)
+            else:
+                return None
+            # _zero's device, not self.device: "cuda" names no index, the tensors' devices do
+            on_device = src.device == self._zero.device
+            if src.dtype != self.dtype or not on_device or src.numel() != self.buckets[i].padded_numel:
+                return None
+            sources.append(src)
+        return sources
+
     def adopt_params(self, params: dict[str, torch.nn.Parameter]) -> None:
-        """Make every parameter of the unit a view into the full buffer (which must be allocated now)."""
-        self._params = [(params[name], self.param_view(self.full, name)) for name in self.slots]
+        """Make every parameter of the unit a view into the full buffer (which must be allocated now), or into
+        its bucket's source ([Note: world size 1 aliases]; after attach_master / attach_swap)."""
+        sources = self._alias_sources()
+        self.aliases_source = sources is not None
+        if sources is None:
+            self._params = [(params[name], self.param_view(self.full, name)) for name in self.slots]
+        else:
+            self._params = [(params[name], self._source_view(sources, name)) for name in self.slots]
+            self.full.untyped_storage().resize_(0)
         for p, view in self._params:
             p.data = view
         if not self.resident:
             self.full.untyped_storage().resize_(0)
             self._point_params_at_placeholders()
             self.state = UnitState.SHARDED
+
+    def _source_view(self, sources: list[torch.Tensor], name: str) -> torch.Tensor:
+        slot = self.slots[name]
+        return sources[slot.bucket][slot.offset : slot.offset + slot.numel].view(slot.shape)
 
     def _point_params_at_placeholders(self) -> None:
         # a freed param must never read the released memory (a print or a user's .sum() would crash the
@@ -357,10 +406,13 @@ class UnitFlat:
             self._gather(group, stream=stream, stats=stats)
 
     def _gather(self, group, *, stream, stats: comm.CommStats) -> None:
-        self.full.untyped_storage().resize_(self.full_nbytes)
+        if not self.aliases_source:
+            self.full.untyped_storage().resize_(self.full_nbytes)
         for p, view in self._params:
             p.data = view
         self.state = UnitState.GATHERED
+        if self.aliases_source:  # the views show the source itself: nothing to move
+            return
         fulls = [self.bucket_full(self.full, i) for i in range(len(self.buckets))]
         if self._master is not None:
             # one call per bucket, its fp32 master cast by comm on `stream` ([Note: gather from master]);
@@ -393,8 +445,9 @@ class UnitFlat:
 
     # ---- after the optimizer step ------------------------------------------------------------------------
     def regather_resident(self, group, *, stats: comm.CommStats) -> None:
-        """A resident unit's full buffer <- its updated shards (after every bucket's shard was written)."""
-        if self.resident:
+        """A resident unit's full buffer <- its updated shards (after every bucket's shard was written).
+        Nothing to do where its params view the shards themselves ([Note: world size 1 aliases])."""
+        if self.resident and not self.aliases_source:
             self.state = UnitState.SHARDED  # the storage stays allocated; gather() refills it in place
             self.gather(group, stream=None, stats=stats)
             self.wait_gathered()

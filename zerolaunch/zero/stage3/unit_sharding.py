@@ -30,7 +30,7 @@ from ..layout import ParamSpec
 from ..optim import nvme_store, shard_optimizer
 from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
 from ..param_groups import collect_aliases, collect_params, optimizer_groups
-from ..plan import GradSegment, gathers_from_master
+from ..plan import GradSegment, aliases_gathered, gathers_from_master
 from ..sharding import Sharding, StrategyContext, nbytes
 from .fragments import UnitStateMixin
 from .materialize import materialize, param_sites, unit_seed
@@ -60,6 +60,15 @@ class UnitSharding(UnitStateMixin, Sharding):
         if self.gathers_from_master:
             shard_device = None  # the unit reads its master's views, attached in _allocate_shards
         self.module = model
+        precision = options.precision
+        may_alias = aliases_gathered(
+            self.ctx.world_size,
+            zero_options.offload_param.device,
+            self.gathers_from_master,
+            precision.dtype,
+            precision.master_dtype,
+        )
+        """[Note: world size 1 aliases] in unit_buffers.py."""
 
         self.aliases = collect_aliases(model)
         named = dict(collect_params(model))
@@ -88,6 +97,7 @@ class UnitSharding(UnitStateMixin, Sharding):
                 shard_device=torch.device("cpu") if resident and param_nvme else shard_device,
                 resident=resident,
                 pin=zero_options.offload_param.pin_memory,
+                may_alias=may_alias,
             )
 
         self.flats = [
