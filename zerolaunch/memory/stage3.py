@@ -195,7 +195,7 @@ def stage3_states(shape, setup, offload: str):
         gpu["params"] = frozen_shards  # the frozen bucket has no master to gather from
     # [Note: world size 1 aliases]: one rank's gathered units are views of their shards or master
     aliased = plan.aliases_gathered(
-        world, offload_devices(offload)[1], from_master, setup.dtype, setup.master_dtype
+        world, offload_devices(offload)[1], from_master, setup.dtype, setup.engine.precision.master_dtype
     )
     # the persistent params are also kept whole on every GPU, as are the frozen ones under the threshold.
     gpu["params"] += (0 if aliased else b * resident) + b * frozen_resident + shape.frozen_fixed_bytes
