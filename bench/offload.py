@@ -323,7 +323,7 @@ def main() -> None:
     )
     ap.add_argument("--steps", type=int, default=3, help="timed steps (median reported)")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--matmul-tflops", type=float, default=795.0, help="the bf16 matmul rate the % is of")
+    ap.add_argument("--matmul-tflops", type=float, default=795.0, help="the bf16 matmul rate the %% is of")
     ap.add_argument("--out", default="bench/results/offload")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--timeout", type=float, default=150, help="seconds per row")
