@@ -3,8 +3,33 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import importlib.util
 from pathlib import Path
+
+ONE_RANK_TORCHRUN_ENV = {
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29999",
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "1",
+}
+"""The variables torchrun would set for a one-rank job: what bench scripts and DeepSpeed read besides the group."""
+
+
+@contextlib.contextmanager
+def one_rank_group(store_dir: Path):
+    """The default process group as one gloo rank over a FileStore in `store_dir` (no port, so tests running
+    side by side never collide), with a timeout so a wrong collective fails instead of hanging; torn down after."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(Path(store_dir) / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def tiny_llama(**overrides) -> dict:

@@ -1,10 +1,9 @@
 """Helpers of the `zerolaunch train` end-to-end tests: a tiny recipe, the CLI run as a subprocess (always
-with a timeout), metrics.jsonl reading, process lookups for the signal tests, and a one-rank gloo process
-group for the tests that run the training loop in this process."""
+with a timeout), metrics.jsonl reading and process lookups for the signal tests. The one-rank `group` fixture
+of the tests that run the training loop in this process is tests/conftest.py's."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import subprocess
@@ -13,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,15 +38,6 @@ deepspeed:
 
 FAULTY_MODEL = Path(__file__).resolve().parent / "_faulty_model.py"
 """The tiny GPT with a fault on one rank at one step (the failure and restart tests' model builder)."""
-
-
-@pytest.fixture
-def group(tmp_path):
-    """The default process group as one gloo rank (FileStore: no port), torn down after the test."""
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    yield None
-    dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ copy that landed behind an event). The old loop made two on the CPU (loss_sum.it
 order, with the losses run_training returns. Leaves out: the engine's own reads (zero/), a GPU.
 """
 
-import datetime
 import json
 import os
 import sys
@@ -17,7 +16,6 @@ import threading
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from zerolaunch.config import load_recipe
 from zerolaunch.train.context import RunContext
@@ -27,14 +25,6 @@ pytestmark = pytest.mark.e2e
 
 ALLOWED_PER_STEP = 1
 """PendingStep.read: the previous step's loss sums and peaks, one .tolist() of a host tensor."""
-
-
-@pytest.fixture
-def group(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    yield None
-    dist.destroy_process_group()
 
 
 def _recipe(run_dir, steps, accum):

@@ -8,13 +8,11 @@ is not; wandb likewise. Leaves out: several ranks (rank 0 alone writes; the loop
 """
 
 import csv
-import datetime
 import importlib.util
 import json
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from zerolaunch.config import load_recipe
 from zerolaunch.config.errors import RecipeError
@@ -24,14 +22,6 @@ from zerolaunch.train.loop import run_training
 pytestmark = pytest.mark.e2e
 HAS_TB = importlib.util.find_spec("tensorboard") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
-
-
-@pytest.fixture
-def group(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    yield None
-    dist.destroy_process_group()
 
 
 def _recipe(run_dir, monitors: dict, steps=4):

@@ -6,11 +6,8 @@ builds the built-in GPT on the meta device and trains; a model returning no loss
 Leaves out: several ranks (the CLI tests run 2), the launcher.
 """
 
-import datetime
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from zerolaunch.config import load_recipe
 from zerolaunch.train import batches
@@ -18,14 +15,6 @@ from zerolaunch.train.context import RunContext
 from zerolaunch.train.loop import run_training
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def group(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    yield None
-    dist.destroy_process_group()
 
 
 def _recipe(
