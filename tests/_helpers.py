@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib.util
+import sys
 from pathlib import Path
 
 ONE_RANK_TORCHRUN_ENV = {
@@ -104,8 +105,12 @@ def live_cpu_storage_bytes() -> int:
 
 
 def load_bench_script(name: str):
-    """bench/NAME.py as a module (bench/ is scripts, not a package): what its CPU-side tests call into."""
-    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    """bench/NAME.py as a module (bench/ is scripts, not a package): what its CPU-side tests call into. bench/
+    goes on sys.path as it does when a script runs, so the scripts' imports of each other (_row_process) resolve."""
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    if str(bench) not in sys.path:
+        sys.path.append(str(bench))
+    path = bench / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

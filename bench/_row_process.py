@@ -1,0 +1,87 @@
+"""What the side-by-side benches (run.py, engine_tax.py, lora.py, step_profile.py) share: each row runs in its own
+process at world size 1 and hands back one `RESULT {json}` line.
+
+- `single_rank_env()`: torchrun's variables for a one-rank job, set only where the caller has none (a bench run
+  under torchrun keeps its own).
+- `init_single_rank_group(device)`: that env, the GPU picked, and the default group (gloo on the CPU, NCCL bound to
+  GPU 0) unless one exists (a test made it).
+- `print_result(row)` / `row_result(cmd, timeout)`: the two sides of the RESULT line.
+- `TINY_LLAMA`: the Llama layer shape of the CPU smoke runs (`--tiny`).
+
+bench/ is scripts, not a package: the scripts import this by name (their folder is sys.path[0] when run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+TINY_LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+)
+"""A 2-layer Llama shape with grouped-query attention (4 heads, 2 kv heads): seconds per step on a CPU."""
+
+RESULT = "RESULT "
+
+
+def single_rank_env() -> None:
+    """Set-default the torchrun variables of a one-rank job. The port depends on the pid, so rows of two benches
+    started side by side do not collide."""
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+
+
+def init_single_rank_group(device=None) -> None:
+    """single_rank_env(), then the default group unless the caller made one: gloo for a CPU `device`, else NCCL on
+    GPU 0 (which becomes the current device)."""
+    import torch
+    import torch.distributed as dist
+
+    single_rank_env()
+    if device is not None and device.type == "cpu":
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", rank=0, world_size=1)
+        return
+    torch.cuda.set_device(0)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+
+
+def print_result(row: dict) -> None:
+    """The row process's answer to its driver: one line, flushed before the process exits."""
+    print(RESULT + json.dumps(row), flush=True)
+
+
+def _tail(text: str, lines: int) -> list[str]:
+    return text.strip().splitlines()[-lines:]
+
+
+def row_result(cmd: list[str], timeout: float) -> dict:
+    """Run one row's process and return the dict of its last `RESULT {json}` line. RuntimeError with the last
+    lines of its output when it fails, prints no RESULT line or outlives `timeout` seconds (then the rows after it
+    still run); the message says when a signal killed it (SIGKILL: the kernel's OOM killer) or CUDA ran out of
+    memory."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        out = expired.stderr or expired.stdout or b""
+        tail = _tail(out.decode(errors="replace") if isinstance(out, bytes) else out, 4)
+        raise RuntimeError(" | ".join([f"timed out after {timeout:.0f} s", *tail])) from None
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT)]
+    if p.returncode == 0 and line:
+        return json.loads(line[-1][len(RESULT) :])
+    tail = _tail(p.stderr or p.stdout, 6)
+    if any("OutOfMemoryError" in ln or "CUDA out of memory" in ln for ln in tail):
+        tail.insert(0, "CUDA out of memory")
+    if p.returncode < 0:
+        tail.insert(
+            0, f"killed by signal {-p.returncode}" + (" (host memory?)" if p.returncode == -9 else "")
+        )
+    raise RuntimeError(" | ".join(tail))
