@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch  # noqa: F401 -- imported once here, not inside the first case that builds a model (seconds)
 import yaml
+from _mutate import add_unknown, drop_key, leaves, overwrite_bytes, retype, set_at
 
 from zerolaunch.config import load_recipe
 from zerolaunch.config.errors import UserError
@@ -106,27 +107,6 @@ ABSURD = [1e30, 2**40, 2**63, 10**100, -(10**30), 1e300]
 RAW_CLASS = re.compile(r"\b[A-Z][A-Za-z]*(Error|Exception)\b|\bTraceback\b")
 
 
-def _leaves(tree, path=()):
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from _leaves(value, (*path, key))
-        else:
-            yield (*path, key), value
-
-
-def _mappings(tree, path=()):
-    yield path, tree
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _mappings(value, (*path, key))
-
-
-def _set(tree, path, value):
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = value
-
-
 def _with_text_at(text: str, rng: random.Random, line: str) -> str:
     """Insert `line` (one YAML mapping entry) at the indentation of a random existing key line."""
     lines = text.splitlines()
@@ -142,14 +122,11 @@ def mutate(rng: random.Random, base: dict, deepspeed: bool) -> tuple[str, str]:
     kinds = ["type", "drop", "unknown", "key", "deep", "big", "absurd", "ds_type", "junk", "auto"]
     kind = rng.choice(kinds)
     if kind == "type":
-        path, _ = rng.choice(list(_leaves(tree)))
-        _set(tree, path, rng.choice(JUNK))
+        retype(rng, tree, JUNK)
     elif kind == "drop":
-        _, mapping = rng.choice([m for m in _mappings(tree) if m[1]])
-        del mapping[rng.choice(list(mapping))]
+        drop_key(rng, tree)
     elif kind == "unknown":
-        _, mapping = rng.choice(list(_mappings(tree)))
-        mapping[rng.choice(["lr", "stage", "stepz", "zero", "bogus", "train_batch_size"])] = rng.choice(JUNK)
+        add_unknown(rng, tree, ["lr", "stage", "stepz", "zero", "bogus", "train_batch_size"], JUNK)
     elif kind == "absurd":
         path = rng.choice(SIZE_KEYS)
         if deepspeed:
@@ -163,7 +140,7 @@ def mutate(rng: random.Random, base: dict, deepspeed: bool) -> tuple[str, str]:
                     ("scheduler", "params", "warmup_num_steps"),
                 ]
             )
-        _set(tree, path, rng.choice(ABSURD))
+        set_at(tree, path, rng.choice(ABSURD))
     elif kind == "ds_type":
         zero = tree["zero_optimization"] if deepspeed else tree["deepspeed"]["zero_optimization"]
         top = tree if deepspeed else tree["deepspeed"]
@@ -182,8 +159,8 @@ def mutate(rng: random.Random, base: dict, deepspeed: bool) -> tuple[str, str]:
         )
         target[rng.choice(names)] = rng.choice(JUNK)
     elif kind == "auto":
-        path, _ = rng.choice(list(_leaves(tree)))
-        _set(tree, path, "auto")
+        path, _ = rng.choice(list(leaves(tree)))
+        set_at(tree, path, "auto")
     text = json.dumps(tree, indent=2) if deepspeed else yaml.safe_dump(tree, sort_keys=False)
     if kind == "key":
         key = rng.choice(YAML_KEYS)
@@ -209,10 +186,7 @@ def mutate(rng: random.Random, base: dict, deepspeed: bool) -> tuple[str, str]:
             else text.replace("{", '{"big": ' + value + ", ", 1)
         )
     elif kind == "junk":
-        data = bytearray(text.encode())
-        for _ in range(rng.randint(1, 8)):
-            data[rng.randrange(len(data))] = rng.randrange(32, 127)
-        text = data.decode("ascii", "replace")
+        text = overwrite_bytes(rng, text.encode(), 8, range(32, 127)).decode("ascii", "replace")
     return kind, text
 
 
