@@ -33,6 +33,34 @@ def one_rank_group(store_dir: Path):
         dist.destroy_process_group()
 
 
+def tiny_gpt_recipe(*, seq_len: int = 32, vocab_size: int = 64, **sections) -> dict:
+    """A recipe dict of the built-in tiny GPT trained on synthetic ids below `vocab_size`, `seq_len` long. Each
+    keyword is a recipe section (train, checkpoint, deepspeed, or model/data to replace those), in the order
+    given after model and data; the caller adds keys inside a section afterwards (model.init_from,
+    data.prefetch). The one template of the e2e tests, in-process (`load_recipe(dict)`) or on disk
+    (`write_recipe`)."""
+    recipe = {
+        "model": {
+            "builder": "zerolaunch.models.gpt:build",
+            "args": {"size": "tiny", "vocab_size": vocab_size, "seq_len": seq_len},
+        },
+        "data": {
+            "builder": "zerolaunch.data.synthetic:build",
+            "args": {"vocab_size": vocab_size, "seq_len": seq_len},
+        },
+    }
+    recipe.update(sections)
+    return recipe
+
+
+def write_recipe(path: Path, recipe: dict) -> Path:
+    """`recipe` as a YAML file at `path` (block style, keys in the dict's order); returns `path`."""
+    import yaml
+
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
 def tiny_llama(**overrides) -> dict:
     """A Hugging Face Llama config dict small enough for CPU tests (`hf.build(config=...)`): 32 wide, 4 heads
     with 2 kv heads (grouped-query attention), 4 layers, vocab 64, tied embeddings; `overrides` replace keys."""

@@ -16,6 +16,7 @@ import threading
 
 import pytest
 import torch
+from _helpers import tiny_gpt_recipe
 
 from zerolaunch.config import load_recipe
 from zerolaunch.train.context import RunContext
@@ -29,13 +30,9 @@ ALLOWED_PER_STEP = 1
 
 def _recipe(run_dir, steps, accum):
     return load_recipe(
-        {
-            "model": {
-                "builder": "zerolaunch.models.gpt:build",
-                "args": {"size": "tiny", "vocab_size": 64, "seq_len": 16},
-            },
-            "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
-            "train": {
+        tiny_gpt_recipe(
+            seq_len=16,
+            train={
                 "steps": steps,
                 "micro_batch_size": 2,
                 "gradient_accumulation_steps": accum,
@@ -45,9 +42,9 @@ def _recipe(run_dir, steps, accum):
                 "log_every": 2,
                 "run_dir": str(run_dir),
             },
-            "checkpoint": {"every": 0},
-            "deepspeed": {"zero_optimization": {"stage": 2}},
-        },
+            checkpoint={"every": 0},
+            deepspeed={"zero_optimization": {"stage": 2}},
+        ),
         world_size=1,
     )
 

@@ -13,6 +13,7 @@ import json
 
 import pytest
 import torch
+from _helpers import tiny_gpt_recipe
 
 from zerolaunch.config import load_recipe
 from zerolaunch.config.errors import RecipeError
@@ -26,13 +27,9 @@ HAS_WANDB = importlib.util.find_spec("wandb") is not None
 
 def _recipe(run_dir, monitors: dict, steps=4):
     return load_recipe(
-        {
-            "model": {
-                "builder": "zerolaunch.models.gpt:build",
-                "args": {"size": "tiny", "vocab_size": 64, "seq_len": 16},
-            },
-            "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
-            "train": {
+        tiny_gpt_recipe(
+            seq_len=16,
+            train={
                 "steps": steps,
                 "micro_batch_size": 2,
                 "gradient_accumulation_steps": 2,
@@ -40,8 +37,8 @@ def _recipe(run_dir, monitors: dict, steps=4):
                 "log_every": 100,
                 "run_dir": str(run_dir),
             },
-            "deepspeed": {"zero_optimization": {"stage": 1}, **monitors},
-        },
+            deepspeed={"zero_optimization": {"stage": 1}, **monitors},
+        ),
         world_size=1,
     )
 

@@ -8,6 +8,7 @@ Leaves out: several ranks (the CLI tests run 2), the launcher.
 
 import pytest
 import torch
+from _helpers import tiny_gpt_recipe
 
 from zerolaunch.config import load_recipe
 from zerolaunch.train import batches
@@ -20,32 +21,23 @@ pytestmark = pytest.mark.e2e
 def _recipe(
     run_dir, steps=6, every=0, stage=2, seed=1234, zero_extra=None, micro=2, accum=2, seq=16, prefetch="auto"
 ):
-    return load_recipe(
-        {
-            "model": {
-                "builder": "zerolaunch.models.gpt:build",
-                "args": {"size": "tiny", "vocab_size": 64, "seq_len": seq},
-            },
-            "data": {
-                "builder": "zerolaunch.data.synthetic:build",
-                "args": {"vocab_size": 64, "seq_len": seq},
-                "prefetch": prefetch,
-            },
-            "train": {
-                "steps": steps,
-                "micro_batch_size": micro,
-                "gradient_accumulation_steps": accum,
-                "lr": 1e-2,
-                "lr_schedule": "constant",
-                "seed": seed,
-                "log_every": 100,
-                "run_dir": str(run_dir),
-            },
-            "checkpoint": {"every": every},
-            "deepspeed": {"zero_optimization": {"stage": stage, **(zero_extra or {})}},
+    recipe = tiny_gpt_recipe(
+        seq_len=seq,
+        train={
+            "steps": steps,
+            "micro_batch_size": micro,
+            "gradient_accumulation_steps": accum,
+            "lr": 1e-2,
+            "lr_schedule": "constant",
+            "seed": seed,
+            "log_every": 100,
+            "run_dir": str(run_dir),
         },
-        world_size=1,
+        checkpoint={"every": every},
+        deepspeed={"zero_optimization": {"stage": stage, **(zero_extra or {})}},
     )
+    recipe["data"]["prefetch"] = prefetch
+    return load_recipe(recipe, world_size=1)
 
 
 def _ctx(resume=None):

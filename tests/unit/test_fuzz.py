@@ -25,6 +25,7 @@ import pytest
 import torch
 import yaml
 from _fake_engine import FakeTensorSpec, fake_ranks, save_fake
+from _helpers import tiny_gpt_recipe
 from _mutate import add_unknown, drop_key, leaves, overwrite_bytes, retype, set_at
 from typer.testing import CliRunner
 
@@ -38,13 +39,9 @@ SEED = 20261203
 RECIPE_CASES = 300
 CHECKPOINT_CASES = 150
 
-BASE_RECIPE = {
-    "model": {
-        "builder": "zerolaunch.models.gpt:build",
-        "args": {"size": "tiny", "vocab_size": 64, "seq_len": 32},
-    },
-    "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 32}},
-    "train": {
+BASE_RECIPE = tiny_gpt_recipe(
+    seq_len=32,
+    train={
         "steps": 10,
         "micro_batch_size": 4,
         "gradient_accumulation_steps": 2,
@@ -56,12 +53,12 @@ BASE_RECIPE = {
         "weight_decay": 0.1,
         "precision": "fp32",
     },
-    "checkpoint": {"every": 5, "keep": 2},
-    "deepspeed": {
+    checkpoint={"every": 5, "keep": 2},
+    deepspeed={
         "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "overlap_comm": True},
         "gradient_clipping": 1.0,
     },
-}
+)
 JUNK_VALUES = ["abc", "", [1, 2], {"x": 1}, None, True, False, 1.5, -1, 0, 10**30, float("nan"), "auto"]
 SPECS = [
     FakeTensorSpec("a.weight", (17, 31), torch.float32, True),

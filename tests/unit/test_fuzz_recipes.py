@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch  # noqa: F401 -- imported once here, not inside the first case that builds a model (seconds)
 import yaml
+from _helpers import tiny_gpt_recipe
 from _mutate import add_unknown, drop_key, leaves, overwrite_bytes, retype, set_at
 
 from zerolaunch.config import load_recipe
@@ -37,13 +38,9 @@ RECIPE_CASES = 300
 DEEPSPEED_CASES = 100
 CASE_SECONDS = 5.0
 
-BASE_RECIPE = {
-    "model": {
-        "builder": "zerolaunch.models.gpt:build",
-        "args": {"size": "tiny", "vocab_size": 64, "seq_len": 16},
-    },
-    "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
-    "train": {
+BASE_RECIPE = tiny_gpt_recipe(
+    seq_len=16,
+    train={
         "steps": 10,
         "micro_batch_size": 2,
         "gradient_accumulation_steps": 2,
@@ -53,12 +50,12 @@ BASE_RECIPE = {
         "log_every": 1,
         "precision": "fp32",
     },
-    "checkpoint": {"every": 5, "keep": 2},
-    "deepspeed": {
+    checkpoint={"every": 5, "keep": 2},
+    deepspeed={
         "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "contiguous_gradients": True},
         "steps_per_print": 10,
     },
-}
+)
 BASE_DEEPSPEED = {
     "train_micro_batch_size_per_gpu": 2,
     "gradient_accumulation_steps": "auto",
