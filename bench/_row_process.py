@@ -6,7 +6,7 @@ process at world size 1 and hands back one `RESULT {json}` line.
 - `init_single_rank_group(device)`: that env, the GPU picked, and the default group (gloo on the CPU, NCCL bound to
   GPU 0) unless one exists (a test made it).
 - `print_result(row)` / `row_result(cmd, timeout)`: the two sides of the RESULT line.
-- `TINY_LLAMA`: the Llama layer shape of the CPU smoke runs (`--tiny`).
+- `TINY_LLAMA`: the Llama layer shape of the CPU smoke runs (`--tiny`); `LLAMA_1B`: recipes/hf-llama-1b.yaml's.
 
 bench/ is scripts, not a package: the scripts import this by name (their folder is sys.path[0] when run).
 """
@@ -26,6 +26,21 @@ TINY_LLAMA = dict(
     vocab_size=512,
 )
 """A 2-layer Llama shape with grouped-query attention (4 heads, 2 kv heads): seconds per step on a CPU."""
+
+LLAMA_1B = {
+    "model_type": "llama",
+    "vocab_size": 32000,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1.0e-5,
+    "tie_word_embeddings": False,
+}
+"""recipes/hf-llama-1b.yaml's model.args.config (TinyLlama-1.1B's shape); tests/unit/test_bench_hf.py holds them
+equal."""
 
 RESULT = "RESULT "
 

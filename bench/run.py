@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from _row_process import init_single_rank_group, print_result, row_result
+from _row_process import LLAMA_1B, init_single_rank_group, print_result, row_result
 
 ENGINES = {
     "torch": "plain torch, fused AdamW",
@@ -80,23 +80,7 @@ ENGINES = {
 TRAIN_PATH = ("zl-train", "zl-train-compile", "zl-train-compile-model", "zl-train-compile-model-unfused")
 # --model: "gpt" is the built-in GPT at --sizes; the others are Hugging Face configs (recipes/hf-*.yaml's
 # model.args), one size each: (the size column's label, the config). bench.HF_MODELS is what a CPU check extends.
-HF_MODELS = {
-    "hf-llama-1b": (
-        "llama-1b",
-        {
-            "model_type": "llama",
-            "vocab_size": 32000,
-            "hidden_size": 2048,
-            "intermediate_size": 5632,
-            "num_hidden_layers": 22,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 4,
-            "max_position_embeddings": 2048,
-            "rms_norm_eps": 1.0e-5,
-            "tie_word_embeddings": False,
-        },
-    ),
-}
+HF_MODELS = {"hf-llama-1b": ("llama-1b", LLAMA_1B)}
 HF_ENGINES = (
     "torch",
     "fsdp2",
