@@ -61,6 +61,44 @@ def write_recipe(path: Path, recipe: dict) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str):
+    """A tmpfs of `size` (mount's size=, e.g. "1m": a disk that fills up for real) on the existing `folder`;
+    yields whether it mounted (root only: elsewhere `folder` stays a plain folder) and unmounts it after."""
+    import subprocess
+
+    try:
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]
+        mounted = subprocess.run(mount, capture_output=True).returncode == 0
+    except OSError:  # no mount(8) here
+        mounted = False
+    try:
+        yield mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def run_zerolaunch(*args, cwd: Path, timeout: float = 300):
+    """`zerolaunch ARGS` run from `cwd` as a user of this checkout runs it: the repository first on PYTHONPATH
+    (not installed), one thread a process, the HF hub offline, no ZEROLAUNCH_RECIPE inherited from the caller.
+    The CompletedProcess, text captured; TimeoutExpired past `timeout` seconds."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    env.pop("ZEROLAUNCH_RECIPE", None)
+    cmd = [sys.executable, "-c", "from zerolaunch.cli.app import main; main()", *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def tiny_llama(**overrides) -> dict:
     """A Hugging Face Llama config dict small enough for CPU tests (`hf.build(config=...)`): 32 wide, 4 heads
     with 2 kv heads (grouped-query attention), 4 layers, vocab 64, tied embeddings; `overrides` replace keys."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _helpers import tiny_gpt_recipe
+from _helpers import tiny_gpt_recipe, tmpfs
 
 pytestmark = pytest.mark.e2e
 
@@ -31,18 +31,10 @@ RECIPE = yaml.safe_dump(
 def disk(tmp_path):
     folder = tmp_path / "disk"
     folder.mkdir()
-    try:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)], capture_output=True
-        )
-    except OSError:
-        mounted = None
-    if mounted is None or mounted.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (not root): tests/unit/test_disk_errors.py simulates it")
-    try:
+    with tmpfs(folder, "2m") as mounted:
+        if not mounted:
+            pytest.skip("cannot mount a tmpfs here (not root): tests/unit/test_disk_errors.py simulates it")
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
 def test_a_full_run_dir_is_one_paragraph_and_leaves_no_temp_checkpoint(disk, tmp_path):
