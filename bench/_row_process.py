@@ -1,8 +1,9 @@
 """What the side-by-side benches (run.py, engine_tax.py, lora.py, step_profile.py) share: each row runs in its own
 process at world size 1 and hands back one `RESULT {json}` line.
 
-- `single_rank_env()`: torchrun's variables for a one-rank job, set only where the caller has none (a bench run
-  under torchrun keeps its own).
+- `one_rank_torchrun_env(port)`: torchrun's variables for a one-rank job (for a row process's env);
+  `single_rank_env()` sets them in this process where the caller has none (a bench run under torchrun keeps its
+  own).
 - `init_single_rank_group(device)`: that env, the GPU picked, and the default group (gloo on the CPU, NCCL bound to
   GPU 0) unless one exists (a test made it).
 - `print_result(row)` / `row_result(cmd, timeout)`: the two sides of the RESULT line.
@@ -45,12 +46,23 @@ equal."""
 RESULT = "RESULT "
 
 
+def one_rank_torchrun_env(port: int | str | None = None) -> dict[str, str]:
+    """The variables torchrun sets for a one-rank job. Without a `port`, one derived from the pid, so rows of two
+    benches started side by side do not collide."""
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(29500 + os.getpid() % 1000 if port is None else port),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+    }
+
+
 def single_rank_env() -> None:
-    """Set-default the torchrun variables of a one-rank job. The port depends on the pid, so rows of two benches
-    started side by side do not collide."""
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+    """Set-default the torchrun variables of a one-rank job in this process."""
+    for key, value in one_rank_torchrun_env().items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
 
 
 def init_single_rank_group(device=None) -> None:
