@@ -79,6 +79,35 @@ def tmpfs(folder: Path, size: str):
             subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous that needs one: torchrun, accelerate)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_cmd(script: Path, *args: str, nproc: int = 2) -> list[str]:
+    """`python -m torch.distributed.run SCRIPT ARGS` on `nproc` local ranks, rendezvous at 127.0.0.1 on a free
+    port (so runs side by side never share one)."""
+    import sys
+
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(script),
+        *map(str, args),
+    ]
+
+
 def run_zerolaunch(*args, cwd: Path, timeout: float = 300):
     """`zerolaunch ARGS` run from `cwd` as a user of this checkout runs it: the repository first on PYTHONPATH
     (not installed), one thread a process, the HF hub offline, no ZEROLAUNCH_RECIPE inherited from the caller.
