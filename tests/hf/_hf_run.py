@@ -195,13 +195,10 @@ def guide(rank: int, engine: str, tmp: str) -> dict:
     return results
 
 
-def generate_check(rank: int, model) -> list:
-    """Greedy generation on each rank with a different number of new tokens (the ranks stop at different
-    lengths): [(prompt, max_new_tokens, tokens)] of every rank, gathered to all."""
-    prompt = TokenData(2, seed=4 + rank).ids[:, :5]
-    new_tokens = 3 + 4 * rank
+def greedy(model, prompt, new_tokens: int):
+    """`prompt` and exactly `new_tokens` greedy tokens after it (what the test recomputes on the whole model)."""
     with torch.no_grad():
-        tokens = model.generate(
+        return model.generate(
             input_ids=prompt,
             attention_mask=torch.ones_like(prompt),
             max_new_tokens=new_tokens,
@@ -209,6 +206,14 @@ def generate_check(rank: int, model) -> list:
             do_sample=False,
             pad_token_id=0,
         )
+
+
+def generate_check(rank: int, model) -> list:
+    """Greedy generation on each rank with a different number of new tokens (the ranks stop at different
+    lengths): [(prompt, max_new_tokens, tokens)] of every rank, gathered to all."""
+    prompt = TokenData(2, seed=4 + rank).ids[:, :5]
+    new_tokens = 3 + 4 * rank
+    tokens = greedy(model, prompt, new_tokens)
     gathered = [None, None]
     torch.distributed.all_gather_object(gathered, (prompt, new_tokens, tokens))
     return gathered
