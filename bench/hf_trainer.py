@@ -30,29 +30,15 @@ import time
 from pathlib import Path
 
 import torch
+from _row_process import LLAMA_1B, TINY_LLAMA, one_rank_torchrun_env
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = ("trainer-zl", "trainer-ds", "trainer-fsdp2", "bare-zl")
-TINY = {
-    "model_type": "llama",
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": False,
-}
+TINY = {"model_type": "llama", **TINY_LLAMA, "max_position_embeddings": 128, "tie_word_embeddings": False}
 
 
 def llama_config(tiny: bool) -> dict:
-    if tiny:
-        return dict(TINY)
-    import yaml
-
-    recipe = yaml.safe_load((REPO / "recipes" / "hf-llama-1b.yaml").read_text())
-    return dict(recipe["model"]["args"]["config"])
+    return dict(TINY if tiny else LLAMA_1B)
 
 
 def build_model(config: dict, cpu: bool):
@@ -232,12 +218,7 @@ def run_row(row: str, stage: int, opts, forward: list[str]) -> dict:
         out = Path(tmp) / "row.json"
         env = dict(
             os.environ,
-            RANK="0",
-            LOCAL_RANK="0",
-            WORLD_SIZE="1",
-            LOCAL_WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=_port(),
+            **one_rank_torchrun_env(port=_port()),
             # the repo first, then the caller's path (a --target folder of carried wheels such as DeepSpeed)
             PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         )

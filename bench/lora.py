@@ -43,14 +43,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import zlib
 from pathlib import Path
+
+from _row_process import TINY_LLAMA, init_single_rank_group, print_result, row_result
 
 ROWS = ("zl-z3", "zl-z3-offp", "ds-z3", "ds-z3-offp", "fsdp2", "fsdp2-offp")
 PEERS = {False: ("ds-z3", "fsdp2"), True: ("ds-z3-offp", "fsdp2-offp")}  # by "offloads params"
@@ -84,14 +84,7 @@ SIZES = {
         vocab_size=32000,
         rope_theta=1000000.0,
     ),
-    "tiny": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-    ),
+    "tiny": TINY_LLAMA,
 }
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0)
@@ -374,25 +367,12 @@ class HostPeak:
         self.rss_anon_peak = max(self.rss_anon_peak, self.status_kib("RssAnon"))
 
 
-def _single_rank_group(device) -> None:
-    import torch
-    import torch.distributed as dist
-
-    for k, v in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
-        os.environ.setdefault(k, v)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    if device.type == "cuda":
-        torch.cuda.set_device(0)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
-
-
 def run_row(row: str, args) -> dict:
     import torch
 
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    _single_rank_group(device)
+    init_single_rank_group(device)
     with HostPeak() as host:
         t0 = time.perf_counter()
         step, _, info = build_row(row, args, device)
@@ -449,17 +429,6 @@ def run_row(row: str, args) -> dict:
     }
 
 
-def _failure(p: subprocess.CompletedProcess) -> str:
-    tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
-    if p.returncode < 0:  # a signal: SIGKILL is what the kernel's OOM killer sends
-        tail.insert(
-            0, f"killed by signal {-p.returncode}" + (" (host memory?)" if p.returncode == -9 else "")
-        )
-    if any("OutOfMemoryError" in ln or "CUDA out of memory" in ln for ln in tail):
-        tail.insert(0, "CUDA out of memory")
-    return " | ".join(tail)
-
-
 def drive(args) -> None:
     rows = ROWS if args.rows == "all" else tuple(args.rows.split(","))
     unknown = [r for r in rows if r not in ROWS]
@@ -472,13 +441,7 @@ def drive(args) -> None:
         cmd = [sys.executable, __file__, "--one", row, *sys.argv[1:]]
         t0 = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-            if p.returncode or not line:
-                raise RuntimeError(_failure(p))
-            results.append(json.loads(line[-1][len("RESULT ") :]))
-        except subprocess.TimeoutExpired:
-            results.append({"row": row, "size": args.size, "error": f"timed out after {args.timeout:.0f} s"})
+            results.append(row_result(cmd, args.timeout))
         except RuntimeError as e:
             results.append({"row": row, "size": args.size, "error": str(e)[-600:]})
         results[-1]["wall_s"] = time.time() - t0
@@ -544,7 +507,7 @@ def main() -> None:
     if args.tiny:
         args.size = "tiny"
     if args.one:
-        print("RESULT " + json.dumps(run_row(args.one, args)), flush=True)
+        print_result(run_row(args.one, args))
     else:
         drive(args)
 

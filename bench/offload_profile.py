@@ -88,9 +88,10 @@ def engine_phases(size: str, rows: list, steps: int = 4) -> None:
     )
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from run import _batches, _init_single_rank_group
+    from _row_process import init_single_rank_group
+    from run import _batches
 
-    _init_single_rank_group()
+    init_single_rank_group()
     device = torch.device("cuda", 0)
     opts = EngineOptions(
         zero=ZeroOptions(

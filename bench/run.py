@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from _row_process import LLAMA_1B, init_single_rank_group, print_result, row_result
+
 ENGINES = {
     "torch": "plain torch, fused AdamW",
     "fsdp2": "FSDP2 fully_shard per block, bf16 params / fp32 reduce",
@@ -78,23 +80,7 @@ ENGINES = {
 TRAIN_PATH = ("zl-train", "zl-train-compile", "zl-train-compile-model", "zl-train-compile-model-unfused")
 # --model: "gpt" is the built-in GPT at --sizes; the others are Hugging Face configs (recipes/hf-*.yaml's
 # model.args), one size each: (the size column's label, the config). bench.HF_MODELS is what a CPU check extends.
-HF_MODELS = {
-    "hf-llama-1b": (
-        "llama-1b",
-        {
-            "model_type": "llama",
-            "vocab_size": 32000,
-            "hidden_size": 2048,
-            "intermediate_size": 5632,
-            "num_hidden_layers": 22,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 4,
-            "max_position_embeddings": 2048,
-            "rms_norm_eps": 1.0e-5,
-            "tie_word_embeddings": False,
-        },
-    ),
-}
+HF_MODELS = {"hf-llama-1b": ("llama-1b", LLAMA_1B)}
 HF_ENGINES = (
     "torch",
     "fsdp2",
@@ -147,24 +133,6 @@ def _batches(vocab_size: int, seq_len: int, micro_batch: int, n: int, device, hf
     if device.type == "cuda":
         torch.cuda.synchronize()
     return out
-
-
-def _init_single_rank_group(device=None):
-    import torch
-    import torch.distributed as dist
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    if device is not None and device.type == "cpu":  # the CPU check: gloo, unless the caller made a group
-        if not dist.is_initialized():
-            dist.init_process_group("gloo", rank=0, world_size=1)
-        return
-    torch.cuda.set_device(0)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 
 
 def _ds_config(stage: int, offload: bool, lr: float, pure_bf16: bool = False) -> dict:
@@ -335,7 +303,7 @@ def build_step(engine: str, size: str, seq_len: int, model_name: str = "gpt", de
     lr = 3e-4
     vocab = 50304
     device = torch.device("cuda", 0) if device is None else torch.device(device)
-    _init_single_rank_group(device)
+    init_single_rank_group(device)
     if model_name == "gpt":
         make = lambda: build_gpt(size=size, vocab_size=vocab, seq_len=seq_len)  # noqa: E731
     elif model_name in HF_MODELS:
@@ -579,22 +547,6 @@ def one_args(engine: str, size: str, args) -> list[str]:
     ]
 
 
-def one_result(cmd: list[str], timeout: float) -> dict:
-    """Run one configuration's process and return the dict of its `RESULT {json}` line. RuntimeError with the
-    last lines of its output when it fails, prints no RESULT line or outlives `timeout` seconds (then the rows
-    after it still run)."""
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as expired:
-        out = expired.stderr or expired.stdout or b""
-        tail = (out.decode(errors="replace") if isinstance(out, bytes) else out).strip().splitlines()[-4:]
-        raise RuntimeError(" | ".join([f"timed out after {timeout:.0f} s", *tail])) from None
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    if p.returncode != 0 or not line:
-        raise RuntimeError(" | ".join((p.stderr or p.stdout).strip().splitlines()[-6:]))
-    return json.loads(line[-1][len("RESULT ") :])
-
-
 def drive(args) -> None:
     model_name = getattr(args, "model", "gpt")
     if model_name == "gpt":
@@ -616,7 +568,7 @@ def drive(args) -> None:
                 cmd += ["--model", model_name]
             t0 = time.time()
             try:
-                r = one_result(cmd, args.timeout)
+                r = row_result(cmd, args.timeout)
             except RuntimeError as error:
                 rows.append({"engine": engine, "size": size, "error": str(error)[-400:]})
                 if model_name != "gpt":
@@ -733,8 +685,9 @@ def main() -> None:
                 calls.append(json.load(f))
         print(summary_table(calls))
     elif args.one:
-        r = run_one(args.one, args.size, args.steps, args.warmup, args.seq_len, args.micro_batch, args.model)
-        print("RESULT " + json.dumps(r), flush=True)
+        print_result(
+            run_one(args.one, args.size, args.steps, args.warmup, args.seq_len, args.micro_batch, args.model)
+        )
     else:
         drive(args)
 

@@ -34,7 +34,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from run import _batches, build_step, one_args, one_result  # noqa: E402  (bench/ is scripts, not a package)
+from _row_process import print_result, row_result  # noqa: E402  (bench/ is scripts, not a package)
+from run import _batches, build_step, one_args  # noqa: E402
 
 CATEGORIES = (
     # (category, substrings of a kernel's name, lowercased); the first match wins, so order matters
@@ -269,14 +270,14 @@ def main() -> None:
         r = profile_one(
             args.one, args.size, args.steps, args.warmup, args.seq_len, args.micro_batch, args.host
         )
-        print("RESULT " + json.dumps(r), flush=True)
+        print_result(r)
         return
     rows = []
     print(HEADER, flush=True)
     for engine in args.engines.split(","):
         try:
             rows.append(
-                one_result(
+                row_result(
                     [
                         sys.executable,
                         __file__,

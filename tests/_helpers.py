@@ -3,8 +3,129 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import importlib.util
+import sys
 from pathlib import Path
+
+ONE_RANK_TORCHRUN_ENV = {
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29999",
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "1",
+}
+"""The variables torchrun would set for a one-rank job: what bench scripts and DeepSpeed read besides the group."""
+
+
+@contextlib.contextmanager
+def one_rank_group(store_dir: Path):
+    """The default process group as one gloo rank over a FileStore in `store_dir` (no port, so tests running
+    side by side never collide), with a timeout so a wrong collective fails instead of hanging; torn down after."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(Path(store_dir) / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def tiny_gpt_recipe(*, seq_len: int = 32, vocab_size: int = 64, **sections) -> dict:
+    """A recipe dict of the built-in tiny GPT trained on synthetic ids below `vocab_size`, `seq_len` long. Each
+    keyword is a recipe section (train, checkpoint, deepspeed, or model/data to replace those), in the order
+    given after model and data; the caller adds keys inside a section afterwards (model.init_from,
+    data.prefetch). The one template of the e2e tests, in-process (`load_recipe(dict)`) or on disk
+    (`write_recipe`)."""
+    recipe = {
+        "model": {
+            "builder": "zerolaunch.models.gpt:build",
+            "args": {"size": "tiny", "vocab_size": vocab_size, "seq_len": seq_len},
+        },
+        "data": {
+            "builder": "zerolaunch.data.synthetic:build",
+            "args": {"vocab_size": vocab_size, "seq_len": seq_len},
+        },
+    }
+    recipe.update(sections)
+    return recipe
+
+
+def write_recipe(path: Path, recipe: dict) -> Path:
+    """`recipe` as a YAML file at `path` (block style, keys in the dict's order); returns `path`."""
+    import yaml
+
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str):
+    """A tmpfs of `size` (mount's size=, e.g. "1m": a disk that fills up for real) on the existing `folder`;
+    yields whether it mounted (root only: elsewhere `folder` stays a plain folder) and unmounts it after."""
+    import subprocess
+
+    try:
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]
+        mounted = subprocess.run(mount, capture_output=True).returncode == 0
+    except OSError:  # no mount(8) here
+        mounted = False
+    try:
+        yield mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous that needs one: torchrun, accelerate)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_cmd(script: Path, *args: str, nproc: int = 2) -> list[str]:
+    """`python -m torch.distributed.run SCRIPT ARGS` on `nproc` local ranks, rendezvous at 127.0.0.1 on a free
+    port (so runs side by side never share one)."""
+    import sys
+
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(script),
+        *map(str, args),
+    ]
+
+
+def run_zerolaunch(*args, cwd: Path, timeout: float = 300):
+    """`zerolaunch ARGS` run from `cwd` as a user of this checkout runs it: the repository first on PYTHONPATH
+    (not installed), one thread a process, the HF hub offline, no ZEROLAUNCH_RECIPE inherited from the caller.
+    The CompletedProcess, text captured; TimeoutExpired past `timeout` seconds."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    env.pop("ZEROLAUNCH_RECIPE", None)
+    cmd = [sys.executable, "-c", "from zerolaunch.cli.app import main; main()", *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def tiny_llama(**overrides) -> dict:
@@ -79,8 +200,12 @@ def live_cpu_storage_bytes() -> int:
 
 
 def load_bench_script(name: str):
-    """bench/NAME.py as a module (bench/ is scripts, not a package): what its CPU-side tests call into."""
-    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    """bench/NAME.py as a module (bench/ is scripts, not a package): what its CPU-side tests call into. bench/
+    goes on sys.path as it does when a script runs, so the scripts' imports of each other (_row_process) resolve."""
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    if str(bench) not in sys.path:
+        sys.path.append(str(bench))
+    path = bench / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

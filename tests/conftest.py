@@ -1,13 +1,31 @@
 """Suite-wide hooks: one closing line that counts outcomes per test folder (unit, dist, e2e), so a CI log shows
-at a glance which folder failed, which ran at all, and how many tests `-x` left unrun."""
+at a glance which folder failed, which ran at all, and how many tests `-x` left unrun. Also the fixtures every
+folder shares: the one-rank process group and the one-rank torchrun environment."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
+from _helpers import ONE_RANK_TORCHRUN_ENV, one_rank_group
 
 _collected: Counter = Counter()
+
+
+@pytest.fixture
+def group(tmp_path):
+    """The default process group as one gloo rank (FileStore: no port), torn down after the test."""
+    with one_rank_group(tmp_path):
+        yield None
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch):
+    """torchrun's variables for a one-rank job (RANK, WORLD_SIZE, MASTER_*), restored after the test: for code
+    that reads them (the bench scripts' group setup) without a launcher."""
+    for key, value in ONE_RANK_TORCHRUN_ENV.items():
+        monkeypatch.setenv(key, value)
+
 
 # a test has up to three reports (setup, call, teardown); its outcome is the worst of them. "error" is a
 # setup/teardown failure and counts as failed; xfailed counts as skipped, xpassed as passed.

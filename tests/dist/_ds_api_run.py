@@ -29,7 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _ds_parity_run import Net, batch, model_parameters  # noqa: E402
-from _ds_ranks import finish, init_deepspeed, init_rank, spawn  # noqa: E402
+from _ds_ranks import finish, init_deepspeed, init_rank  # noqa: E402
+from _spawn import start_ranks  # noqa: E402
 
 WORLD_SIZE = 2
 MICRO_STEPS = 8  # 4 optimizer steps at accumulation 2
@@ -249,7 +250,7 @@ def _worker(rank: int, world_size: int, store_path: str, which: str, out: str, s
 
 
 def main(which: str, out: str, save_root: str) -> None:
-    spawn(_worker, WORLD_SIZE, which, out, save_root)
+    start_ranks(_worker, WORLD_SIZE, which, out, save_root)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import sys
 
 import _ds_parity_run as base
 import _ds_ranks
+import _spawn
 import torch
 
 CASES = [(stage, clip) for stage in (1, 2, 3) for clip in (0.0, 0.05)]
@@ -61,4 +62,4 @@ def _worker(rank: int, world_size: int, store_path: str, which: str, out: str) -
 
 
 if __name__ == "__main__":
-    _ds_ranks.spawn(_worker, base.WORLD_SIZE, sys.argv[1], sys.argv[2])
+    _spawn.start_ranks(_worker, base.WORLD_SIZE, sys.argv[1], sys.argv[2])

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import _ds_ranks
+import _spawn
 import torch
 
 WORLD_SIZE = 2
@@ -73,7 +74,7 @@ def _worker(rank: int, world_size: int, store_path: str, out_dir: str, probes_pa
 
 
 def main(out_dir: str, probes: str) -> None:
-    _ds_ranks.spawn(_worker, WORLD_SIZE, out_dir, probes)
+    _spawn.start_ranks(_worker, WORLD_SIZE, out_dir, probes)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 import _ds_ranks
+import _spawn
 import torch
 from torch import nn
 
@@ -116,7 +117,7 @@ def _worker(rank: int, world_size: int, store_path: str, which: str, out: str) -
 
 
 def main(which: str, out: str) -> None:
-    _ds_ranks.spawn(_worker, WORLD_SIZE, which, out)
+    _spawn.start_ranks(_worker, WORLD_SIZE, which, out)
 
 
 if __name__ == "__main__":

@@ -1,55 +1,15 @@
-"""What the DeepSpeed side-by-side scripts (_ds_parity_run.py, _ds_init_from_run.py, _ds_api_run.py,
-_ds_bf16_master_run.py) share: spawning CPU gloo ranks that DeepSpeed accepts (the torchrun environment
-variables, a FileStore rendezvous) and starting DeepSpeed's own comm on them; and, for their tests,
-`run_both`, which runs a script under both engines. Imported by name: the scripts run as `python tests/dist/<script>.py`, so this
-folder is first on sys.path, in the spawned ranks too."""
+"""What the side-by-side scripts' ranks (tests/dist/_ds_*_run.py, tests/hf/_hf_*.py) share once _spawn.start_ranks
+started them: a gloo group DeepSpeed accepts (the torchrun environment variables, a FileStore rendezvous),
+DeepSpeed's own comm on it, one scratch folder for every rank, and the way out. Imported by name: the scripts run
+as `python tests/<folder>/<script>.py` with tests/dist on sys.path, in the spawned ranks too."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 from datetime import timedelta
 
 import torch
-import torch.multiprocessing as mp
-
-
-def run_both(script, out_dir, *args: str, timeout: float = 900) -> dict:
-    """{engine: what rank 0 saved} after `python script {deepspeed|zerolaunch} OUT.pt *args` under both
-    engines at once (OUT.pt in `out_dir`), each on the CPU with one thread; a failed run fails the caller
-    with the end of its output."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    outs = {w: os.path.join(str(out_dir), f"{w}.pt") for w in ("deepspeed", "zerolaunch")}
-    procs = {
-        w: subprocess.Popen(
-            [sys.executable, str(script), w, out, *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for w, out in outs.items()
-    }
-    for which, proc in procs.items():
-        output, _ = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, f"{which} run failed:\n{output[-4000:]}"
-    return {w: torch.load(out) for w, out in outs.items()}
-
-
-def spawn(worker, world_size: int, *args) -> None:
-    """worker(rank, world_size, store_path, *args) on `world_size` spawned ranks, DeepSpeed set to CPU."""
-    os.environ["DS_ACCELERATOR"] = "cpu"
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(
-            worker,
-            args=(world_size, os.path.join(tmp, "store"), *args),
-            nprocs=world_size,
-            start_method="spawn",
-        )
 
 
 def init_rank(rank: int, world_size: int, store_path: str) -> None:
@@ -62,6 +22,13 @@ def init_rank(rank: int, world_size: int, store_path: str) -> None:
     torch.distributed.init_process_group(
         "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
     )
+
+
+def shared_tmp(rank: int, mine: str) -> str:
+    """One folder for every rank (checkpoints are shared): rank 0's `mine`, broadcast."""
+    obj = [mine if rank == 0 else None]
+    torch.distributed.broadcast_object_list(obj, src=0)
+    return obj[0]
 
 
 def init_deepspeed():

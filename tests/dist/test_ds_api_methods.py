@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import _ds_ranks
+import _spawn
 import pytest
 import torch
 
@@ -35,7 +35,7 @@ CASES = ["stage1", "stage2", "stage3", "stage3_no_gather"]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ds_api")
-    return _ds_ranks.run_both(SCRIPT, tmp, str(tmp / "save")), tmp / "save"
+    return _spawn.run_engines(SCRIPT, ("deepspeed", "zerolaunch"), tmp, tmp / "save"), tmp / "save"
 
 
 @pytest.mark.parametrize("case", CASES)

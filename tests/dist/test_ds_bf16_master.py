@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import _ds_ranks
+import _spawn
 import pytest
 import torch
 
@@ -27,7 +27,7 @@ LR = 0.01  # _ds_parity_run.config's
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
-    return _ds_ranks.run_both(SCRIPT, tmp_path_factory.mktemp("ds_bf16_master"))
+    return _spawn.run_engines(SCRIPT, ("deepspeed", "zerolaunch"), tmp_path_factory.mktemp("ds_bf16_master"))
 
 
 @pytest.mark.dist

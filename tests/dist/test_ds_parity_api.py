@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import _ds_ranks
+import _spawn
 import pytest
 import torch
 
@@ -22,7 +22,7 @@ SCRIPT = Path(__file__).with_name("_ds_parity_run.py")
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
-    return _ds_ranks.run_both(SCRIPT, tmp_path_factory.mktemp("ds_parity"))
+    return _spawn.run_engines(SCRIPT, ("deepspeed", "zerolaunch"), tmp_path_factory.mktemp("ds_parity"))
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

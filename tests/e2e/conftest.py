@@ -1,10 +1,9 @@
 """Helpers of the `zerolaunch train` end-to-end tests: a tiny recipe, the CLI run as a subprocess (always
-with a timeout), metrics.jsonl reading, process lookups for the signal tests, and a one-rank gloo process
-group for the tests that run the training loop in this process."""
+with a timeout), metrics.jsonl reading and process lookups for the signal tests. The one-rank `group` fixture
+of the tests that run the training loop in this process is tests/conftest.py's."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import subprocess
@@ -13,42 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
+from _helpers import tiny_gpt_recipe, write_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
-TINY_RECIPE = """\
-model:
-  builder: zerolaunch.models.gpt:build
-  args: {size: tiny, vocab_size: 64, seq_len: 32}
-data:
-  builder: zerolaunch.data.synthetic:build
-  args: {vocab_size: 64, seq_len: 32}
-train:
-  steps: {steps}
-  micro_batch_size: 4
-  lr: 1.0e-2
-  lr_schedule: constant
-  seed: 1234
-  log_every: 1
-checkpoint:
-  every: {every}
-deepspeed:
-  zero_optimization: {stage: 2}
-"""
-
-
 FAULTY_MODEL = Path(__file__).resolve().parent / "_faulty_model.py"
 """The tiny GPT with a fault on one rank at one step (the failure and restart tests' model builder)."""
-
-
-@pytest.fixture
-def group(tmp_path):
-    """The default process group as one gloo rank (FileStore: no port), torn down after the test."""
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    yield None
-    dist.destroy_process_group()
 
 
 @pytest.fixture
@@ -59,22 +28,24 @@ def tiny_recipe(tmp_path):
     which fails that way on that rank at the start of that step, on the first attempt only."""
 
     def write(steps: int = 10, every: int = 0, fault: dict | None = None) -> Path:
-        text = TINY_RECIPE.replace("{steps}", str(steps)).replace("{every}", str(every))
+        recipe = tiny_gpt_recipe(
+            train={
+                "steps": steps,
+                "micro_batch_size": 4,
+                "lr": 1.0e-2,
+                "lr_schedule": "constant",
+                "seed": 1234,
+                "log_every": 1,
+            },
+            checkpoint={"every": every},
+            deepspeed={"zero_optimization": {"stage": 2}},
+        )
         name = f"tiny-{steps}-{every}"
         if fault is not None:
-            gpt = (
-                "  builder: zerolaunch.models.gpt:build\n  args: {size: tiny, vocab_size: 64, seq_len: 32}\n"
-            )
-            assert gpt in text
-            args = ", ".join(f"fault_{key}: {value}" for key, value in fault.items())
-            text = text.replace(
-                gpt,
-                f"  builder: '{FAULTY_MODEL}:build'\n  args: {{size: tiny, vocab_size: 64, seq_len: 32, {args}}}\n",
-            )
+            recipe["model"]["builder"] = f"{FAULTY_MODEL}:build"
+            recipe["model"]["args"].update({f"fault_{key}": value for key, value in fault.items()})
             name += "-fault"
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(text)
-        return path
+        return write_recipe(tmp_path / f"{name}.yaml", recipe)
 
     return write
 

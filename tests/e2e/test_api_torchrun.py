@@ -8,13 +8,12 @@ collective save_checkpoint whose manifest says world size 2 and which loads back
 import json
 import os
 import re
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _helpers import torchrun_cmd
 
 import zerolaunch
 
@@ -22,12 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "my_train.py"
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict:
@@ -40,22 +33,7 @@ def _env() -> dict:
 
 def test_example_under_torchrun_two_cpu_ranks(tmp_path):
     ckpt = tmp_path / "ckpt"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        str(EXAMPLE),
-        "--steps",
-        "30",
-        "--save",
-        str(ckpt),
-    ]
+    cmd = torchrun_cmd(EXAMPLE, "--steps", "30", "--save", ckpt)
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     losses = [float(v) for v in re.findall(r"step \d+ loss ([0-9.]+)", proc.stdout)]

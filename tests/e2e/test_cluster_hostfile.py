@@ -7,11 +7,11 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import stat
 import time
 
 import pytest
+from _helpers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -24,12 +24,6 @@ case "$host" in unreachable*) echo "ssh: Could not resolve hostname $host" >&2; 
 if [ "$*" != "true" ] && [ "$host" = "$FAKE_SSH_FAIL_HOST" ]; then echo "boom on $host"; exit 3; fi
 exec env -i PATH="$PATH" HOME="$HOME" bash -c "$*"
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -61,7 +55,7 @@ def _run_on_hosts(cli, recipe, hosts, run_dir, *args, **env):
         "--run-dir",
         str(run_dir),
         timeout=300,
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(free_port()),
         **env,
     )
 
@@ -174,7 +168,7 @@ def test_ctrl_c_stops_every_host(cli, tiny_recipe, tmp_path, fake_ssh, signum, s
     run_dir = tmp_path / "run"
     args = (tiny_recipe(steps=100000), "--cpu", "1", "--hostfile", hosts, "--run-dir", run_dir)
     with _training_in_background(
-        cli, tmp_path, run_dir, args, cli.env(MASTER_PORT=str(_free_port()), **env), preexec_fn=start
+        cli, tmp_path, run_dir, args, cli.env(MASTER_PORT=str(free_port()), **env), preexec_fn=start
     ) as proc:
         assert (run_dir / "metrics.jsonl").exists(), "training never started"
         tree = cli.descendants(proc.pid)

@@ -4,22 +4,16 @@
 the run must be world size 2, and the launch table must say the values came from SLURM."""
 
 import json
-import socket
 import subprocess
 
 import pytest
+from _helpers import free_port
 
 pytestmark = pytest.mark.e2e
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_node_slurm_job_needs_no_flags(cli, tiny_recipe, tmp_path):
-    recipe, run_dir, port = tiny_recipe(steps=4), tmp_path / "run", _free_port()
+    recipe, run_dir, port = tiny_recipe(steps=4), tmp_path / "run", free_port()
     job = dict(
         SLURM_JOB_ID="777", SLURM_NNODES="2", SLURM_JOB_NODELIST="127.0.0.1,localhost", MASTER_PORT=str(port)
     )

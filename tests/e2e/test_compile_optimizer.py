@@ -12,6 +12,7 @@ and its speed (bench/run.py's -fused rows).
 
 import pytest
 import torch
+from _helpers import tiny_gpt_recipe
 
 from zerolaunch.config import RecipeError, load_recipe
 from zerolaunch.config.schema import Recipe
@@ -21,16 +22,13 @@ from zerolaunch.zero.optim import shard_optimizer
 
 pytestmark = pytest.mark.e2e
 
-TINY = {"builder": "zerolaunch.models.gpt:build", "args": {"size": "tiny", "vocab_size": 64, "seq_len": 16}}
-
 
 def _load(train=None, ds=None, run_dir="runs/x", steps=3, every=0):
     return load_recipe(
-        {
-            "model": TINY,
-            "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
-            "checkpoint": {"every": every},
-            "train": {
+        tiny_gpt_recipe(
+            seq_len=16,
+            checkpoint={"every": every},
+            train={
                 "steps": steps,
                 "micro_batch_size": 2,
                 "gradient_accumulation_steps": 2,
@@ -40,8 +38,8 @@ def _load(train=None, ds=None, run_dir="runs/x", steps=3, every=0):
                 "run_dir": str(run_dir),
                 **(train or {}),
             },
-            "deepspeed": {"zero_optimization": {"stage": 2}, **(ds or {})},
-        },
+            deepspeed={"zero_optimization": {"stage": 2}, **(ds or {})},
+        ),
         world_size=1,
     )
 

@@ -10,7 +10,6 @@ Leaves out: several ranks (tests/dist/test_global_loss_norm.py), the loader's de
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import sys
@@ -19,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tiny_tokenizer import make_tokenizer  # noqa: E402
@@ -41,14 +39,6 @@ def prepared(tmp_path_factory):
     (root / "a.jsonl").write_text("\n".join(lines) + "\n")
     prepare_data([root / "a.jsonl"], tokenizer=tok, out=root / "text", progress=False)
     return root
-
-
-@pytest.fixture
-def group(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    yield None
-    dist.destroy_process_group()
 
 
 def _recipe(

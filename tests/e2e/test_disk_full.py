@@ -12,38 +12,29 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from _helpers import tiny_gpt_recipe, tmpfs
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE = """\
-model:
-  builder: zerolaunch.models.gpt:build
-  args: {size: tiny, vocab_size: 64, seq_len: 32}
-data:
-  builder: zerolaunch.data.synthetic:build
-  args: {vocab_size: 64, seq_len: 32}
-train: {steps: 4, micro_batch_size: 4, lr: 1.0e-2, seed: 1234, log_every: 1}
-checkpoint: {every: 2}
-"""
+RECIPE = yaml.safe_dump(
+    tiny_gpt_recipe(
+        train={"steps": 4, "micro_batch_size": 4, "lr": 1.0e-2, "seed": 1234, "log_every": 1},
+        checkpoint={"every": 2},
+    ),
+    sort_keys=False,
+)
 
 
 @pytest.fixture
 def disk(tmp_path):
     folder = tmp_path / "disk"
     folder.mkdir()
-    try:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)], capture_output=True
-        )
-    except OSError:
-        mounted = None
-    if mounted is None or mounted.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (not root): tests/unit/test_disk_errors.py simulates it")
-    try:
+    with tmpfs(folder, "2m") as mounted:
+        if not mounted:
+            pytest.skip("cannot mount a tmpfs here (not root): tests/unit/test_disk_errors.py simulates it")
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
 def test_a_full_run_dir_is_one_paragraph_and_leaves_no_temp_checkpoint(disk, tmp_path):

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _helpers import free_port, torchrun_cmd
 
 pytestmark = pytest.mark.e2e
 
@@ -127,28 +128,6 @@ def test_a_held_rendezvous_port_fails_in_seconds_naming_it(tmp_path, cli, tiny_r
     assert elapsed < 60
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(script: Path, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        str(script),
-        *args,
-    ]
-
-
 def _env(**extra: str) -> dict:
     env = dict(
         os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
@@ -163,7 +142,7 @@ def test_initialize_under_torchrun_honours_zerolaunch_timeout(tmp_path):
     (tmp_path / "hangs.py").write_text(HANGS)
     started = time.monotonic()
     proc = subprocess.run(
-        _torchrun(tmp_path / "hangs.py"),
+        torchrun_cmd(tmp_path / "hangs.py"),
         cwd=tmp_path,
         env=_env(ZEROLAUNCH_TIMEOUT="5"),
         capture_output=True,
@@ -181,7 +160,7 @@ def test_initialize_under_torchrun_honours_zerolaunch_timeout(tmp_path):
 
 def test_kill_9_of_torchrun_takes_its_initialize_ranks_with_it(tmp_path, cli):
     (tmp_path / "forever.py").write_text(FOREVER)
-    _kill_launcher_and_count_survivors(_torchrun(tmp_path / "forever.py", str(tmp_path)), tmp_path, cli)
+    _kill_launcher_and_count_survivors(torchrun_cmd(tmp_path / "forever.py", str(tmp_path)), tmp_path, cli)
 
 
 HF_ARGS_THEN_WAIT = """\
@@ -201,7 +180,7 @@ def test_kill_9_of_accelerate_launch_takes_its_hf_ranks_with_it(tmp_path, cli):
     accelerate = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), str(tmp_path / "hf_wait.py"), str(tmp_path),
+        "--main_process_port", str(free_port()), str(tmp_path / "hf_wait.py"), str(tmp_path),
     ]  # fmt: skip
     _kill_launcher_and_count_survivors(accelerate, tmp_path, cli)
 

@@ -6,13 +6,11 @@ save_hf_pretrained, and via `zerolaunch convert-checkpoint` once that writes con
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _helpers import run_zerolaunch
 
 pytest.importorskip("transformers")
 
@@ -31,16 +29,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _cli(*args, cwd):
-    # the repo on PYTHONPATH as conftest's TrainCLI.env puts it: the CLI runs from a checkout not installed
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    )
-    env.pop("ZEROLAUNCH_RECIPE", None)
-    cmd = [sys.executable, "-c", "from zerolaunch.cli.app import main; main()", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    return run_zerolaunch(*args, cwd=cwd, timeout=240)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import tiny_gpt_recipe
 
 from zerolaunch.config import load_recipe
 from zerolaunch.train import batches
@@ -36,10 +37,9 @@ CASES = ("zero1_fp32", "zero2_fp32", "zero3_fp32", "zero3_bf16")
 
 
 def _recipe_dict(run_dir, stage=2, bf16=False, init_from=None) -> dict:
-    return {
-        "model": {"builder": "zerolaunch.models.gpt:build", "args": dict(GPT_ARGS), "init_from": init_from},
-        "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
-        "train": {
+    recipe = tiny_gpt_recipe(
+        seq_len=16,
+        train={
             "steps": 1,
             "micro_batch_size": 2,
             "gradient_accumulation_steps": 1,
@@ -49,8 +49,11 @@ def _recipe_dict(run_dir, stage=2, bf16=False, init_from=None) -> dict:
             "log_every": 1,
             "run_dir": str(run_dir),
         },
-        "deepspeed": {"zero_optimization": {"stage": stage}, "bf16": {"enabled": bf16}},
-    }
+        deepspeed={"zero_optimization": {"stage": stage}, "bf16": {"enabled": bf16}},
+    )
+    assert recipe["model"]["args"] == GPT_ARGS  # the model built below with gpt.build(**GPT_ARGS)
+    recipe["model"]["init_from"] = init_from
+    return recipe
 
 
 @pytest.fixture(scope="module")

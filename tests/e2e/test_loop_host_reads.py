@@ -9,7 +9,6 @@ copy that landed behind an event). The old loop made two on the CPU (loss_sum.it
 order, with the losses run_training returns. Leaves out: the engine's own reads (zero/), a GPU.
 """
 
-import datetime
 import json
 import os
 import sys
@@ -17,7 +16,7 @@ import threading
 
 import pytest
 import torch
-import torch.distributed as dist
+from _helpers import tiny_gpt_recipe
 
 from zerolaunch.config import load_recipe
 from zerolaunch.train.context import RunContext
@@ -29,23 +28,11 @@ ALLOWED_PER_STEP = 1
 """PendingStep.read: the previous step's loss sums and peaks, one .tolist() of a host tensor."""
 
 
-@pytest.fixture
-def group(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    yield None
-    dist.destroy_process_group()
-
-
 def _recipe(run_dir, steps, accum):
     return load_recipe(
-        {
-            "model": {
-                "builder": "zerolaunch.models.gpt:build",
-                "args": {"size": "tiny", "vocab_size": 64, "seq_len": 16},
-            },
-            "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
-            "train": {
+        tiny_gpt_recipe(
+            seq_len=16,
+            train={
                 "steps": steps,
                 "micro_batch_size": 2,
                 "gradient_accumulation_steps": accum,
@@ -55,9 +42,9 @@ def _recipe(run_dir, steps, accum):
                 "log_every": 2,
                 "run_dir": str(run_dir),
             },
-            "checkpoint": {"every": 0},
-            "deepspeed": {"zero_optimization": {"stage": 2}},
-        },
+            checkpoint={"every": 0},
+            deepspeed={"zero_optimization": {"stage": 2}},
+        ),
         world_size=1,
     )
 

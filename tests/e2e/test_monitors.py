@@ -8,13 +8,12 @@ is not; wandb likewise. Leaves out: several ranks (rank 0 alone writes; the loop
 """
 
 import csv
-import datetime
 import importlib.util
 import json
 
 import pytest
 import torch
-import torch.distributed as dist
+from _helpers import tiny_gpt_recipe
 
 from zerolaunch.config import load_recipe
 from zerolaunch.config.errors import RecipeError
@@ -26,23 +25,11 @@ HAS_TB = importlib.util.find_spec("tensorboard") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
 
 
-@pytest.fixture
-def group(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    yield None
-    dist.destroy_process_group()
-
-
 def _recipe(run_dir, monitors: dict, steps=4):
     return load_recipe(
-        {
-            "model": {
-                "builder": "zerolaunch.models.gpt:build",
-                "args": {"size": "tiny", "vocab_size": 64, "seq_len": 16},
-            },
-            "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
-            "train": {
+        tiny_gpt_recipe(
+            seq_len=16,
+            train={
                 "steps": steps,
                 "micro_batch_size": 2,
                 "gradient_accumulation_steps": 2,
@@ -50,8 +37,8 @@ def _recipe(run_dir, monitors: dict, steps=4):
                 "log_every": 100,
                 "run_dir": str(run_dir),
             },
-            "deepspeed": {"zero_optimization": {"stage": 1}, **monitors},
-        },
+            deepspeed={"zero_optimization": {"stage": 1}, **monitors},
+        ),
         world_size=1,
     )
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _helpers import run_zerolaunch
 
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
@@ -43,15 +42,7 @@ deepspeed:
 
 
 def _cli(*args, cwd):
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    )
-    env.pop("ZEROLAUNCH_RECIPE", None)
-    cmd = [sys.executable, "-c", "from zerolaunch.cli.app import main; main()", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return run_zerolaunch(*args, cwd=cwd, timeout=300)
 
 
 def _base(folder: Path):

@@ -8,27 +8,24 @@ import math
 import re
 
 import pytest
+from _helpers import tiny_gpt_recipe, write_recipe
 
 from zerolaunch.train.schedule_change import change_line
 
 pytestmark = pytest.mark.e2e
 
-RECIPE = """\
-model:
-  builder: zerolaunch.models.gpt:build
-  args: {size: tiny, vocab_size: 64, seq_len: 32}
-data:
-  builder: zerolaunch.data.synthetic:build
-  args: {vocab_size: 64, seq_len: 32}
-train: {steps: STEPS, micro_batch_size: 4, lr: 1.0e-2, lr_schedule: SCHEDULE, warmup_steps: 1, seed: 1234}
-checkpoint: {every: 4}
-"""
-
 
 def _recipe(tmp_path, steps, schedule="cosine"):
-    path = tmp_path / f"r{steps}-{schedule}.yaml"
-    path.write_text(RECIPE.replace("STEPS", str(steps)).replace("SCHEDULE", schedule))
-    return path
+    train = {
+        "steps": steps,
+        "micro_batch_size": 4,
+        "lr": 1.0e-2,
+        "lr_schedule": schedule,
+        "warmup_steps": 1,
+        "seed": 1234,
+    }
+    recipe = tiny_gpt_recipe(train=train, checkpoint={"every": 4})
+    return write_recipe(tmp_path / f"r{steps}-{schedule}.yaml", recipe)
 
 
 def _cosine(step, total, peak=1e-2, warmup=1, floor_ratio=1e-4):

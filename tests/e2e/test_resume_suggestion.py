@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 import torch
+from _helpers import tiny_gpt_recipe
 
 from zerolaunch.checkpoint import CheckpointError
 from zerolaunch.config import load_recipe
@@ -22,15 +23,12 @@ pytestmark = pytest.mark.e2e
 
 
 def _recipe(run_dir, vocab, steps):
-    raw = {
-        "model": {
-            "builder": "zerolaunch.models.gpt:build",
-            "args": {"size": "tiny", "vocab_size": vocab, "seq_len": 16},
-        },
-        "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
-        "train": {"steps": steps, "micro_batch_size": 2, "log_every": 100, "run_dir": str(run_dir)},
-        "checkpoint": {"every": 2},
-    }
+    raw = tiny_gpt_recipe(
+        seq_len=16,
+        train={"steps": steps, "micro_batch_size": 2, "log_every": 100, "run_dir": str(run_dir)},
+        checkpoint={"every": 2},
+    )
+    raw["model"]["args"]["vocab_size"] = vocab  # the data's ids stay below 64
     return load_recipe(raw, world_size=1)
 
 

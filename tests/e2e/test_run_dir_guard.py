@@ -14,22 +14,21 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from _helpers import tiny_gpt_recipe
 
 from zerolaunch.launch.runlock import RunLock
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE = """\
-model:
-  builder: zerolaunch.models.gpt:build
-  args: {size: tiny, vocab_size: 64, seq_len: 32}
-data:
-  builder: zerolaunch.data.synthetic:build
-  args: {vocab_size: 64, seq_len: 32}
-train: {steps: 4, micro_batch_size: 4, lr: 1.0e-2, seed: 1234, log_every: 1}
-checkpoint: {every: 2}
-"""
+RECIPE = yaml.safe_dump(
+    tiny_gpt_recipe(
+        train={"steps": 4, "micro_batch_size": 4, "lr": 1.0e-2, "seed": 1234, "log_every": 1},
+        checkpoint={"every": 2},
+    ),
+    sort_keys=False,
+)
 
 
 def _train(*args, cwd: Path) -> subprocess.CompletedProcess:

@@ -8,8 +8,6 @@ lines and the best checkpoint appear. Leaves out: GPUs, bf16 (the CPU run uses f
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _helpers import run_zerolaunch  # noqa: E402
 from _tiny_tokenizer import make_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,15 +24,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _cli(*args, cwd):
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    )
-    env.pop("ZEROLAUNCH_RECIPE", None)
-    cmd = [sys.executable, "-c", "from zerolaunch.cli.app import main; main()", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return run_zerolaunch(*args, cwd=cwd, timeout=300)
 
 
 def test_sft_recipe_on_a_local_model_folder(tmp_path):

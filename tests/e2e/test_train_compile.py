@@ -11,6 +11,7 @@ errors. Leaves out: inductor and its speed (bench/run.py on the GPU), several ra
 
 import pytest
 import torch
+from _helpers import tiny_gpt_recipe
 
 from zerolaunch.config import RecipeError, load_recipe
 from zerolaunch.train.context import RunContext
@@ -35,15 +36,9 @@ def _recipe(run_dir, stage, *, compile_on, train_extra=None, zero_extra=None, sc
     if scope:
         train["compile_scope"] = scope
     return load_recipe(
-        {
-            "model": {
-                "builder": "zerolaunch.models.gpt:build",
-                "args": {"size": "tiny", "vocab_size": 64, "seq_len": 16},
-            },
-            "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
-            "train": train,
-            "deepspeed": {"zero_optimization": {"stage": stage, **(zero_extra or {})}},
-        },
+        tiny_gpt_recipe(
+            seq_len=16, train=train, deepspeed={"zero_optimization": {"stage": stage, **(zero_extra or {})}}
+        ),
         world_size=1,
     )
 

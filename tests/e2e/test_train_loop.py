@@ -6,11 +6,9 @@ builds the built-in GPT on the meta device and trains; a model returning no loss
 Leaves out: several ranks (the CLI tests run 2), the launcher.
 """
 
-import datetime
-
 import pytest
 import torch
-import torch.distributed as dist
+from _helpers import tiny_gpt_recipe
 
 from zerolaunch.config import load_recipe
 from zerolaunch.train import batches
@@ -20,43 +18,26 @@ from zerolaunch.train.loop import run_training
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def group(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    yield None
-    dist.destroy_process_group()
-
-
 def _recipe(
     run_dir, steps=6, every=0, stage=2, seed=1234, zero_extra=None, micro=2, accum=2, seq=16, prefetch="auto"
 ):
-    return load_recipe(
-        {
-            "model": {
-                "builder": "zerolaunch.models.gpt:build",
-                "args": {"size": "tiny", "vocab_size": 64, "seq_len": seq},
-            },
-            "data": {
-                "builder": "zerolaunch.data.synthetic:build",
-                "args": {"vocab_size": 64, "seq_len": seq},
-                "prefetch": prefetch,
-            },
-            "train": {
-                "steps": steps,
-                "micro_batch_size": micro,
-                "gradient_accumulation_steps": accum,
-                "lr": 1e-2,
-                "lr_schedule": "constant",
-                "seed": seed,
-                "log_every": 100,
-                "run_dir": str(run_dir),
-            },
-            "checkpoint": {"every": every},
-            "deepspeed": {"zero_optimization": {"stage": stage, **(zero_extra or {})}},
+    recipe = tiny_gpt_recipe(
+        seq_len=seq,
+        train={
+            "steps": steps,
+            "micro_batch_size": micro,
+            "gradient_accumulation_steps": accum,
+            "lr": 1e-2,
+            "lr_schedule": "constant",
+            "seed": seed,
+            "log_every": 100,
+            "run_dir": str(run_dir),
         },
-        world_size=1,
+        checkpoint={"every": every},
+        deepspeed={"zero_optimization": {"stage": stage, **(zero_extra or {})}},
     )
+    recipe["data"]["prefetch"] = prefetch
+    return load_recipe(recipe, world_size=1)
 
 
 def _ctx(resume=None):

@@ -4,20 +4,14 @@ dir (shared, as a real multi-node run's must be for checkpoints) gets rank 0's m
 """
 
 import json
-import socket
 import subprocess
 import threading
 import time
 
 import pytest
+from _helpers import free_port
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # Measured on the shared 2-core machine at load ~10: 119 s from launch to the first worker process, so the
@@ -38,7 +32,7 @@ def _logs(run_dir) -> str:
 
 
 def test_two_nodes_over_loopback_c10d(cli, tiny_recipe, tmp_path):
-    recipe, run_dir, port = tiny_recipe(steps=5), tmp_path / "run", _free_port()
+    recipe, run_dir, port = tiny_recipe(steps=5), tmp_path / "run", free_port()
     common = ["--cpu", "1", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
     common += ["--run-id", "two-node-test", "--run-dir", str(run_dir)]
     nodes = [

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import _ds_ranks  # noqa: E402
 import _hf_run  # noqa: E402
+import _spawn  # noqa: E402
 import torch  # noqa: E402
 
 CASES = {
@@ -254,7 +255,7 @@ def worker(rank: int, world_size: int, store: str, engine: str, out_path: str) -
     _ds_ranks.init_rank(rank, world_size, store)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")  # read by nobody: the group exists
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = _hf_run._shared_tmp(rank, tmp)
+        tmp = _ds_ranks.shared_tmp(rank, tmp)
         results = {name: RUNS[CASES[name][0]](rank, engine, tmp, name) for name in CASES}
     _ds_ranks.finish(rank, results, out_path)
 
@@ -262,27 +263,9 @@ def worker(rank: int, world_size: int, store: str, engine: str, out_path: str) -
 def run(out_dir, timeout: float = 900) -> dict:
     """{engine: what rank 0 saved} after this script ran under both engines at once (subprocesses on the CPU,
     one thread each); a failed run fails the caller with the end of its output."""
-    import subprocess
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    outs = {e: os.path.join(str(out_dir), f"dpo_{e}.pt") for e in ("ddp", "zerolaunch")}
-    procs = {
-        e: subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), e, out],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for e, out in outs.items()
-    }
-    for engine, proc in procs.items():
-        output, _ = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, f"dpo under {engine} failed:\n{output[-4000:]}"
-    return {e: torch.load(out, weights_only=False) for e, out in outs.items()}
+    return _spawn.run_engines(os.path.abspath(__file__), ("ddp", "zerolaunch"), out_dir, timeout=timeout)
 
 
 if __name__ == "__main__":
     engine, out = sys.argv[1:3]
-    _ds_ranks.spawn(worker, 2, engine, out)
+    _spawn.start_ranks(worker, 2, engine, out)

@@ -1,4 +1,4 @@
-"""The scripts the tests/hf side-by-side tests run: `python tests/hf/_hf_run.py FLOW ENGINE OUT.pt`, on 2 CPU gloo
+"""The scripts the tests/hf side-by-side tests run: `python tests/hf/_hf_run.py ENGINE OUT.pt FLOW`, on 2 CPU gloo
 ranks spawned here, rank 0 saving what the test compares into OUT.pt.
 
 FLOW:
@@ -13,7 +13,8 @@ FLOW:
   resumed from it); rank 0 reads back the adapter folders and loads them with AutoPeftModelForCausalLM.
 - resume: zerolaunch at stage 2 and 3: an unbroken run of 6 steps, and a run stopped after a checkpoint at step
   3 and resumed from it (ENGINE is zerolaunch).
-Imported by name from tests/dist: _ds_ranks (spawning ranks DeepSpeed accepts, its comm on gloo).
+Imported by name from tests/dist: _spawn (starting the ranks, running the engines side by side) and _ds_ranks (a
+group DeepSpeed accepts, its comm on gloo).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dist"))
 
 import _ds_ranks  # noqa: E402
+import _spawn  # noqa: E402
 import torch  # noqa: E402
 
 VOCAB, SEQ, EXAMPLES = 67, 12, 32
@@ -193,13 +195,10 @@ def guide(rank: int, engine: str, tmp: str) -> dict:
     return results
 
 
-def generate_check(rank: int, model) -> list:
-    """Greedy generation on each rank with a different number of new tokens (the ranks stop at different
-    lengths): [(prompt, max_new_tokens, tokens)] of every rank, gathered to all."""
-    prompt = TokenData(2, seed=4 + rank).ids[:, :5]
-    new_tokens = 3 + 4 * rank
+def greedy(model, prompt, new_tokens: int):
+    """`prompt` and exactly `new_tokens` greedy tokens after it (what the test recomputes on the whole model)."""
     with torch.no_grad():
-        tokens = model.generate(
+        return model.generate(
             input_ids=prompt,
             attention_mask=torch.ones_like(prompt),
             max_new_tokens=new_tokens,
@@ -207,6 +206,14 @@ def generate_check(rank: int, model) -> list:
             do_sample=False,
             pad_token_id=0,
         )
+
+
+def generate_check(rank: int, model) -> list:
+    """Greedy generation on each rank with a different number of new tokens (the ranks stop at different
+    lengths): [(prompt, max_new_tokens, tokens)] of every rank, gathered to all."""
+    prompt = TokenData(2, seed=4 + rank).ids[:, :5]
+    new_tokens = 3 + 4 * rank
+    tokens = greedy(model, prompt, new_tokens)
     gathered = [None, None]
     torch.distributed.all_gather_object(gathered, (prompt, new_tokens, tokens))
     return gathered
@@ -512,42 +519,17 @@ def worker(rank: int, world_size: int, store: str, flow: str, engine: str, out_p
     _ds_ranks.init_rank(rank, world_size, store)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")  # read by nobody: the group exists
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = _shared_tmp(rank, tmp)
+        tmp = _ds_ranks.shared_tmp(rank, tmp)
         results = FLOWS[flow](rank, engine, tmp)
     _ds_ranks.finish(rank, results, out_path)
-
-
-def _shared_tmp(rank: int, mine: str) -> str:
-    """One folder for every rank (the checkpoints are shared): rank 0's, broadcast."""
-    obj = [mine if rank == 0 else None]
-    torch.distributed.broadcast_object_list(obj, src=0)
-    return obj[0]
 
 
 def run(flow: str, engines: tuple[str, ...], out_dir, timeout: float = 900) -> dict:
     """{engine: what rank 0 saved} after this script ran FLOW under each engine at once (subprocesses on the
     CPU, one thread each); a failed run fails the caller with the end of its output."""
-    import subprocess
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    outs = {e: os.path.join(str(out_dir), f"{flow}_{e}.pt") for e in engines}
-    procs = {
-        e: subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), flow, e, out],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for e, out in outs.items()
-    }
-    for engine, proc in procs.items():
-        output, _ = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, f"{flow} under {engine} failed:\n{output[-4000:]}"
-    return {e: torch.load(out, weights_only=False) for e, out in outs.items()}
+    return _spawn.run_engines(os.path.abspath(__file__), engines, out_dir, flow, timeout=timeout)
 
 
 if __name__ == "__main__":
-    flow, engine, out = sys.argv[1:4]
-    _ds_ranks.spawn(worker, 2, flow, engine, out)
+    engine, out, flow = sys.argv[1:4]
+    _spawn.start_ranks(worker, 2, flow, engine, out)

@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dist"))
 
 import _ds_ranks  # noqa: E402
+import _spawn  # noqa: E402
 import torch  # noqa: E402
 
 
@@ -143,4 +144,4 @@ def worker(rank: int, world_size: int, store: str, warmup: str, folder: str, out
 
 if __name__ == "__main__":
     warmup, folder, out = sys.argv[1:4]
-    _ds_ranks.spawn(worker, 2, warmup, folder, out)
+    _spawn.start_ranks(worker, 2, warmup, folder, out)

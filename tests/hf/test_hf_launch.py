@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _helpers import free_port, torchrun_cmd
 
 pytest.importorskip("accelerate")
 pytest.importorskip("transformers", minversion="5.17")  # the Trainer hooks zerolaunch.hf replaces
@@ -30,12 +30,6 @@ DS_CONFIG = {"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}, "t
 KINDS = ["torchrun", "accelerate", "zerolaunch", "accelerate-deepspeed"]
 
 
-def _port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def _env(**extra) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), COLUMNS="200")
     env.pop("ZEROLAUNCH_RECIPE", None)
@@ -46,18 +40,7 @@ def _env(**extra) -> dict:
 
 def _launch(kind: str, cwd: Path, **env) -> subprocess.CompletedProcess:
     if kind == "torchrun":
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            _port(),
-            str(SCRIPT),
-            "--from",
-            kind,
-        ]
+        cmd = torchrun_cmd(SCRIPT, "--from", kind)
     elif kind == "accelerate-deepspeed":
         # the seed's own accelerate flow: a DeepSpeed plugin whose config file the script runs on the engine
         (cwd / "ds_config.json").write_text(json.dumps(DS_CONFIG))
@@ -73,7 +56,7 @@ def _launch(kind: str, cwd: Path, **env) -> subprocess.CompletedProcess:
             "--config_file",
             "accelerate.yaml",
             "--main_process_port",
-            _port(),
+            str(free_port()),
             str(SCRIPT),
             "--from",
             kind,
@@ -96,7 +79,7 @@ def _launch(kind: str, cwd: Path, **env) -> subprocess.CompletedProcess:
             "--dynamo_backend",
             "no",
             "--main_process_port",
-            _port(),
+            str(free_port()),
             str(SCRIPT),
             "--from",
             kind,
@@ -172,7 +155,7 @@ def test_accelerate_asked_for_two_processes_that_starts_one_says_so(tmp_path):
     if torch.cuda.device_count() > 1:
         pytest.skip("accelerate picks its multi-GPU launcher here by itself")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
-    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", _port()]
+    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
     proc = subprocess.run(
         [*cmd, str(SCRIPT), "--from", "one"],
         cwd=tmp_path,

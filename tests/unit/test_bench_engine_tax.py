@@ -38,7 +38,7 @@ def _losses(tax, row: str, model: str) -> list[float]:
 
 
 @pytest.mark.parametrize("model", ["gpt", "hf-llama"])
-def test_rows_train_alike(tax, group, model):
+def test_rows_train_alike(tax, group, torchrun_env, model):
     if model == "hf-llama":
         pytest.importorskip("transformers")
     losses = {

@@ -17,7 +17,7 @@ def _batches(bench, n=2):
     return bench._batches(50304, 16, 2, n, torch.device("cpu"))
 
 
-def test_the_floor_row_steps_no_weight(bench, group, monkeypatch):
+def test_the_floor_row_steps_no_weight(bench, group, torchrun_env, monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
     step, _, parts = bench.build_step("torch-compile-fwdbwd", "tiny", 16, device="cpu")
     before = {n: p.detach().clone() for n, p in parts["module"].named_parameters()}
@@ -42,7 +42,7 @@ def test_the_floor_row_steps_no_weight(bench, group, monkeypatch):
         ("zl-z3-purebf16", torch.bfloat16),
     ],
 )
-def test_fused_rows_hold_the_grads_they_name(bench, group, monkeypatch, engine, grad_dtype):
+def test_fused_rows_hold_the_grads_they_name(bench, group, torchrun_env, monkeypatch, engine, grad_dtype):
     step, _, parts = bench.build_step(engine, "tiny", 16, device="cpu")
     eng = parts["engine"]
     assert eng.shards.fused_step is ("fused" in engine)
@@ -56,7 +56,7 @@ def test_fused_rows_hold_the_grads_they_name(bench, group, monkeypatch, engine, 
 
 
 @pytest.mark.parametrize("pure_bf16", [False, True])
-def test_the_deepspeed_rows_config_means_the_same_to_zerolaunch(bench, group, pure_bf16):
+def test_the_deepspeed_rows_config_means_the_same_to_zerolaunch(bench, group, torchrun_env, pure_bf16):
     # the ds-* rows hand DeepSpeed this config; zerolaunch.initialize reads DeepSpeed's vocabulary, so it must
     # accept it and build the same numerics (a key DeepSpeed would take and zerolaunch refuse fails here)
     import zerolaunch

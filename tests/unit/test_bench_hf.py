@@ -39,7 +39,7 @@ def test_hf_llama_1b_is_the_recipe_shape(bench):
 @pytest.mark.parametrize(
     "engine", ["torch", "fsdp2", "zl-z2", "zl-z3", "zl-z2-fused", "zl-z3-fused", "zl-z3-purebf16"]
 )
-def test_hf_rows_build_and_step_on_cpu(bench, group, monkeypatch, engine):
+def test_hf_rows_build_and_step_on_cpu(bench, group, torchrun_env, monkeypatch, engine):
     monkeypatch.setitem(bench.HF_MODELS, "hf-tiny", ("llama-tiny", TINY))
     step, make, parts = bench.build_step(engine, "llama-tiny", SEQ, model_name="hf-tiny", device="cpu")
     if engine.startswith("zl-"):

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from _helpers import load_bench_script
+from _helpers import ONE_RANK_TORCHRUN_ENV, load_bench_script, one_rank_group
 
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
@@ -54,29 +54,16 @@ def _train(lora, row: str):
 
 @pytest.fixture(scope="module")
 def runs(lora, tmp_path_factory):
-    import torch.distributed as dist
+    with one_rank_group(tmp_path_factory.mktemp("store")), pytest.MonkeyPatch.context() as mp:
+        for k, v in ONE_RANK_TORCHRUN_ENV.items():
+            mp.setenv(k, v)
+        if HAS_DS:
+            mp.setenv("DS_ACCELERATOR", "cpu")
+            import deepspeed.comm.torch  # noqa: F401  (the attribute path is shadowed by `torch`)
 
-    store = tmp_path_factory.mktemp("store") / "store"
-    dist.init_process_group("gloo", store=dist.FileStore(str(store), 1), rank=0, world_size=1)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for k, v in {
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": "29999",
-                "RANK": "0",
-                "LOCAL_RANK": "0",
-            }.items():
-                mp.setenv(k, v)
-            mp.setenv("WORLD_SIZE", "1")
-            if HAS_DS:
-                mp.setenv("DS_ACCELERATOR", "cpu")
-                import deepspeed.comm.torch  # noqa: F401  (the attribute path is shadowed by `torch`)
-
-                # as tests/dist/_ds_ranks.py: no JIT-built shared-memory all-reduce; gloo is all one rank needs
-                mp.setattr(sys.modules["deepspeed.comm.torch"], "build_shm_op", lambda: None)
-            yield {row: _train(lora, row) for row in ROWS}
-    finally:
-        dist.destroy_process_group()
+            # as tests/dist/_ds_ranks.py: no JIT-built shared-memory all-reduce; gloo is all one rank needs
+            mp.setattr(sys.modules["deepspeed.comm.torch"], "build_shm_op", lambda: None)
+        yield {row: _train(lora, row) for row in ROWS}
 
 
 @pytest.mark.parametrize("row", ["zl-z3", "fsdp2", "fsdp2-offp", "ds-z3"])

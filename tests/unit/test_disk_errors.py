@@ -19,6 +19,7 @@ import subprocess
 import pytest
 import torch
 from _fake_engine import FakeEngine, FakeTensorSpec
+from _helpers import tmpfs
 
 from zerolaunch.checkpoint.save import latest_checkpoint, save_checkpoint
 from zerolaunch.util.disk_errors import DiskError, disk_error, disk_errors
@@ -35,19 +36,8 @@ def small_disk(tmp_path):
     """A 1 MiB tmpfs, or None where mounting is not allowed."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    try:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True
-        )
-    except OSError:  # no mount(8) here
-        mounted = None
-    if mounted is None or mounted.returncode != 0:
-        yield disk, False
-        return
-    try:
-        yield disk, True
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    with tmpfs(disk, "1m") as real:
+        yield disk, real
 
 
 def _fill(disk, leave_bytes: int) -> None:

@@ -25,6 +25,8 @@ import pytest
 import torch
 import yaml
 from _fake_engine import FakeTensorSpec, fake_ranks, save_fake
+from _helpers import tiny_gpt_recipe
+from _mutate import add_unknown, drop_key, leaves, overwrite_bytes, retype, set_at
 from typer.testing import CliRunner
 
 from zerolaunch.checkpoint.reader import CheckpointReader
@@ -37,13 +39,9 @@ SEED = 20261203
 RECIPE_CASES = 300
 CHECKPOINT_CASES = 150
 
-BASE_RECIPE = {
-    "model": {
-        "builder": "zerolaunch.models.gpt:build",
-        "args": {"size": "tiny", "vocab_size": 64, "seq_len": 32},
-    },
-    "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 32}},
-    "train": {
+BASE_RECIPE = tiny_gpt_recipe(
+    seq_len=32,
+    train={
         "steps": 10,
         "micro_batch_size": 4,
         "gradient_accumulation_steps": 2,
@@ -55,12 +53,12 @@ BASE_RECIPE = {
         "weight_decay": 0.1,
         "precision": "fp32",
     },
-    "checkpoint": {"every": 5, "keep": 2},
-    "deepspeed": {
+    checkpoint={"every": 5, "keep": 2},
+    deepspeed={
         "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "overlap_comm": True},
         "gradient_clipping": 1.0,
     },
-}
+)
 JUNK_VALUES = ["abc", "", [1, 2], {"x": 1}, None, True, False, 1.5, -1, 0, 10**30, float("nan"), "auto"]
 SPECS = [
     FakeTensorSpec("a.weight", (17, 31), torch.float32, True),
@@ -70,59 +68,28 @@ SPECS = [
 ]
 
 
-def _leaves(tree, path=()):
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _leaves(value, (*path, key))
-        else:
-            yield (*path, key), value
-
-
-def _mappings(tree, path=()):
-    yield path, tree
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _mappings(value, (*path, key))
-
-
-def _at(tree, path):
-    for key in path[:-1]:
-        tree = tree[key]
-    return tree
-
-
 def mutate_recipe(rng: random.Random) -> tuple[str, bytes, tuple | None, object]:
     """(kind, file bytes, mutated leaf path or None, its new value)."""
     tree = copy.deepcopy(BASE_RECIPE)
     kind = rng.choice(["type", "drop", "unknown", "range", "junk"])
-    leaves = list(_leaves(tree))
     path, value = None, None
     if kind == "type":
-        path, _ = rng.choice(leaves)
-        value = rng.choice(JUNK_VALUES)
-        _at(tree, path)[path[-1]] = value
+        path, value = retype(rng, tree, JUNK_VALUES)
     elif kind == "drop":
-        mpath, mapping = rng.choice([m for m in _mappings(tree) if m[1]])
-        del mapping[rng.choice(list(mapping))]
+        drop_key(rng, tree)
     elif kind == "unknown":
-        _, mapping = rng.choice(list(_mappings(tree)))
-        name = rng.choice(
-            ["lr", "stage", "steps", "zero", "bogus", "train_batch_size", "x" * rng.randint(1, 9)]
-        )
-        mapping[name + rng.choice(["", "_", "s", "2"])] = rng.choice(JUNK_VALUES)
+        names = ["lr", "stage", "steps", "zero", "bogus", "train_batch_size", "x" * rng.randint(1, 9)]
+        add_unknown(rng, tree, names, JUNK_VALUES, suffixes=["", "_", "s", "2"])
     elif kind == "range":
-        numeric = [(p, v) for p, v in leaves if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        numeric = [(p, v) for p, v in leaves(tree) if isinstance(v, (int, float)) and not isinstance(v, bool)]
         path, _ = rng.choice(numeric)
         value = rng.choice([-1, 0, -1e-3, 1e30, 2**63, float("inf"), 7])
-        _at(tree, path)[path[-1]] = value
+        set_at(tree, path, value)
     text = yaml.safe_dump(tree, sort_keys=False).encode()
     if kind == "junk":
-        data = bytearray(text)
-        for _ in range(rng.randint(1, 8)):
-            data[rng.randrange(len(data))] = rng.randrange(256)
+        text = overwrite_bytes(rng, text, 8)
         if rng.random() < 0.2:
-            data = bytearray(rng.randbytes(rng.randint(0, 200)))
-        text = bytes(data)
+            text = rng.randbytes(rng.randint(0, 200))
     return kind, text, path, value
 
 
@@ -229,10 +196,7 @@ def mutate_checkpoint(rng: random.Random, folder: Path) -> str:
         _edit_manifest(rng, d)
         manifest.write_text(json.dumps(d))
     else:
-        data = bytearray(manifest.read_bytes())
-        for _ in range(rng.randint(1, 4)):
-            data[rng.randrange(len(data))] = rng.randrange(256)
-        manifest.write_bytes(bytes(data))
+        manifest.write_bytes(overwrite_bytes(rng, manifest.read_bytes(), 4))
     return kind
 
 

@@ -29,6 +29,7 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _mutate import overwrite_bytes  # noqa: E402
 from _tiny_tokenizer import make_tokenizer  # noqa: E402
 
 from zerolaunch.cli.app import app  # noqa: E402
@@ -100,11 +101,7 @@ def _nested(rng: random.Random) -> str:
 
 
 def _flip(rng: random.Random, raw: bytes) -> bytes:
-    b = bytearray(raw)
-    for _ in range(rng.randint(1, 20)):
-        if b:
-            b[rng.randrange(len(b))] = rng.randrange(256)
-    return bytes(b)
+    return overwrite_bytes(rng, raw, 20)
 
 
 def _parquet(rows: list[dict], rng: random.Random) -> bytes:

@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 import torch  # noqa: F401 -- imported once here, not inside the first case that builds a model (seconds)
 import yaml
+from _helpers import tiny_gpt_recipe
+from _mutate import add_unknown, drop_key, leaves, overwrite_bytes, retype, set_at
 
 from zerolaunch.config import load_recipe
 from zerolaunch.config.errors import UserError
@@ -36,13 +38,9 @@ RECIPE_CASES = 300
 DEEPSPEED_CASES = 100
 CASE_SECONDS = 5.0
 
-BASE_RECIPE = {
-    "model": {
-        "builder": "zerolaunch.models.gpt:build",
-        "args": {"size": "tiny", "vocab_size": 64, "seq_len": 16},
-    },
-    "data": {"builder": "zerolaunch.data.synthetic:build", "args": {"vocab_size": 64, "seq_len": 16}},
-    "train": {
+BASE_RECIPE = tiny_gpt_recipe(
+    seq_len=16,
+    train={
         "steps": 10,
         "micro_batch_size": 2,
         "gradient_accumulation_steps": 2,
@@ -52,12 +50,12 @@ BASE_RECIPE = {
         "log_every": 1,
         "precision": "fp32",
     },
-    "checkpoint": {"every": 5, "keep": 2},
-    "deepspeed": {
+    checkpoint={"every": 5, "keep": 2},
+    deepspeed={
         "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "contiguous_gradients": True},
         "steps_per_print": 10,
     },
-}
+)
 BASE_DEEPSPEED = {
     "train_micro_batch_size_per_gpu": 2,
     "gradient_accumulation_steps": "auto",
@@ -106,27 +104,6 @@ ABSURD = [1e30, 2**40, 2**63, 10**100, -(10**30), 1e300]
 RAW_CLASS = re.compile(r"\b[A-Z][A-Za-z]*(Error|Exception)\b|\bTraceback\b")
 
 
-def _leaves(tree, path=()):
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from _leaves(value, (*path, key))
-        else:
-            yield (*path, key), value
-
-
-def _mappings(tree, path=()):
-    yield path, tree
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _mappings(value, (*path, key))
-
-
-def _set(tree, path, value):
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = value
-
-
 def _with_text_at(text: str, rng: random.Random, line: str) -> str:
     """Insert `line` (one YAML mapping entry) at the indentation of a random existing key line."""
     lines = text.splitlines()
@@ -142,14 +119,11 @@ def mutate(rng: random.Random, base: dict, deepspeed: bool) -> tuple[str, str]:
     kinds = ["type", "drop", "unknown", "key", "deep", "big", "absurd", "ds_type", "junk", "auto"]
     kind = rng.choice(kinds)
     if kind == "type":
-        path, _ = rng.choice(list(_leaves(tree)))
-        _set(tree, path, rng.choice(JUNK))
+        retype(rng, tree, JUNK)
     elif kind == "drop":
-        _, mapping = rng.choice([m for m in _mappings(tree) if m[1]])
-        del mapping[rng.choice(list(mapping))]
+        drop_key(rng, tree)
     elif kind == "unknown":
-        _, mapping = rng.choice(list(_mappings(tree)))
-        mapping[rng.choice(["lr", "stage", "stepz", "zero", "bogus", "train_batch_size"])] = rng.choice(JUNK)
+        add_unknown(rng, tree, ["lr", "stage", "stepz", "zero", "bogus", "train_batch_size"], JUNK)
     elif kind == "absurd":
         path = rng.choice(SIZE_KEYS)
         if deepspeed:
@@ -163,7 +137,7 @@ def mutate(rng: random.Random, base: dict, deepspeed: bool) -> tuple[str, str]:
                     ("scheduler", "params", "warmup_num_steps"),
                 ]
             )
-        _set(tree, path, rng.choice(ABSURD))
+        set_at(tree, path, rng.choice(ABSURD))
     elif kind == "ds_type":
         zero = tree["zero_optimization"] if deepspeed else tree["deepspeed"]["zero_optimization"]
         top = tree if deepspeed else tree["deepspeed"]
@@ -182,8 +156,8 @@ def mutate(rng: random.Random, base: dict, deepspeed: bool) -> tuple[str, str]:
         )
         target[rng.choice(names)] = rng.choice(JUNK)
     elif kind == "auto":
-        path, _ = rng.choice(list(_leaves(tree)))
-        _set(tree, path, "auto")
+        path, _ = rng.choice(list(leaves(tree)))
+        set_at(tree, path, "auto")
     text = json.dumps(tree, indent=2) if deepspeed else yaml.safe_dump(tree, sort_keys=False)
     if kind == "key":
         key = rng.choice(YAML_KEYS)
@@ -209,10 +183,7 @@ def mutate(rng: random.Random, base: dict, deepspeed: bool) -> tuple[str, str]:
             else text.replace("{", '{"big": ' + value + ", ", 1)
         )
     elif kind == "junk":
-        data = bytearray(text.encode())
-        for _ in range(rng.randint(1, 8)):
-            data[rng.randrange(len(data))] = rng.randrange(32, 127)
-        text = data.decode("ascii", "replace")
+        text = overwrite_bytes(rng, text.encode(), 8, range(32, 127)).decode("ascii", "replace")
     return kind, text
 
 

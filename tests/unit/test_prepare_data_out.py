@@ -24,6 +24,7 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _helpers import tmpfs  # noqa: E402
 from _tiny_tokenizer import make_tokenizer  # noqa: E402
 
 from zerolaunch.cli.app import app  # noqa: E402
@@ -235,19 +236,8 @@ def small_disk(tmp_path):
     """A 1 MiB tmpfs, or (folder, False) where mounting is not allowed."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    try:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True
-        )
-    except OSError:
-        mounted = None
-    if mounted is None or mounted.returncode != 0:
-        yield disk, False
-        return
-    try:
-        yield disk, True
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    with tmpfs(disk, "1m") as real:
+        yield disk, real
 
 
 def test_a_full_disk_is_one_paragraph_and_leaves_nothing(small_disk, tmp_path, tok_dir, monkeypatch):
