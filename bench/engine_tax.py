@@ -44,7 +44,14 @@ import sys
 import time
 from pathlib import Path
 
-from _row_process import LLAMA_1B, TINY_LLAMA, print_result, row_result, single_rank_env
+from _row_process import (
+    LLAMA_1B,
+    TINY_LLAMA,
+    one_rank_torchrun_env,
+    print_result,
+    row_result,
+    single_rank_env,
+)
 
 ROWS = ("torch-bf16", "zl-z2-bf16", "zl-z3-bf16", "torch-amp", "zl-z2", "zl-z3")
 BUILTIN_ROWS = ("zl-gpt-z2-bf16", "zl-train-z2-bf16")
@@ -400,7 +407,11 @@ def run_train_row(row: str, args) -> dict:
     )
     cmd = train_row_command(args, run_dir, ckpt_dir)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+        # the user's shell: no torchrun variables of a row process that ran before (the launcher sets its own)
+        env = {k: v for k, v in os.environ.items() if k not in one_rank_torchrun_env()}
+        p = subprocess.run(
+            cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, env=env
+        )
     finally:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     metrics = Path(run_dir) / "metrics.jsonl"

@@ -33,10 +33,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _row_process import init_single_rank_group, row_result
 
 ROWS = ("zl-z2-off", "fsdp2-off", "ds-z2-off", "zl-z3-off", "zl-z2-off-ovl")
 """In the order "all" runs them: the main row, then its peers, so a spent --budget drops the variants."""
@@ -202,7 +203,7 @@ def run_row(row: str, args) -> dict:
     lora = _bench_module("lora")
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    lora._single_rank_group(device)
+    init_single_rank_group(device)
     gas = accumulation(args)
     t0 = time.perf_counter()
     step, n_params = build_row(row, args, device)
@@ -253,7 +254,6 @@ def drive(args) -> None:
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise SystemExit(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS)}")
-    failure = _bench_module("lora")._failure
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results, started = [], time.time()
@@ -267,15 +267,7 @@ def drive(args) -> None:
         cmd = [sys.executable, __file__, "--one", row, *sys.argv[1:]]
         t0 = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=min(args.timeout, left))
-            line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-            if p.returncode or not line:
-                raise RuntimeError(failure(p))
-            results.append(json.loads(line[-1][len("RESULT ") :]))
-        except subprocess.TimeoutExpired:
-            results.append(
-                {"row": row, "size": args.size, "error": f"timed out after {min(args.timeout, left):.0f} s"}
-            )
+            results.append(row_result(cmd, min(args.timeout, left)))
         except RuntimeError as e:
             results.append({"row": row, "size": args.size, "error": str(e)[-600:]})
         results[-1]["wall_s"] = time.time() - t0
