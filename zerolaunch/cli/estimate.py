@@ -378,7 +378,7 @@ def _engine_with_dtype(engine, dtype: str | None):
     both, bf16 (--dtype's documented default: what a model is trained in on today's GPUs)."""
     from dataclasses import replace
 
-    from zerolaunch.memory.sizes import normalize_dtype
+    from zerolaunch.util.sizes import normalize_dtype
     from zerolaunch.zero.options import EngineOptions
 
     if engine is None:
