@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+from _row_process import init_single_rank_group
+
 ROWS = ("zl", "ds", "fsdp2")
 MODELS = ("gpt-1.3b", "llama-8b", "gpt-tiny", "llama-tiny")
 LOSS_CHUNK = 4096  # rows per chunk: 4096 x 128256 bf16 logits = 1 GiB, 2 fp32 chunk tensors 4 GiB
@@ -214,10 +216,9 @@ def run_probes(row: str, args) -> None:
     """Run each probe of args.probes in turn, printing a RESULT line after each; exit 1 at the first failure."""
     import torch
 
-    lora = _lora_bench()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    lora._single_rank_group(device)
+    init_single_rank_group(device)
     llama = args.model.startswith("llama")
     t0 = time.perf_counter()
     step, vocab = (build_llama if llama else build_gpt)(row, args, device)

@@ -12,7 +12,7 @@ import tempfile
 
 import _hf_run
 import torch
-from _hf_run import _ds_ranks
+from _hf_run import _ds_ranks, _spawn
 
 
 def _checkpointed_layers(model) -> int:
@@ -47,7 +47,7 @@ def checkpointing(rank: int, tmp: str) -> dict:
 def worker(rank: int, world_size: int, store: str, out_path: str) -> None:
     _ds_ranks.init_rank(rank, world_size, store)
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = _hf_run._shared_tmp(rank, tmp)
+        tmp = _ds_ranks.shared_tmp(rank, tmp)
         results = checkpointing(rank, tmp)
     _ds_ranks.finish(rank, results, out_path)
 
@@ -71,4 +71,4 @@ def run(out_dir, timeout: float = 900) -> dict:
 
 
 if __name__ == "__main__":
-    _ds_ranks.spawn(worker, 2, sys.argv[1])
+    _spawn.start_ranks(worker, 2, sys.argv[1])

@@ -45,8 +45,11 @@ def test_estimate_memory_of_a_small_model_uses_units_that_fit_it():
     assert "per GPU, MiB:" in out
     gpu_table = out[out.index("per GPU") : out.index("per CPU node")]
     rows = [line for line in gpu_table.splitlines() if re.match(r"^ [0-3] ", line)]
-    # every row's params and peak are visible numbers (they read 0.00 in GiB)
-    assert rows and all(float(row.split()[2]) > 0 and float(row.split()[-2]) > 1 for row in rows), rows
+    # every row's params and peak are visible numbers (they read 0.00 in GiB), except stage 3 on one GPU
+    # without offload, whose params are views of the fp32 master (counted under optim)
+    assert rows and all(float(row.split()[-2]) > 1 for row in rows), rows
+    aliased = [row.split()[:2] for row in rows if float(row.split()[2]) == 0]
+    assert aliased == [["3", "-"]], rows
 
 
 @pytest.mark.parametrize("command", [["train"], ["estimate-memory"], ["recipe", "show"]])
