@@ -19,6 +19,18 @@ def group(tmp_path):
         yield None
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_process_group_outlives_its_module():
+    """A test that calls zerolaunch.initialize (or a bench row) without a group makes the default one and leaves
+    it; the next module's `group` fixture would then fail to make its own. Torn down last in the module, after
+    any module fixture that holds a group on purpose."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.fixture
 def torchrun_env(monkeypatch):
     """torchrun's variables for a one-rank job (RANK, WORLD_SIZE, MASTER_*), restored after the test: for code
