@@ -95,7 +95,7 @@ def test_the_compiled_chunk_step_reads_nothing_back_to_the_host():
         scalars = step_scalars(LR, *BETAS, 1, torch.device("cpu"))
         args = (*scalars, *BETAS, EPS, weight_decay, True)
         adam_chunk(want, grad, states[0], states[1], None, None, *args)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU]) as prof, fused_step.constants_traced():
             kernel(master, grad, states[2], states[3], None, None, *args)
         assert torch.equal(master, want)
         assert not [e for e in prof.events() if e.name == "aten::_local_scalar_dense"]

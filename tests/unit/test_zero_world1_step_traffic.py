@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -142,3 +143,27 @@ def test_a_step_reads_at_most_one_value_back(stage, monkeypatch):
         train_step(engine, 1)
     reads = sum(e.name == "aten::_local_scalar_dense" for e in prof.events())
     assert reads <= 1, reads
+
+
+def test_the_fused_step_patches_dynamo_config_once_a_step(monkeypatch):
+    # the chunks launch after the norm's host sync, so host work per chunk is step time on the GPU: the
+    # specialize_float patch (about half a compiled call's host time) is entered once a step, not per chunk
+    kernel = fused_step._compiled(backend=lambda gm, inputs: gm.forward)
+    monkeypatch.setattr(shard_optimizer, "adam_chunk_for", lambda device: kernel)
+    options = make_options(2, "bf16", "bf16", fused=True)
+    options = replace(options, zero=replace(options.zero, reduce_bucket_size=200))
+    engine = Engine(Net(), options)
+    assert len(engine.shards.chunks) >= 3
+    train_step(engine, 0)
+    config_type = type(torch._dynamo.config)
+    writes = []
+    original = config_type.__setattr__
+
+    def counting(self, name, value):
+        if name == "specialize_float":
+            writes.append(value)
+        original(self, name, value)
+
+    monkeypatch.setattr(config_type, "__setattr__", counting)
+    train_step(engine, 1)
+    assert writes == [True, False], writes  # entered and left once

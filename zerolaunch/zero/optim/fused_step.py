@@ -21,6 +21,7 @@ runs and what it writes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -76,21 +77,22 @@ def adam_chunk(
 @functools.cache
 def _compiled(backend: str = "inductor"):
     # dynamic: chunks differ in size; one graph per (out given, multiplier given, decay kind) at most
-    compiled = torch.compile(adam_chunk, dynamic=True, backend=backend)
-
-    def run(*args):
-        # betas, eps and weight decay are a group's constants: traced as constants. Left dynamic (dynamo's
-        # default for floats) each becomes a graph input read back with .item() on every call: four host
-        # reads per chunk, a few hundred a step.
-        with torch._dynamo.config.patch(specialize_float=True):
-            return compiled(*args)
-
-    return run
+    return torch.compile(adam_chunk, dynamic=True, backend=backend)
 
 
 def adam_chunk_for(device: torch.device):
-    """adam_chunk as it runs on `device`: compiled into one kernel on CUDA, eager elsewhere."""
+    """adam_chunk as it runs on `device`: compiled into one kernel on CUDA, eager elsewhere. Call it inside
+    `constants_traced()`."""
     return _compiled() if device.type == "cuda" else adam_chunk
+
+
+def constants_traced() -> contextlib.AbstractContextManager:
+    """Enter once around a step's chunk calls: betas, eps and weight decay (a group's constants) are traced as
+    constants. Left dynamic (dynamo's default for floats) each becomes a graph input read back with .item() on
+    every call: four host reads per chunk, a few hundred a step. Not entered per chunk: the config patch costs
+    about half a compiled call's host time, and the chunks launch after the norm's host sync, where the GPU
+    waits for the host."""
+    return torch._dynamo.config.patch(specialize_float=True)
 
 
 def step_scalars(

@@ -48,7 +48,7 @@ import torch
 from .. import placement
 from ..option_rules import fused_step_blocker
 from ..options import OffloadOptions, OptimizerOptions
-from .fused_step import adam_chunk_for, step_scalars
+from .fused_step import adam_chunk_for, constants_traced, step_scalars
 from .nvme_store import SwapStore
 from .torch_optim import build_optimizer, state_kinds
 
@@ -287,29 +287,30 @@ class ShardOptimizer:
         if grad_multiplier is not None:
             multiplier = grad_multiplier.to(self.device, torch.float32).reshape(())
         scalars: dict[int, tuple] = {}  # per group: lr and bias corrections of this step, made once
-        for c, views in self._views(order):
-            chunk = self.chunks[c]
-            group = self._optimizers[chunk.group].param_groups[0]
-            beta1, beta2 = group["betas"]
-            if chunk.group not in scalars:
-                scalars[chunk.group] = step_scalars(
-                    lr[chunk.group], beta1, beta2, self.step_count + 1, self.device
+        with constants_traced():
+            for c, views in self._views(order):
+                chunk = self.chunks[c]
+                group = self._optimizers[chunk.group].param_groups[0]
+                beta1, beta2 = group["betas"]
+                if chunk.group not in scalars:
+                    scalars[chunk.group] = step_scalars(
+                        lr[chunk.group], beta1, beta2, self.step_count + 1, self.device
+                    )
+                kernel(
+                    views["master"],
+                    grads.window_view(chunk.group, chunk.offset, chunk.numel),
+                    views["exp_avg"],
+                    views["exp_avg_sq"],
+                    None if publish_into is None else publish_into(c),
+                    multiplier,
+                    *scalars[chunk.group],
+                    beta1,
+                    beta2,
+                    group["eps"],
+                    group["weight_decay"],
+                    self._decoupled_decay,
                 )
-            kernel(
-                views["master"],
-                grads.window_view(chunk.group, chunk.offset, chunk.numel),
-                views["exp_avg"],
-                views["exp_avg_sq"],
-                None if publish_into is None else publish_into(c),
-                multiplier,
-                *scalars[chunk.group],
-                beta1,
-                beta2,
-                group["eps"],
-                group["weight_decay"],
-                self._decoupled_decay,
-            )
-            on_stepped(c, views["master"])
+                on_stepped(c, views["master"])
 
     def _step_chunk(
         self, group: int, views: dict, grad: torch.Tensor, lr: Sequence[float], divisor: torch.Tensor | None
