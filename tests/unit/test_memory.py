@@ -495,3 +495,25 @@ def test_estimate_counts_the_units_kept_by_max_reuse_distance():
     assert _est(10**15, stage3_max_reuse_distance=10**9).row(2) == _est(10**15).row(2)  # stage 3 only
     with pytest.raises(EstimateError, match="stage3_max_reuse_distance"):
         bf16_setup(stage3_max_reuse_distance=-1)
+
+
+def test_offload_with_accumulation_holds_the_window_sums_on_the_gpu():
+    """[Note: device-summed window] in zero/reduce.py: with the grad shard on the host and several micro-steps a
+    window, stages 2 and 3 sum the reduced grads on the GPU in fp32 (one more grad shard, the host one's size)
+    from the window's first backward to the step; one micro-step a window, or stage 1, keeps none."""
+    from dataclasses import replace
+
+    shape = synthetic_gpt(50_000_000)
+    base = bf16_setup(gpus_per_node=2)
+    accumulating = replace(base, engine=replace(base.engine, gradient_accumulation_steps=4))
+    one, four = ({(r.stage, r.offload): r for r in estimate(shape, s).rows} for s in (base, accumulating))
+    for key, row in one.items():
+        if not row.supported:
+            continue
+        stage, offload = key
+        extra = four[key].gpu["grads"] - row.gpu["grads"]
+        if stage >= 2 and offload != "none":
+            assert row.host["grads"] > 0 and extra == row.host["grads"], key
+            assert four[key].gpu_total_bytes - row.gpu_total_bytes == extra, key
+        else:
+            assert extra == 0, key

@@ -25,8 +25,9 @@ from zerolaunch.memory import engine_layout as el
 from zerolaunch.memory.activation_offload import offloaded_host_bytes, profile_for
 from zerolaunch.memory.deepspeed import deepspeed_bytes
 from zerolaunch.memory.shape import ModelShape
-from zerolaunch.memory.stage3 import largest_unit_shard, stage3_states
+from zerolaunch.memory.stage3 import largest_unit_shard, offload_devices, stage3_states
 from zerolaunch.util.sizes import DTYPE_BYTES, EstimateError, positive_int
+from zerolaunch.zero import plan
 from zerolaunch.zero.option_rules import option_problems
 from zerolaunch.zero.options import EngineOptions, bucket_numel
 
@@ -351,6 +352,18 @@ def _max_micro_batch(shape: ModelShape, setup: Setup, ckpt: bool, peak_of) -> in
     return lo
 
 
+def _device_window_sums(setup: Setup, stage: int, offload: str, host_grads: int) -> int:
+    """GPU bytes of the fp32 sums a window's reduced grads accumulate in when the grad shard is offloaded and a
+    window has several micro-steps ([Note: device-summed window] in zero/reduce.py): one more fp32 grad shard,
+    the size of the host one. Resident, not released: made by the window's first backward, they are all
+    there through every later micro-step's forward and loss, the peak this estimate prices."""
+    if stage < 2 or not plan.sums_window_on_device(
+        offload_devices(offload)[0], setup.engine.gradient_accumulation_steps
+    ):
+        return 0
+    return host_grads
+
+
 def _states(shape: ModelShape, setup: Setup, stage: int, offload: str):
     """(gpu, host, step transient, gathered bytes, staging bytes, nvme bytes per rank, released grads, released
     grads written in backward) of one row."""
@@ -362,8 +375,10 @@ def _states(shape: ModelShape, setup: Setup, stage: int, offload: str):
         released = gpu["grads"]
         threshold, world = setup.engine.zero.stage3_param_persistence_threshold, setup.world_size
         unit = largest_unit_shard(shape, world, threshold, setup.engine.optimizer.decay_1d) if released else 0
+        gpu["grads"] += _device_window_sums(setup, stage, offload, host["grads"])
         return gpu, host, transient, gathered, staging, nvme, released, setup.grad_bytes(3, offload) * unit
     gpu, host, transient, released, in_backward = stage012_states(shape, setup, stage, offload)
+    gpu["grads"] += _device_window_sums(setup, stage, offload, host["grads"])
     nvme = 0
     if offload == "optimizer-nvme":
         # the swap file holds what optimizer-cpu keeps in host memory (and the engine asserts it)
