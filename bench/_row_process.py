@@ -81,6 +81,16 @@ def init_single_rank_group(device=None) -> None:
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 
 
+def pick_rows(spec: str, known: tuple[str, ...], every: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """--rows: a comma list of `known` rows, or "all" (= `every`, default all of `known`); an unknown name ends
+    the driver naming the choices."""
+    rows = (known if every is None else every) if spec == "all" else tuple(spec.split(","))
+    unknown = [r for r in rows if r not in known]
+    if unknown:
+        raise SystemExit(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    return rows
+
+
 def print_result(row: dict) -> None:
     """The row process's answer to its driver: one line, flushed before the process exits."""
     print(RESULT + json.dumps(row), flush=True)

@@ -48,6 +48,7 @@ from _row_process import (
     LLAMA_1B,
     TINY_LLAMA,
     one_rank_torchrun_env,
+    pick_rows,
     print_result,
     row_result,
     single_rank_env,
@@ -446,13 +447,7 @@ def run_any_row(row: str, args) -> dict:
 
 
 def drive(args) -> None:
-    if args.rows == "all":
-        rows = ROWS + (BUILTIN_ROWS if args.model == "gpt" else ())
-    else:
-        rows = tuple(args.rows.split(","))
-    unknown = [r for r in rows if r not in ROWS + BUILTIN_ROWS]
-    if unknown:
-        raise SystemExit(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS + BUILTIN_ROWS)}")
+    rows = pick_rows(args.rows, ROWS + BUILTIN_ROWS, ROWS + (BUILTIN_ROWS if args.model == "gpt" else ()))
     profiled = set(args.profile.split(",")) if args.profile else set()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     results = []

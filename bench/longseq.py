@@ -144,21 +144,8 @@ def _engine_step(engine):
 
 
 def _plain_step(model):
-    import torch
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    fused = params[0].device.type == "cuda"
-    opt = torch.optim.AdamW(params, lr=LR, weight_decay=0.0, fused=fused)
-
-    def step(batch):
-        loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, CLIP)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    return step
+    fused = next(p for p in model.parameters() if p.requires_grad).device.type == "cuda"
+    return _lora_bench().plain_step(model, fused=fused)
 
 
 # ---- the Llama rows -----------------------------------------------------------------------------------------

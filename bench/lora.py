@@ -50,7 +50,7 @@ import time
 import zlib
 from pathlib import Path
 
-from _row_process import TINY_LLAMA, init_single_rank_group, print_result, row_result
+from _row_process import TINY_LLAMA, init_single_rank_group, pick_rows, print_result, row_result
 
 ROWS = ("zl-z3", "zl-z3-offp", "ds-z3", "ds-z3-offp", "fsdp2", "fsdp2-offp")
 PEERS = {False: ("ds-z3", "fsdp2"), True: ("ds-z3-offp", "fsdp2-offp")}  # by "offloads params"
@@ -150,6 +150,25 @@ def ds_config(row: str, micro_batch: int) -> dict:
         },
         "steps_per_print": 10**9,
     }
+
+
+def plain_step(model, *, fused: bool):
+    """A peer's training step without an engine: backward, clip at CLIP, torch AdamW (lr LR, no decay) over the
+    trainable params; returns the loss. bench/longseq.py's plain rows take it too."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=LR, weight_decay=0.0, fused=fused)
+
+    def step(batch):
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
 
 
 def add_lora(model):
@@ -283,16 +302,7 @@ def build_row(row: str, args, device):
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
             _fsdp2_offload_build(model, [*groups, last], kw, device)
         fully_shard(model, **kw)
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=LR, weight_decay=0.0, fused=device.type == "cuda")
-
-        def step(batch):
-            loss = model(**batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, CLIP)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
+        step = plain_step(model, fused=device.type == "cuda")
 
         def state():
             return {k: v.full_tensor().detach().float().cpu().clone() for k, v in model.state_dict().items()}
@@ -430,10 +440,7 @@ def run_row(row: str, args) -> dict:
 
 
 def drive(args) -> None:
-    rows = ROWS if args.rows == "all" else tuple(args.rows.split(","))
-    unknown = [r for r in rows if r not in ROWS]
-    if unknown:
-        raise SystemExit(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+    rows = pick_rows(args.rows, ROWS)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []

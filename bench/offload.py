@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from _row_process import init_single_rank_group, row_result
+from _row_process import init_single_rank_group, pick_rows, row_result
 
 ROWS = ("zl-z2-off", "fsdp2-off", "ds-z2-off", "zl-z3-off", "zl-z2-off-ovl")
 """In the order "all" runs them: the main row, then its peers, so a spent --budget drops the variants."""
@@ -250,10 +250,7 @@ def run_row(row: str, args) -> dict:
 
 
 def drive(args) -> None:
-    rows = ROWS if args.rows == "all" else tuple(args.rows.split(","))
-    unknown = [r for r in rows if r not in ROWS]
-    if unknown:
-        raise SystemExit(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+    rows = pick_rows(args.rows, ROWS)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results, started = [], time.time()
