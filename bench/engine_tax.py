@@ -238,6 +238,7 @@ def profile_steps(step, batches, path: Path) -> None:
     lines = [
         f"steps profiled: {steps}",
         f"kernel time per step: {gpu_ms / steps:.2f} ms; kernels per step: {len(kernels) / steps:.0f}",
+        *gpu_idle_lines(kernels, steps),
         "host syncs and copies per step: " + ", ".join(f"{k} {v / steps:g}" for k, v in syncs.items()),
         "",
         "top ops by self CUDA time:",
@@ -247,6 +248,38 @@ def profile_steps(step, batches, path: Path) -> None:
         prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60),
     ]
     path.write_text("\n".join(lines) + "\n")
+    trace = path.with_suffix(".trace.json")
+    prof.export_chrome_trace(str(trace))  # for chrome://tracing or perfetto: the gaps above, in place
+    subprocess.run(["gzip", "-f", str(trace)], check=False)
+
+
+def gpu_idle_lines(kernels, steps: int) -> list[str]:
+    """Where the GPU waits: the kernels' busy time (their intervals' union, every stream) against the span
+    from the first kernel to the last, and the longest gaps with the kernels either side (a host sync or a
+    slow launch shows as a gap; extra work as busy time)."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in kernels if e.time_range.end > 0)
+    if not spans:
+        return []
+    busy, gaps = 0.0, []
+    cur_start, cur_end, cur_name = spans[0]
+    for start, end, name in spans[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            gaps.append((start - cur_end, cur_name, name))
+            cur_start, cur_end, cur_name = start, end, name
+        elif end > cur_end:
+            cur_end, cur_name = end, name
+    busy += cur_end - cur_start
+    span = max(end for _, end, _ in spans) - spans[0][0]
+    gaps.sort(reverse=True)
+    lines = [
+        f"GPU busy per step (union of kernels): {busy / 1e3 / steps:.2f} ms; first-to-last kernel span per step: "
+        f"{span / 1e3 / steps:.2f} ms; idle inside the span per step: {(span - busy) / 1e3 / steps:.2f} ms "
+        f"in {len(gaps) / steps:.0f} gaps",
+        "longest gaps (us, the kernel before -> after):",
+    ]
+    lines += [f"  {g:9.1f}  {a[:60]} -> {b[:60]}" for g, a, b in gaps[:12]]
+    return lines
 
 
 def run_row(row: str, args) -> dict:
