@@ -85,6 +85,37 @@ def test_lower_layers_do_not_reach_up():
     assert not bad, bad
 
 
+# The Trainer door brings its own model and data: its engine options come from config's
+# deepspeed_engine_options, never from a whole Recipe (with the built-in model and synthetic data) kept for
+# its `.engine`.
+HF_MUST_NOT_USE = {
+    "zerolaunch.config.load_recipe",
+    "zerolaunch.config.load.load_recipe",
+    "zerolaunch.config.Recipe",
+    "zerolaunch.config.schema.Recipe",
+}
+
+
+def _recipe_uses(imports: set[str]) -> list[str]:
+    return sorted(imports & HF_MUST_NOT_USE)
+
+
+def test_the_hf_door_builds_no_recipe():
+    bad = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / "hf").rglob("*.py"))
+        for module in _recipe_uses(_imports(path))
+    ]
+    assert not bad, bad
+
+
+def test_the_recipe_check_sees_one():
+    assert _recipe_uses({"zerolaunch.config", "zerolaunch.config.load_recipe"}) == [
+        "zerolaunch.config.load_recipe"
+    ]
+    assert _recipe_uses({"zerolaunch.config", "zerolaunch.config.deepspeed_engine_options"}) == []
+
+
 def _layer(path: pathlib.Path) -> str:
     """The top-level package or module of zerolaunch that `path` belongs to ("report", "api", ...)."""
     return path.relative_to(ROOT).parts[0].removesuffix(".py")

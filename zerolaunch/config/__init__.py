@@ -1,8 +1,9 @@
 """Recipes: YAML/JSON files (and DeepSpeed configs) -> --set overrides -> "auto" resolved -> frozen `Recipe`.
 
 Import cost is kept low (no torch, no rich at import): the CLI imports this to answer quickly. Start at
-`load_recipe`; the pipeline is load.py (files, --set) -> deepspeed.py (vocabulary) -> auto.py (batch rule,
-two spellings, "auto") -> engine_options.py (EngineOptions) -> schema.py (the frozen result).
+`load_recipe` (`deepspeed_engine_options` for a DeepSpeed config alone); the pipeline is load.py (files,
+--set) -> deepspeed.py (vocabulary) -> auto.py (batch rule, two spellings, "auto") -> engine_options.py
+(EngineOptions) -> schema.py (the frozen result).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ _EXPORTS = {
     "import_builder": "builders",
     "RecipeError": "errors",
     "UserError": "errors",
+    "deepspeed_engine_options": "load",
     "load_recipe": "load",
     "load_resolved": "load",
     "save_resolved": "load",
@@ -41,6 +43,7 @@ __all__ = [
     "RecipeError",
     "TrainSection",
     "UserError",
+    "deepspeed_engine_options",
     "import_builder",
     "load_recipe",
     "load_resolved",

@@ -177,36 +177,20 @@ def _zero(r: Resolver, has_ds: bool, model: ModelHidden | None) -> ZeroOptions:
     note = "DeepSpeed's default without zero_optimization" if has_ds else "zerolaunch's default"
     stage = r.value(k + "stage", Z + ("stage",), "int", stage_default, default_note=note)
 
-    def h_auto(factor: float, power: int, key: str):
-        def compute() -> tuple[int, str]:
+    def bucket(key: str, factor: float, power: int) -> int:
+        """A bucket size whose "auto" is factor * h**power, h the model's hidden size (Hugging Face's rule)."""
+
+        def auto() -> tuple[int, str]:
             h, source = hidden_size(r, Z + (key,), model)
             value = int(factor * h**power)
             formula = {1: "h", 2: "h*h"}[power]
             return value, f"{'' if factor == 1 else f'{factor:g}*'}{formula} with h={h} ({source})"
 
-        return compute
+        return r.value(k + key, Z + (key,), "int", getattr(base, key), auto=auto)
 
-    reduce_bucket = r.value(
-        k + "reduce_bucket_size",
-        Z + ("reduce_bucket_size",),
-        "int",
-        base.reduce_bucket_size,
-        auto=h_auto(1, 2, "reduce_bucket_size"),
-    )
-    prefetch = r.value(
-        k + "stage3_prefetch_bucket_size",
-        Z + ("stage3_prefetch_bucket_size",),
-        "int",
-        base.stage3_prefetch_bucket_size,
-        auto=h_auto(0.9, 2, "stage3_prefetch_bucket_size"),
-    )
-    persistence = r.value(
-        k + "stage3_param_persistence_threshold",
-        Z + ("stage3_param_persistence_threshold",),
-        "int",
-        base.stage3_param_persistence_threshold,
-        auto=h_auto(10, 1, "stage3_param_persistence_threshold"),
-    )
+    reduce_bucket = bucket("reduce_bucket_size", 1, 2)
+    prefetch = bucket("stage3_prefetch_bucket_size", 0.9, 2)
+    persistence = bucket("stage3_param_persistence_threshold", 10, 1)
     overlap = r.value(
         k + "overlap_comm",
         Z + ("overlap_comm",),

@@ -2,7 +2,9 @@
 
 `load_recipe` is the one entry point: file -> limits (limits.py: size, depth, key types) -> raw tree ->
 overrides -> key-name checks -> resolution (auto.py, engine_options.py) -> builder args -> frozen `Recipe`. Precedence is stated once: --set > file > defaults. `save_resolved` /
-`load_resolved` write and read run_dir/recipe.resolved.json. This module owns file formats and paths; the
+`load_resolved` write and read run_dir/recipe.resolved.json. `deepspeed_engine_options` takes the same path for
+a DeepSpeed config dict alone and stops at the engine options (the Hugging Face door brings its own model and
+data). This module owns file formats and paths; the
 meaning of keys lives in schema.py / deepspeed.py, their resolution in auto.py / engine.py.
 """
 
@@ -15,7 +17,7 @@ import re
 import shlex
 from collections.abc import Iterable
 from pathlib import Path as FsPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -42,6 +44,9 @@ from .schema import (
 )
 from .tree import MISSING, Path, RawTree
 from .values import DS, Resolver, check_builtin_args, check_model_dims
+
+if TYPE_CHECKING:
+    from zerolaunch.zero.options import EngineOptions
 
 RESOLVED_NAME = "recipe.resolved.json"
 
@@ -192,13 +197,10 @@ def build_tree(raw: Any, name: str, lines: dict[Path, int], base_dir: FsPath) ->
     """The raw tree of one recipe; returns (tree, is_bare_deepspeed_config)."""
     if not isinstance(raw, dict):
         raise RecipeError(f"{name}: a recipe must be a mapping of sections, got {type(raw).__name__}.")
-    tree = RawTree()
     bare = bool(raw) and not any(k in TOP_LEVEL_KEYS for k in raw) and any(k in ds_vocab.TOP for k in raw)
     if bare:
-        tree.put((), {"deepspeed": raw}, "file", name)
-        tree.put(DS, raw, "file", name, lines)
-        tree.bare_deepspeed = True
-        return tree, True
+        return _deepspeed_tree(raw, name, lines), True
+    tree = RawTree()
     tree.put((), raw, "file", name, lines)
     for key in raw:
         if key in ds_vocab.TOP and key not in TOP_LEVEL_KEYS:
@@ -221,6 +223,15 @@ def build_tree(raw: Any, name: str, lines: dict[Path, int], base_dir: FsPath) ->
             f"got {block!r}."
         )
     return tree, False
+
+
+def _deepspeed_tree(raw: dict, name: str, lines: dict[Path, int]) -> RawTree:
+    """The tree of a bare DeepSpeed config: its keys under `deepspeed:`, shown without that prefix."""
+    tree = RawTree()
+    tree.put((), {"deepspeed": raw}, "file", name)
+    tree.put(DS, raw, "file", name, lines)
+    tree.bare_deepspeed = True
+    return tree
 
 
 def _normalize(tree: RawTree, notes: dict[str, str]) -> None:
@@ -424,6 +435,49 @@ def _entrypoint(r: Resolver, base_dir: FsPath) -> str | None:
     return str(script) if len(argv) == 1 else shlex.join([str(script), *argv[1:]])
 
 
+def _check_world_size(world_size: Any) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise RecipeError(f"world size must be a positive integer, got {world_size!r}.")
+
+
+def _resolve_options(
+    tree: RawTree, world_size: int, stem: str | None, model_hidden: ModelHidden | None
+) -> tuple[Resolver, TrainSection, EngineOptions]:
+    """Spellings normalized, key names checked, then the train section and the engine options resolved: what
+    a recipe and a bare DeepSpeed config share (the model, data and checkpoint sections are the recipe's)."""
+    notes: dict[str, str] = {}
+    _normalize(tree, notes)
+    check_recipe_names(tree)
+    if isinstance(tree.get(DS), dict):
+        ds_vocab.check_names(tree, DS, notes)
+    r = Resolver(tree, world_size)
+    r.notes.update(notes)
+    optimizer = ds_vocab.optimizer_name(tree, DS)
+    has_scheduler = ds_vocab.scheduler_name(tree, DS) is not None
+    train = resolve_train(r, stem, has_scheduler, optimizer)
+    engine = resolve_engine_options(r, train, model_hidden)
+    check_compile_scope(r, train, engine)
+    train, engine = resolve_compile_optimizer(r, train, engine)
+    return r, train, engine
+
+
+def deepspeed_engine_options(
+    config: dict[str, Any], *, world_size: int, model_hidden: ModelHidden
+) -> EngineOptions:
+    """The engine options of a DeepSpeed config dict, for a door that brings its own model and data (the
+    Hugging Face Trainer's): the checks, "auto"s and errors of `load_recipe` on the same dict, without a
+    Recipe's model, data or checkpoint sections. Every top-level key is a DeepSpeed key, `checkpoint`
+    included (DeepSpeed's own block, noted). `model_hidden`: the trained model's hidden size, which the
+    bucket "auto"s need (required: there is no recipe model section to fall back on)."""
+    _check_world_size(world_size)
+    name = "the recipe"  # as load_recipe names a dict: the Trainer door's messages are the ones it had
+    if not isinstance(config, dict):
+        raise RecipeError(f"{name}: a DeepSpeed config must be a mapping, got {type(config).__name__}.")
+    limits.check_tree(config, name)  # before deepcopy, which recurses
+    tree = _deepspeed_tree(copy.deepcopy(config), name, {})
+    return _resolve_options(tree, world_size, None, model_hidden)[2]
+
+
 def load_recipe(
     source: str | os.PathLike[str] | dict[str, Any],
     overrides: Iterable[str] = (),
@@ -432,10 +486,9 @@ def load_recipe(
     model_hidden: ModelHidden | None = None,
 ) -> Recipe:
     """Load, override (--set > file > defaults), check and resolve a recipe for `world_size` ranks.
-    `model_hidden`: the hidden size of the model the caller trains (the Hugging Face door's), which the
-    bucket "auto"s take instead of the recipe's model section."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise RecipeError(f"world size must be a positive integer, got {world_size!r}.")
+    `model_hidden`: the hidden size of a model the caller holds, which the bucket "auto"s take instead of
+    the recipe's model section (the Hugging Face door takes `deepspeed_engine_options`)."""
+    _check_world_size(world_size)
     if isinstance(source, dict):
         limits.check_tree(source, "the recipe")  # before deepcopy, which recurses
         raw, lines, name, base_dir, stem = copy.deepcopy(source), {}, "the recipe", FsPath.cwd(), None
@@ -457,19 +510,7 @@ def load_recipe(
                 f"{block}: a DeepSpeed config must be a JSON object, got {type(data).__name__}."
             )
         tree.put(DS, data, "--set", where)
-    notes: dict[str, str] = {}
-    _normalize(tree, notes)
-    check_recipe_names(tree)
-    if isinstance(tree.get(DS), dict):
-        ds_vocab.check_names(tree, DS, notes)
-    r = Resolver(tree, world_size)
-    r.notes.update(notes)
-    optimizer = ds_vocab.optimizer_name(tree, DS)
-    has_scheduler = ds_vocab.scheduler_name(tree, DS) is not None
-    train = resolve_train(r, stem, has_scheduler, optimizer)
-    engine = resolve_engine_options(r, train, model_hidden)
-    check_compile_scope(r, train, engine)
-    train, engine = resolve_compile_optimizer(r, train, engine)
+    r, train, engine = _resolve_options(tree, world_size, stem, model_hidden)
     model, data, checkpoint, entrypoint = _sections(r, train, base_dir)
     peft = resolve_peft(r, entrypoint)
     if bare:

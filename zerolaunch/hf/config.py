@@ -4,11 +4,12 @@ from the TrainingArguments, as transformers fills them for DeepSpeed, and turned
 The rules are transformers' (integrations/deepspeed.py, HfTrainerDeepSpeedConfig: trainer_config_process
 when the arguments are built, trainer_config_finalize once the model and the number of steps are known),
 written here so that DeepSpeed need not be installed. The bucket "auto"s (reduce_bucket_size and the
-stage-3 ones) are not filled here: `model_hidden` hands the model's hidden size to the recipe loader, whose
-config/engine_options.py resolves every bucket "auto", a recipe's or this door's. An explicit value that
-contradicts a TrainingArguments value is an error naming both; transformers collects those until finalize,
-this raises the ones it can see when the arguments are built and the rest when the engine is built, before
-the first step. The DeepSpeed vocabulary itself (which keys exist, what each does) is config/'s.
+stage-3 ones) are not filled here: `model_hidden` hands the model's hidden size to config's
+`deepspeed_engine_options`, whose engine_options.py resolves every bucket "auto", a recipe's or this door's.
+An explicit value that contradicts a TrainingArguments value is an error naming both; transformers collects
+those until finalize, this raises the ones it can see when the arguments are built and the rest when the
+engine is built, before the first step. The DeepSpeed vocabulary itself (which keys exist, what each does)
+is config/'s.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class TrainerDSConfig:
     # ---- transformers' trainer_config_finalize -----------------------------------------------------------
     def finalize(self, args, num_training_steps: int) -> None:
         """Fill what needs the step count (transformers' trainer_config_finalize); the bucket "auto"s, which
-        need the model, are left to the recipe loader (`model_hidden`)."""
+        need the model, are left to config's `deepspeed_engine_options` (`model_hidden`)."""
         self.fill_match(
             "scheduler.params.total_num_steps", num_training_steps, "num_training_steps (calculated)"
         )
@@ -140,7 +141,7 @@ class TrainerDSConfig:
 
 def model_hidden(model) -> ModelHidden:
     """The model's hidden size for the bucket "auto"s, read as transformers reads it (hidden_size, else the
-    largest of hidden_sizes, on the config or its text_config), for `load_recipe(..., model_hidden=...)`."""
+    largest of hidden_sizes, on the config or its text_config), for config's `deepspeed_engine_options`."""
     config = getattr(model, "config", None)
     for cfg, where in ((config, "config"), (getattr(config, "text_config", None), "config.text_config")):
         if cfg is None:

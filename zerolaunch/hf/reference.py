@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from torch import nn
 
+from zerolaunch.config import deepspeed_engine_options
 from zerolaunch.config.errors import UserError
 
 FROZEN_ONLY_KEYS = ("optimizer", "scheduler")
@@ -56,7 +57,6 @@ class FrozenModel(EngineForward):
 
 def frozen_options(args, model: nn.Module):
     """Engine options for a frozen model from the TrainingArguments' DeepSpeed config (zero_ds_config)."""
-    from zerolaunch.config import load_recipe
     from zerolaunch.hf.config import TrainerDSConfig, model_hidden, optimizer_block
 
     config = copy.deepcopy(args.zero_ds_config)
@@ -67,10 +67,10 @@ def frozen_options(args, model: nn.Module):
         zero.pop("offload_optimizer", None)
     filled = TrainerDSConfig(config)
     filled.finalize(args, 0)  # no schedule to fill
-    # the recipe needs an optimizer to describe; the inference engine builds none
+    # the options need an optimizer to describe; the inference engine builds none
     config["optimizer"] = optimizer_block(args)
     # the bucket "auto"s from this model's hidden size
-    options = load_recipe(config, world_size=args.world_size, model_hidden=model_hidden(model)).engine
+    options = deepspeed_engine_options(config, world_size=args.world_size, model_hidden=model_hidden(model))
     return replace(options, gradient_accumulation_steps=1)
 
 

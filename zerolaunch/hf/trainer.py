@@ -35,6 +35,7 @@ import torch
 from zerolaunch.checkpoint.hf_save import with_hf_config, write_hf_pretrained
 from zerolaunch.checkpoint.load import load_checkpoint
 from zerolaunch.checkpoint.save import save_checkpoint
+from zerolaunch.config import deepspeed_engine_options
 from zerolaunch.config.errors import UserError
 from zerolaunch.hf.optim_sched import EngineLRScheduler, zero_optim_sched
 from zerolaunch.hf.reference import (
@@ -207,11 +208,10 @@ class ZeroTrainerMixin:
         return config, own_optimizer
 
     def _zero_options(self, config: dict):
-        from zerolaunch.config import load_recipe
         from zerolaunch.hf.config import model_hidden
 
         hidden = model_hidden(self.model)
-        options = load_recipe(config, world_size=self.args.world_size, model_hidden=hidden).engine
+        options = deepspeed_engine_options(config, world_size=self.args.world_size, model_hidden=hidden)
         # the Trainer divides the loss by the accumulation (or by the window's token count) itself
         return replace(options, gradient_accumulation_steps=1)
 
