@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from zerolaunch.zero.options import COMM_DTYPES
 
-from .deepspeed import PARAM_BUFFER_COUNT, optimizer_name, scheduler_name
+from .deepspeed import optimizer_name, scheduler_name
 from .errors import RecipeError
 from .hidden import ModelHidden, hidden_size
 from .schema import TrainSection
@@ -270,6 +270,8 @@ def _max_reuse(r: Resolver, default: int) -> int:
 
 def _offload(r: Resolver, name: str, has_ds: bool, buffer_count: int) -> OffloadOptions:
     from zerolaunch.zero.options import OffloadOptions
+
+    from .deepspeed import PARAM_BUFFER_COUNT
 
     path = Z + (name,)
     k = f"engine.zero.{name}."
