@@ -2,9 +2,9 @@
 
 This module owns the host side of optimizer offload (offload_optimizer.device "cpu", and the host grad
 shards of "nvme", whose swap files are optim/nvme_store.py's):
-allocating host buffers (pinned when asked and when there is an accelerator to pin for; those held for the run
-at their exact size), and the ordering
-rule that the host may only read device->host copies once the device stream that issued them is done.
+allocating host buffers (pinned when asked and when there is an accelerator to pin for; those held for the
+run at their exact size), and the ordering rule that the host may only read device->host copies once the
+device stream that issued them is done.
 On a CPU-only machine the "host" is the compute device and the copies are plain same-device copies: the
 code path is the same, which is what the tests exercise.
 """
