@@ -312,14 +312,6 @@ CASES: tuple[Case, ...] = (
         ">= 1",
     ),
     Case(
-        "zero.offload_param.buffer_count",
-        EngineOptions(zero=ZeroOptions(stage=3, offload_param=OffloadOptions(device="cpu", buffer_count=0))),
-        _zero_recipe("    stage: 3\n    offload_param:\n      device: cpu\n      buffer_count: 0\n"),
-        f"{Z}.offload_param.buffer_count",
-        8,
-        ">= 1",
-    ),
-    Case(
         "optimizer.lr",
         EngineOptions(optimizer=OptimizerOptions(lr=-1.0)),
         "deepspeed:\n  optimizer:\n    type: AdamW\n    params:\n      lr: -1\n",

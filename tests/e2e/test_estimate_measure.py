@@ -3,7 +3,8 @@
 Tests: the tiny GPT recipe at stage 2 (the file's) and stage 3 (--set), 1 rank in-process and 2 gloo ranks
 spawned by --measure itself; --json carries estimated and measured bytes per component. A LoRA recipe (a
 `peft:` block over the tiny GPT) at stage 2 on 1 rank and stage 3 on 2 ranks: every component within 5%
-(exact in fact), the adapter's count, the frozen base sharded at stage 3. Leaves out: the
+(exact in fact), the adapter's count, the frozen base sharded at stage 3. A stage-3 LoRA recipe over an HF
+model folder: the model reaches the engine on the meta device, as `zerolaunch train` builds it. Leaves out: the
 CUDA peak comparison (max_memory_allocated needs a GPU; the lead runs it on the device).
 """
 
@@ -92,3 +93,62 @@ def test_measure_agrees_with_the_estimate_on_a_lora_recipe(tmp_path, gpus, stage
     if stage == "3":  # the frozen base is sharded: each rank holds about half of its fp32 bytes
         base = 4 * data["model"]["frozen_params"]
         assert pairs["params"]["measured"] < 0.6 * base
+
+
+def test_measure_builds_a_stage3_lora_base_on_meta_as_train_does(tmp_path, monkeypatch):
+    # zerolaunch train builds an HF base under a peft: block on the meta device at stage 3 and the engine fills
+    # it unit by unit from the files; --measure must take that path, not build the whole base first
+    pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from zerolaunch import build
+
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "base")
+    (tmp_path / "corpus.jsonl").write_text('{"text": "a lazy dog jumps over the quick brown fox"}\n' * 8)
+    recipe = tmp_path / "lora.yaml"
+    recipe.write_text(
+        json.dumps(
+            {
+                "model": {"builder": "zerolaunch.models.hf:build", "args": {"path": str(tmp_path / "base")}},
+                "data": {
+                    "builder": "zerolaunch.data.hf_text:build",
+                    "args": {"path": str(tmp_path / "corpus.jsonl"), "seq_len": 16},
+                },
+                "train": {"steps": 2, "micro_batch_size": 1},
+                "peft": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+                "deepspeed": {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
+            }
+        )
+    )
+    handed = []
+    real_build_engine = build.build_engine
+
+    def spy(model, *args, **kwargs):
+        handed.append(all(p.is_meta for p in model.parameters()))
+        return real_build_engine(model, *args, **kwargs)
+
+    monkeypatch.setattr(build, "build_engine", spy)
+    args = [str(recipe), "--gpus", "1", "--measure", "--measure-steps", "2", "--json"]
+    result = CliRunner().invoke(app, ["estimate-memory", *args])
+    assert result.exit_code == 0, result.output
+    assert handed == [True], "--measure built the base with real weights before the engine"
+    data = json.loads(result.output)
+    assert data["measured"]["row"] == "stage 3"
+    pairs = data["measured"]["components"]
+    # the adapter's fp32 Adam moments; the whole frozen base on the one rank (files read unit by unit)
+    assert pairs["optimizer"]["measured"] == 2 * 4 * data["model"]["params"]
+    assert pairs["params"]["measured"] == 4 * data["model"]["frozen_params"]
+    for name, pair in pairs.items():
+        assert pair["estimated"] == pytest.approx(pair["measured"], rel=0.05), name

@@ -74,6 +74,10 @@ def _disabled(value: Any) -> bool:
     return isinstance(value, dict) and value.get("enabled") is False
 
 
+PARAM_BUFFER_COUNT = (
+    "offload_param on nvme reads each unit's shard into a buffer of its own when the unit is gathered; "
+    "there is no pool of staging buffers to size"
+)
 NO_EFFECT_CKPT = "zerolaunch checkpoints are always elastic (any world size / stage loads)"
 
 OFFLOAD_OPTIMIZER: dict[str, Any] = {
@@ -93,7 +97,7 @@ OFFLOAD_PARAM: dict[str, Any] = {
     "device": USE,
     "nvme_path": USE,
     "pin_memory": USE,
-    "buffer_count": USE,
+    "buffer_count": Note(PARAM_BUFFER_COUNT, "int"),
     "buffer_size": Note("zerolaunch sizes its staging buffers from the largest stage-3 unit", "int"),
     "max_in_cpu": Note("not used by zerolaunch", "int"),
 }

@@ -255,6 +255,8 @@ def _max_reuse(r: Resolver, default: int) -> int:
 def _offload(r: Resolver, name: str, has_ds: bool, buffer_count: int) -> OffloadOptions:
     from zerolaunch.zero.options import OffloadOptions
 
+    from .deepspeed import PARAM_BUFFER_COUNT
+
     path = Z + (name,)
     k = f"engine.zero.{name}."
     block = r.raw(path)
@@ -266,15 +268,35 @@ def _offload(r: Resolver, name: str, has_ds: bool, buffer_count: int) -> Offload
     nvme_path = r.value(k + "nvme_path", path + ("nvme_path",), "optional_str", None)
     # DeepSpeed pins offload buffers unless told otherwise; an offload block here follows it.
     pin = r.value(k + "pin_memory", path + ("pin_memory",), "bool", has_ds and isinstance(block, dict))
-    count = r.value(k + "buffer_count", path + ("buffer_count",), "int", buffer_count)
+    count = buffer_count
     overlap_step = False
     if name == "offload_optimizer":
+        count = r.value(k + "buffer_count", path + ("buffer_count",), "int", buffer_count)
         overlap_step = r.value(k + "overlap_step", path + ("overlap_step",), "bool", False)
     else:
+        r.record(k + "buffer_count", "default", f"no effect: {PARAM_BUFFER_COUNT}")
         r.record(k + "overlap_step", "default", "offload_optimizer only")
+    _note_idle_offload_keys(r, name, device)
     return OffloadOptions(
         device=device, pin_memory=pin, nvme_path=nvme_path, buffer_count=count, overlap_step=overlap_step
     )
+
+
+def _note_idle_offload_keys(r: Resolver, name: str, device: str) -> None:
+    """Keys of an offload block that the chosen device never reads, when the user wrote them: noted on their
+    rows, so that `recipe show` does not present them as in use."""
+    path = Z + (name,)
+    k = f"engine.zero.{name}."
+    idle: dict[str, str] = {}
+    if device != "nvme":
+        idle["nvme_path"] = f"read with device nvme only (device is {device})"
+        if name == "offload_optimizer":
+            idle["buffer_count"] = f"the nvme swap file's staging buffers (device is {device})"
+    if device == "none":
+        idle["pin_memory"] = "nothing is offloaded (device is none)"
+    for key, why in idle.items():
+        if r.given(path + (key,)):
+            r.notes[k + key] = f"no effect: {why}"
 
 
 def _schedule_note(r: Resolver, train: TrainSection) -> str:

@@ -109,6 +109,41 @@ def _streamed_init_from(recipe):
     return safetensors_files(recipe.model.init_from)
 
 
+def build_train_model(recipe, *, verify_checkpoints: bool = True) -> torch.nn.Module:
+    """The model `zerolaunch train` hands its engine, before train.compile: built on the meta device where the
+    stage-3 engine initialises it unit by unit, init_from's weights attached or loaded, the `peft:` adapter,
+    activation checkpointing. estimate-memory --measure builds through it too, so it measures this model."""
+    # weights to load need real tensors: meta construction only when the engine will initialise them,
+    # from the builder's init or, for an HF model, from init_from's safetensors a unit at a time. A PEFT
+    # adapter goes on meta only over an HF model (models/hf.py meta_init_fn: HF's init or the files for
+    # the base, PEFT's for the adapter); another builder's reset_parameters() would redraw LoRA's B
+    peft_on_meta = recipe.peft is None or _builds_hf_on_meta(recipe)
+    streamed = _streamed_init_from(recipe) if peft_on_meta else None
+    on_meta = (
+        recipe.engine.zero.stage == 3
+        and peft_on_meta
+        and (not recipe.model.init_from or streamed is not None)
+    )
+    model = build_model(_with_meta_arg(recipe) if on_meta else recipe, meta_if_supported=on_meta)
+    if streamed is not None:
+        attach_initial_weights(model, streamed, recipe.model.init_from)
+    elif recipe.model.init_from:
+        load_initial_weights(model, recipe.model.init_from, verify=verify_checkpoints)
+    if recipe.peft is not None:
+        model = apply_peft(model, recipe.peft, where=recipe.source or "the recipe")
+        if on_meta and recipe.peft.modules_to_save:
+            _check_saved_units(model, recipe)
+    if recipe.train.activation_checkpointing:
+        enable = getattr(model, "enable_activation_checkpointing", None)
+        if enable is None:
+            raise TrainError(
+                f"train.activation_checkpointing is on but the model from {recipe.model.builder!r} has "
+                "no enable_activation_checkpointing(); add one, or apply torch.utils.checkpoint in the model"
+            )
+        enable()
+    return model
+
+
 class Trainer:
     """One worker's training run: the components `run_training` sequences (built in __init__)."""
 
@@ -171,34 +206,7 @@ class Trainer:
 
     def _build_model(self):
         recipe = self.recipe
-        # weights to load need real tensors: meta construction only when the engine will initialise them,
-        # from the builder's init or, for an HF model, from init_from's safetensors a unit at a time. A PEFT
-        # adapter goes on meta only over an HF model (models/hf.py meta_init_fn: HF's init or the files for
-        # the base, PEFT's for the adapter); another builder's reset_parameters() would redraw LoRA's B
-        peft_on_meta = recipe.peft is None or _builds_hf_on_meta(recipe)
-        streamed = _streamed_init_from(recipe) if peft_on_meta else None
-        on_meta = (
-            recipe.engine.zero.stage == 3
-            and peft_on_meta
-            and (not recipe.model.init_from or streamed is not None)
-        )
-        model = build_model(_with_meta_arg(recipe) if on_meta else recipe, meta_if_supported=on_meta)
-        if streamed is not None:
-            attach_initial_weights(model, streamed, recipe.model.init_from)
-        elif recipe.model.init_from:
-            load_initial_weights(model, recipe.model.init_from, verify=self.ctx.verify_checkpoints)
-        if recipe.peft is not None:
-            model = apply_peft(model, recipe.peft, where=recipe.source or "the recipe")
-            if on_meta and recipe.peft.modules_to_save:
-                _check_saved_units(model, recipe)
-        if recipe.train.activation_checkpointing:
-            enable = getattr(model, "enable_activation_checkpointing", None)
-            if enable is None:
-                raise TrainError(
-                    f"train.activation_checkpointing is on but the model from {recipe.model.builder!r} has "
-                    "no enable_activation_checkpointing(); add one, or apply torch.utils.checkpoint in the model"
-                )
-            enable()
+        model = build_train_model(recipe, verify_checkpoints=self.ctx.verify_checkpoints)
         self.compiled: str | None = None
         """What train.compile compiled ("24 blocks", "the whole forward"), for the first step's line."""
         if recipe.train.compile:

@@ -2,8 +2,9 @@
 
 Owns a small, self-contained run: one process per rank on this machine (CUDA + NCCL when enough GPUs are
 visible, else CPU + gloo), rendezvous through a FileStore in a temp dir (no ports), a timeout on the group
-and on every wait. Each rank builds the recipe's model (with its `peft:` adapter) and data with the training loop's own
-helpers (train/batches.py, models/peft.py), wraps the model in the Engine, runs `steps` optimizer steps and reports
+and on every wait. Each rank builds the recipe's model (with its `peft:` adapter) and data as the training loop
+does (loop.py build_train_model: on the meta device at stage 3; train/batches.py), wraps the model in the engine
+(build.py build_engine), runs `steps` optimizer steps and reports
 `engine.memory_bytes()` and, on CUDA, `torch.cuda.max_memory_allocated()` over the steps after the first
 (the first includes the engine's construction copies, which no later step repeats).
 It does not write a run dir, checkpoints or metrics.
@@ -112,26 +113,20 @@ def measure_recipe(recipe, est: Estimate, *, steps: int, world_size: int) -> Mea
 def _measure_rank(rank: int, world_size: int, recipe_path: str, steps: int, cuda: bool) -> dict:
     import torch
 
+    from zerolaunch.build import build_engine
     from zerolaunch.config import load_resolved
     from zerolaunch.train import seeding
-    from zerolaunch.train.batches import BatchSource, build_data, build_model, forward, loss_of, to_device
-    from zerolaunch.zero import Engine
+    from zerolaunch.train.batches import BatchSource, build_data, forward, loss_of, to_device
+    from zerolaunch.train.loop import build_train_model
 
     recipe = load_resolved(recipe_path)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     seeding.seed_all(recipe.train.seed, device)
-    # as the training loop builds it (loop.py _build_model): a peft: block adapts real weights (the engine's
-    # meta init knows the base's init, not the adapter's), so no meta construction then
-    model = build_model(recipe, meta_if_supported=recipe.engine.zero.stage == 3 and recipe.peft is None)
-    if recipe.peft is not None:
-        from zerolaunch.models.peft import apply_peft
-
-        model = apply_peft(model, recipe.peft, where=recipe.source or "the recipe")
-    if recipe.train.activation_checkpointing:
-        model.enable_activation_checkpointing()
-    engine = Engine(model, recipe.engine, group=None, device=device)
+    # the model and engine `zerolaunch train` builds: at stage 3 on the meta device where the engine fills it
+    # unit by unit (an HF base under a peft: adapter too), so no rank holds the whole model to measure it
+    engine = build_engine(build_train_model(recipe), recipe.engine, group=None, device=device)
     source = BatchSource(build_data(recipe, rank, world_size), recipe.data.builder)
     for step in range(steps):
         if step == 1 and cuda:

@@ -286,9 +286,6 @@ RULES: tuple[Rule, ...] = (
         ">= 1",
         "Use 1 or more staging buffers, e.g. 4",
     ),
-    _field(
-        "zero.offload_param.buffer_count", lambda v: v < 1, ">= 1", "Use 1 or more staging buffers, e.g. 5"
-    ),
     _field("gradient_accumulation_steps", lambda v: v < 1, ">= 1", "Use 1 or more micro-steps per step"),
     _field(
         "gradient_clipping",

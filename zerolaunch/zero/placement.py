@@ -2,8 +2,9 @@
 
 This module owns the host side of optimizer offload (offload_optimizer.device "cpu", and the host grad
 shards of "nvme", whose swap files are optim/nvme_store.py's):
-allocating host buffers (pinned when asked and when there is an accelerator to pin for), and the ordering
-rule that the host may only read device->host copies once the device stream that issued them is done.
+allocating host buffers (pinned when asked and when there is an accelerator to pin for; those held for the
+run at their exact size), and the ordering rule that the host may only read device->host copies once the
+device stream that issued them is done.
 On a CPU-only machine the "host" is the compute device and the copies are plain same-device copies: the
 code path is the same, which is what the tests exercise.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from . import host_pinning
 from .options import OffloadOptions
 
 
@@ -23,18 +25,24 @@ def master_device(offload: OffloadOptions, device: torch.device) -> torch.device
     return device
 
 
-def _pinnable(device: torch.device, pin: bool) -> bool:
-    return pin and device.type == "cpu" and torch.cuda.is_available()
-
-
 def zeros(numel: int, device: torch.device, *, pin: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A zeroed flat buffer; page-locked when on the host, asked for, and an accelerator exists."""
-    return torch.zeros(numel, dtype=dtype, device=device, pin_memory=_pinnable(device, pin))
+    """A zeroed flat buffer held for the run; page-locked at its exact size when on the host, asked for, and
+    an accelerator exists (host_pinning.py: torch's pinned cache would round it up to a power of two)."""
+    return host_pinning.zeros(numel, device, pin=pin, dtype=dtype)
 
 
 def empty(numel: int, device: torch.device, *, pin: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """An uninitialized flat buffer, pinned as `zeros` is (pinned blocks come from torch's host cache)."""
-    return torch.empty(numel, dtype=dtype, device=device, pin_memory=_pinnable(device, pin))
+    """An uninitialized flat buffer held for the run, pinned as `zeros` is."""
+    return host_pinning.empty(numel, device, pin=pin, dtype=dtype)
+
+
+def recycled_empty(
+    numel: int, device: torch.device, *, pin: bool, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """An uninitialized flat buffer made and dropped again and again while training: pinned blocks come
+    from torch's host cache, which hands a block out again only once the copy that read it has completed."""
+    pinnable = pin and device.type == "cpu" and host_pinning.accelerator_present()
+    return torch.empty(numel, dtype=dtype, device=device, pin_memory=pinnable)
 
 
 def to_host(

@@ -262,7 +262,7 @@ class UnitFlat:
         if self._swap is None:
             return self.shard
         store, chunk = self._swap
-        out = placement.empty(self.shard_numel, torch.device("cpu"), pin=self._pin, dtype=self.dtype)
+        out = placement.recycled_empty(self.shard_numel, torch.device("cpu"), pin=self._pin, dtype=self.dtype)
         store.read_into("param", chunk, 0, out)
         return out
 
