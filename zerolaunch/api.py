@@ -226,12 +226,15 @@ class ZeroLaunchEngine:
         self, backend: str = "inductor", compile_kwargs=None, schedule=None, compiled_autograd_enabled=False
     ) -> None:
         """DeepSpeed's engine.compile(): torch.compile of the model, as `train.compile` does it
-        (models/compiling.py). DeepSpeed compiles the whole module; here at stages 0-2 (without overlap_step)
-        the model's whole forward is compiled (`compile_scope: model`), and at stage 3, whose gather hooks run
-        inside the forward, each unit's forward (`compile_scope: blocks`). With the inductor backend the
-        optimizer step is fused too where it can be (Engine.use_fused_step), as `train.compile_optimizer`
-        defaults. A second call does nothing, as DeepSpeed's. `schedule` and `compiled_autograd_enabled` are
-        DeepCompile's and compiled autograd's, which zerolaunch does not have: refused, not ignored."""
+        (models/compiling.py). DeepSpeed compiles the whole module; here the model's whole forward is
+        compiled (`compile_scope: model`) wherever no engine hook runs inside it (Engine.forward_hooks_free:
+        stages 0-2 without overlap_step, and stage 3 at world size 1 where every unit aliases what it holds,
+        so nothing is gathered), and otherwise each unit's forward (`compile_scope: blocks`), since dynamo
+        would trace stage 3's gather hooks or overlap_step's publish hooks into the graph. With the inductor
+        backend the optimizer step is fused too where it can be (Engine.use_fused_step), as
+        `train.compile_optimizer` defaults. A second call does nothing, as DeepSpeed's. `schedule` and
+        `compiled_autograd_enabled` are DeepCompile's and compiled autograd's, which zerolaunch does not have:
+        refused, not ignored."""
         if schedule is not None:
             raise ValueError(
                 "engine.compile(schedule=...) is a DeepCompile schedule; zerolaunch has no DeepCompile (the "
@@ -253,11 +256,10 @@ class ZeroLaunchEngine:
             )
             kwargs.pop("backend")
         options = self.engine.options
-        whole = options.zero.stage < 3 and not options.zero.offload_optimizer.overlap_step
         try:
             self.compiled = compile_for(
                 self.module,
-                scope="model" if whole else "blocks",
+                scope="model" if self.engine.forward_hooks_free else "blocks",
                 backend=backend,
                 unit_classes=options.zero.stage3_units,
                 compile_kwargs=kwargs,

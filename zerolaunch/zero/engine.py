@@ -108,6 +108,14 @@ class Engine(EngineStateMixin):
         self._failed_backward: str | None = None
         """Why a backward of this window raised, until discard_window() ([Note: failed backward])."""
 
+    @property
+    def forward_hooks_free(self) -> bool:
+        """No engine hook runs inside the model's forward, so torch.compile can take the whole forward as one
+        graph: stages 0-2 without overlap_step, and stage 3 where every unit aliases what it holds (world
+        size 1, params not offloaded, the master in the compute dtype: [Note: hook-free forward] in
+        stage3/schedule.py). Otherwise compile the blocks (models/compiling.py)."""
+        return self.sharding.forward_hooks_free
+
     # ---- training step --------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         with phases.phase(phases.FORWARD):

@@ -109,6 +109,12 @@ class Sharding:
         return self.ctx.dtype if in_compute_dtype else None
 
     # ---- hooks around forward and backward (no-ops unless a strategy needs them) ---------------------
+    @property
+    def forward_hooks_free(self) -> bool:
+        """No hook of the strategy runs inside the model's forward (its grad hooks run in backward), so
+        torch.compile may trace the whole forward as the model's own code (api.py compile)."""
+        return True
+
     def begin_forward(self) -> None:
         pass
 

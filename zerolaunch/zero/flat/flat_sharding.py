@@ -217,6 +217,11 @@ class FlatSharding(Sharding):
                 module.register_state_dict_pre_hook(lambda *_: self.wait_for_step())
         self.module.register_forward_hook(lambda *_: self.wait_for_step())
 
+    @property
+    def forward_hooks_free(self) -> bool:
+        """Only overlap_step hooks the forward (its publish hooks, above)."""
+        return self._step_executor is None
+
     def _publish_before_forward(self, bucket: int, *_) -> None:
         if self._in_flight is not None:
             self._in_flight.publish_through(bucket)

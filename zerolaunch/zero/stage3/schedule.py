@@ -56,6 +56,16 @@ and a step that reads 16-bit grads the copy stays in the compute dtype, [Note: c
 ../grad_shards.py). A unit whose every param reported is done for the micro-step; at the end of backward, the
 slices of params without a grad in the window's first micro-step are zeroed, which is what the zeroed staging
 buffer gave. Nothing is issued.
+
+[Note: hook-free forward]
+Where every unit aliases its source ([Note: world size 1 aliases] in unit_buffers.py: world size 1, params
+not offloaded, the master, if gathered from, in the compute dtype), gathering a unit moves nothing and
+holds no memory: it only points the params at views they could keep for good. So such a schedule gathers
+every unit once, at construction, and never frees one (UnitFlat.stay_gathered), and registers no module
+forward hook: the forward is the model's own code, which torch.compile can trace whole (api.py compile,
+`compile_scope: model`). Nothing else needs the forward bookkeeping then: the post-accumulate-grad hooks
+count arrivals and write or stage grads by themselves, the frozen-param input wrappers only decide when a
+unit may be freed, and the pre-backward hooks only gather and prefetch.
 """
 
 from __future__ import annotations
@@ -125,9 +135,11 @@ class Stage3Schedule:
         grad_shards: GradShards,
         direct: bool = False,
         sum_on_device: bool = False,
+        hook_free: bool = False,
     ):
         """flats[k] / params[k]: unit k's buffers and sharded params (None / [] when it has none); the last
-        entry is the resident unit of persistent params (modules[-1] is None)."""
+        entry is the resident unit of persistent params (modules[-1] is None). hook_free: every unit stays
+        gathered and no forward hook is registered ([Note: hook-free forward]; each flat must alias)."""
         self.flats = flats
         self.units = [
             None
@@ -193,9 +205,15 @@ class Stage3Schedule:
         """Largest sum of gathered non-resident elements seen at once (tests read it)."""
         self.prefetch_hits = 0
         """Units found already gathered (by a prefetch) when they were needed (tests read it)."""
+        self.forward_hooks_free = hook_free
+        """No module forward hook is registered: every unit stays gathered ([Note: hook-free forward])."""
         self._handles = []
+        if hook_free:
+            for flat in flats:
+                if flat is not None:
+                    flat.stay_gathered()
         for k, module in enumerate(modules):
-            if module is None or flats[k] is None or k == ROOT:
+            if hook_free or module is None or flats[k] is None or k == ROOT:
                 continue
             self._handles.append(
                 module.register_forward_pre_hook(partial(self._pre_forward, k), with_kwargs=True)

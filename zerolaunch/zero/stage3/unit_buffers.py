@@ -163,6 +163,8 @@ class UnitFlat:
         self.aliases_source = False
         """World size 1 with every bucket's source on the compute device in its dtype: params view the
         sources, the full buffer is never allocated ([Note: world size 1 aliases]); set by adopt_params."""
+        self.stays_gathered = False
+        """An aliased unit gathered for good (`stay_gathered`): free() leaves its params on their views."""
         self._pending: list[comm.Pending] = []
         """The all-gathers of the last gather() until wait_gathered()."""
         self.grad_views: list[torch.Tensor] = []
@@ -342,13 +344,24 @@ class UnitFlat:
 
     def free(self) -> None:
         """Release the full buffer's memory (waits for an all-gather still writing into it)."""
-        if self.resident or not self.gathered:
+        if self.resident or self.stays_gathered or not self.gathered:
             return
         self.wait_gathered()
         if not self.aliases_source:  # an aliased unit's views hold the source itself: never freed
             self.full.untyped_storage().resize_(0)
         self._point_params_at_placeholders()
         self.state = UnitState.SHARDED
+
+    def stay_gathered(self) -> None:
+        """Point the params at their views of the source and keep them there: free() does nothing from here
+        on. Only for an aliased unit, where gathered costs no memory and no copy ([Note: hook-free forward]
+        in schedule.py)."""
+        if not self.aliases_source:
+            raise ValueError(f"unit {self.index} gathers into a buffer of its own: it cannot stay gathered")
+        for p, view in self._params:
+            p.data = view
+        self.state = UnitState.GATHERED
+        self.stays_gathered = True
 
     def _alias_sources(self) -> list[torch.Tensor] | None:
         """Each bucket's gathered values as they already sit in memory, when the unit can alias them ([Note:

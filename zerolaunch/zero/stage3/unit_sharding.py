@@ -153,8 +153,18 @@ class UnitSharding(UnitStateMixin, Sharding):
             sum_on_device=plan.sums_window_on_device(
                 zero_options.offload_optimizer.device, options.gradient_accumulation_steps
             ),
+            hook_free=self._forward_without_hooks(),
         )
         self.grad_shards.release()  # not held before the first backward either
+
+    def _forward_without_hooks(self) -> bool:
+        """Every unit aliases its source, so none needs gathering in the forward ([Note: hook-free forward]
+        in schedule.py). A method: tests force the hooks to check the schedule at world size 1."""
+        return all(f.aliases_source for f in self.flats if f is not None)
+
+    @property
+    def forward_hooks_free(self) -> bool:
+        return self.schedule.forward_hooks_free
 
     # ---- construction --------------------------------------------------------------------------------------
     def _allocate_shards(self, groups: list[dict]) -> None:
