@@ -1,8 +1,9 @@
 """DeepSpeed's `engine.compile()` on the engine zerolaunch.initialize returns (zerolaunch/api.py).
 
 Tests: stages 2 and 3 on the tiny GPT, compiled with the aot_eager backend (no C++ toolchain needed), give the
-losses of the same engine uncompiled to 1e-5 over 3 steps (fp32) and say is_compiled; stage 2 compiles the
-whole forward, stage 3 each unit (its gather hooks stay eager); a second call does nothing; the inductor
+losses of the same engine uncompiled to 1e-5 over 3 steps and say is_compiled; stage 2 and stage 3 at world
+size 1 in fp32 (nothing to gather: no forward hooks) compile the whole forward, stage 3 with a bf16 model over
+an fp32 master each unit (its gather hooks stay eager); a second call does nothing; the inductor
 backend turns the fused optimizer step on (torch.compile stubbed: what is compiled is not the point there) and
 an engine switched to it before its first step trains exactly as one built with it; DeepCompile's `schedule`
 and `compiled_autograd_enabled=True` are refused, and a `backend` in compile_kwargs is overridden with a
@@ -20,18 +21,21 @@ from zerolaunch.zero import Engine
 from zerolaunch.zero.options import EngineOptions, OptimizerOptions, ZeroOptions
 
 
-def _config(stage: int) -> dict:
+def _config(stage: int, **extra) -> dict:
     return {
         "train_micro_batch_size_per_gpu": 2,
         "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
         "gradient_clipping": 1.0,
+        **extra,
     }
 
 
-def _engine(stage: int):
+def _engine(stage: int, **extra):
     torch.manual_seed(0)
-    engine = zerolaunch.initialize(build(size="tiny", vocab_size=97, seq_len=16), config=_config(stage))
+    engine = zerolaunch.initialize(
+        build(size="tiny", vocab_size=97, seq_len=16), config=_config(stage, **extra)
+    )
     return engine[0] if isinstance(engine, tuple) else engine
 
 
@@ -46,10 +50,21 @@ def _losses(engine, steps=3):
     return out
 
 
-@pytest.mark.parametrize("stage, compiled", [(2, "the whole forward"), (3, "2 blocks")])
-def test_compiled_losses_equal_eager(stage, compiled):
-    want = _losses(_engine(stage))
-    engine = _engine(stage)
+# stage 3 at world size 1 in fp32 gathers nothing and hooks no forward: the whole forward compiles, as at
+# stage 2; with a bf16 model over an fp32 master each unit's gather is a cast in a hook: the blocks compile.
+@pytest.mark.parametrize(
+    "stage, extra, compiled",
+    [
+        (2, {}, "the whole forward"),
+        (3, {}, "the whole forward"),
+        (3, {"bf16": {"enabled": True}}, "2 blocks"),
+    ],
+    ids=["stage2", "stage3-world1-fp32", "stage3-world1-bf16-fp32-master"],
+)
+def test_compiled_losses_equal_eager(stage, extra, compiled):
+    want = _losses(_engine(stage, **extra))
+    engine = _engine(stage, **extra)
+    assert engine.engine.forward_hooks_free == (compiled == "the whole forward")
     assert not engine.is_compiled
     engine.compile(backend="aot_eager")
     assert engine.is_compiled and engine.compiled == compiled

@@ -202,10 +202,19 @@ class _Blocks(torch.nn.Module):
         return self.head(h).pow(2).mean()
 
 
+@pytest.fixture
+def stage3_hooks(monkeypatch):
+    """Keep stage 3's forward hooks at world size 1, where every unit aliases its source and the engine would
+    otherwise run the forward without them ([Note: hook-free forward]): the hooks are what this checks."""
+    from zerolaunch.zero.stage3.unit_sharding import UnitSharding
+
+    monkeypatch.setattr(UnitSharding, "_forward_without_hooks", lambda self: False)
+
+
 @pytest.mark.parametrize(
     "reuse, max_live", [(0, 10**9), (1, 10**9), (700, 10**9), (10**9, 10**9), (10**9, 3000)]
 )
-def test_reuse_replay_keeps_the_units_the_engine_keeps(reuse, max_live):
+def test_reuse_replay_keeps_the_units_the_engine_keeps(reuse, max_live, stage3_hooks):
     """memory/stage3.py's replay of the engine's max_reuse_distance rule against the engine (one process,
     stage 3, no prefetch): the units kept per forward, and with every unit kept the peak of gathered
     elements exactly."""
