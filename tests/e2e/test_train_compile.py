@@ -1,5 +1,6 @@
 """`train.compile`: the built-in loop with each GPT block torch.compile'd, or its whole forward
-(`train.compile_scope: model`, stages 0-2), gives the eager losses.
+(`train.compile_scope: model`, stages 0-2, and stage 3 at world size 1 where every unit aliases what it
+holds: no forward hooks), gives the eager losses.
 
 Covers: stages 0, 2 and 3 (stage 3 builds on meta and gathers units around the compiled forwards), and
 stage 2 with activation checkpointing and CPU optimizer offload; 3 optimizer steps of 2 micro-steps each,
@@ -20,7 +21,9 @@ from zerolaunch.train.loop import run_training
 pytestmark = pytest.mark.e2e
 
 
-def _recipe(run_dir, stage, *, compile_on, train_extra=None, zero_extra=None, scope=None):
+def _recipe(
+    run_dir, stage, *, compile_on, train_extra=None, zero_extra=None, scope=None, ds_extra=None, world_size=1
+):
     train = {
         "steps": 3,
         "micro_batch_size": 2,
@@ -37,9 +40,11 @@ def _recipe(run_dir, stage, *, compile_on, train_extra=None, zero_extra=None, sc
         train["compile_scope"] = scope
     return load_recipe(
         tiny_gpt_recipe(
-            seq_len=16, train=train, deepspeed={"zero_optimization": {"stage": stage, **(zero_extra or {})}}
+            seq_len=16,
+            train=train,
+            deepspeed={"zero_optimization": {"stage": stage, **(zero_extra or {})}, **(ds_extra or {})},
         ),
-        world_size=1,
+        world_size=world_size,
     )
 
 
@@ -92,8 +97,9 @@ def test_compiled_blocks_give_the_eager_losses(group, tmp_path, name, capsys):
     assert "train.compile: 2 blocks compiled (aot_eager); first step" in out
 
 
-# compile_scope: model is for stages 0-2 (stage 3 is refused below)
-MODEL_CASES = {name: case for name, case in CASES.items() if case[0] != 3}
+# compile_scope: model is for stages 0-2 and for stage 3 where nothing is gathered (fp32 at world size 1 here;
+# the other stage-3 cases are refused below)
+MODEL_CASES = CASES
 
 
 @pytest.mark.parametrize("name", list(MODEL_CASES))
@@ -104,16 +110,65 @@ def test_the_whole_forward_compiled_gives_the_eager_losses(group, tmp_path, name
     assert "train.compile: the whole forward compiled (aot_eager); first step" in capsys.readouterr().out
 
 
+BF16 = {"bf16": {"enabled": True}}
+PURE_BF16 = {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}
+GATHERS = "ZeRO stage 3 gathers each unit from hooks inside the forward"
+
+
 @pytest.mark.parametrize(
-    "stage,zero_extra,match",
+    "stage,zero_extra,ds_extra,world_size,match",
     [
-        (3, None, "ZeRO stage 3 gathers each unit from hooks inside the forward"),
-        (2, {"offload_optimizer": {"device": "cpu", "overlap_step": True}}, "overlap_step publishes"),
+        # a bf16 model over an fp32 master: each gather casts
+        (3, None, BF16, 1, GATHERS),
+        # offloaded params: each gather is a host->device copy
+        (3, {"offload_param": {"device": "cpu"}}, None, 1, GATHERS),
+        # several ranks: each gather is an all-gather
+        (3, None, None, 2, GATHERS),
+        (
+            2,
+            {"offload_optimizer": {"device": "cpu", "overlap_step": True}},
+            None,
+            1,
+            "overlap_step publishes",
+        ),
     ],
+    ids=["stage3-bf16-fp32-master", "stage3-offload-param", "stage3-world2", "stage2-overlap-step"],
 )
-def test_the_whole_forward_is_refused_where_hooks_run_inside_it(tmp_path, stage, zero_extra, match):
-    with pytest.raises(RecipeError, match=rf"`train.compile_scope` is model .*{match}"):
-        _recipe(tmp_path, stage, compile_on=True, zero_extra=zero_extra, scope="model")
+def test_the_whole_forward_is_refused_where_hooks_run_inside_it(
+    tmp_path, stage, zero_extra, ds_extra, world_size, match
+):
+    with pytest.raises(RecipeError, match=rf"`train.compile_scope` is model .*{match}") as e:
+        _recipe(
+            tmp_path,
+            stage,
+            compile_on=True,
+            zero_extra=zero_extra,
+            scope="model",
+            ds_extra=ds_extra,
+            world_size=world_size,
+        )
+    assert stage != 3 or "world size 1 without offload_param" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "zero_extra,ds_extra",
+    [(None, None), (None, PURE_BF16), ({"offload_optimizer": {"device": "cpu"}}, BF16)],
+    ids=["fp32", "pure-bf16", "bf16-optimizer-offload"],
+)
+def test_the_whole_forward_is_accepted_at_stage_3_where_every_unit_aliases(tmp_path, zero_extra, ds_extra):
+    recipe = _recipe(tmp_path, 3, compile_on=True, zero_extra=zero_extra, scope="model", ds_extra=ds_extra)
+    assert recipe.engine.zero.stage == 3 and recipe.train.compile_scope == "model"
+
+
+def test_the_loop_refuses_a_whole_forward_compile_over_forward_hooks(group, tmp_path, monkeypatch):
+    # the config allowed it (every unit should alias), but the built engine hooks its forward after all
+    from zerolaunch.util.errors import TrainError
+    from zerolaunch.zero.stage3.unit_sharding import UnitSharding
+
+    monkeypatch.setattr(UnitSharding, "_forward_without_hooks", lambda self: False)
+    recipe = _recipe(tmp_path, 3, compile_on=True, scope="model")
+    with pytest.raises(TrainError, match="gathers at least one unit from hooks inside the forward"):
+        run_training(recipe, _ctx())
 
 
 @pytest.mark.parametrize(

@@ -196,15 +196,18 @@ def resolve_batch(r: Resolver) -> tuple[int, int, int]:
 
 def check_compile_scope(r: Resolver, train: TrainSection, engine: EngineOptions) -> None:
     """train.compile_scope: model traces the whole forward into one graph, so module hooks that must run
-    eagerly inside it cannot: stage 3's gather / free hooks, overlap_step's publish hooks."""
+    eagerly inside it cannot: stage 3's gather / free hooks, overlap_step's publish hooks. Stage 3 registers
+    none where every unit aliases what it holds (world size 1: [Note: hook-free forward] in
+    zero/stage3/schedule.py); the loop checks the built engine agrees (train/loop.py)."""
     if not train.compile or train.compile_scope != "model":
         return
     path = T + ("compile_scope",)
-    if engine.zero.stage == 3:
+    if engine.zero.stage == 3 and not stage3_forward_is_hook_free(engine, r.world_size):
         raise r.fail(
             path,
             "is model (the whole forward as one graph), but ZeRO stage 3 gathers each unit from hooks inside "
-            "the forward",
+            "the forward (world size 1 without offload_param and with the master in the compute dtype, or "
+            "the optimizer offloaded, is the exception: nothing to gather)",
             "Use train.compile_scope: blocks (the default) with stage 3",
         )
     if engine.zero.offload_optimizer.overlap_step:
@@ -214,6 +217,21 @@ def check_compile_scope(r: Resolver, train: TrainSection, engine: EngineOptions)
             "module's params from hooks inside the forward",
             "Use train.compile_scope: blocks, or turn overlap_step off",
         )
+
+
+def stage3_forward_is_hook_free(engine: EngineOptions, world_size: int) -> bool:
+    """Whether the plan lets every stage-3 unit alias its source at this world size, so that the engine runs
+    the forward without hooks (zero/plan.py aliases_gathered; by names, no torch)."""
+    from zerolaunch.zero import plan
+
+    zero, precision = engine.zero, engine.precision
+    return plan.aliases_gathered(
+        world_size,
+        zero.offload_param.device,
+        plan.gathers_from_master(zero.offload_optimizer.device, zero.offload_param.device),
+        precision.dtype,
+        precision.master_dtype,
+    )
 
 
 def resolve_compile_optimizer(

@@ -156,6 +156,7 @@ class Trainer:
             p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values()
         )
         self.engine = build_engine(model, recipe.engine, group=ctx.group, device=ctx.device)
+        self._check_whole_forward_compile()
         self.offload_activations = recipe.train.activation_offload and ctx.device.type == "cuda"
         if recipe.train.activation_offload and not self.offload_activations and ctx.is_rank0:
             print(
@@ -217,6 +218,19 @@ class Trainer:
                 unit_classes=recipe.engine.zero.stage3_units,
             )
         return model
+
+    def _check_whole_forward_compile(self) -> None:
+        """train.compile_scope: model at stage 3 passed the config because the plan said every unit aliases
+        its source (config/auto.py check_compile_scope). A unit the engine could not alias after all keeps
+        its gather hooks inside the forward, which dynamo would trace into the graph: refuse before the first
+        step rather than train through them."""
+        train = self.recipe.train
+        if train.compile and train.compile_scope == "model" and not self.engine.forward_hooks_free:
+            raise TrainError(
+                "train.compile_scope is model (the whole forward as one graph), but the ZeRO stage-3 engine "
+                "built here gathers at least one unit from hooks inside the forward (a unit whose params could "
+                "not be views of what it holds at world size 1). Use train.compile_scope: blocks (the default)"
+            )
 
     def _print_compiled(self, first_step_seconds: float) -> None:
         """The first step's line when it included compiling: train.compile's blocks or forward, and the fused
