@@ -11,7 +11,8 @@ module tree and parameter names do not change (checkpoints, stage 3 units and HF
 model). The blocks share one class, so dynamo compiles the forward once and reuses it for every block.
 With `compile_scope: model` the model's own `forward` is replaced by its compiled version (one graph,
 activation checkpointing traced by dynamo); only the engine's gradient hooks stay eager (they run in
-backward), which is why the config allows it at stages 0-2 without overlap_step only.
+backward), which is why the config allows it only where the engine hooks nothing inside the forward: stages
+0-2 without overlap_step, and stage 3 at world size 1 with nothing to gather (Engine.forward_hooks_free).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def compile_model(model: nn.Module, *, backend: str, compile_kwargs: dict | None
     the loss over (tokens, vocab) logits. On one H200, GPT-1.3B, ZeRO-2: 286.2 ms eager, 282.9 with the
     blocks compiled, 271.8 with the whole forward (bench/RESULTS.md), for 2.6 GiB more peak
     memory (what inductor saves for backward). Only for engines whose hooks run outside the forward (stages 0-2
-    without overlap_step: the config refuses the others); the engine's gradient hooks and activation
+    without overlap_step, stage 3 at world size 1 with nothing to gather: the config refuses the others, the
+    loop checks the built engine); the engine's gradient hooks and activation
     checkpointing (traced by dynamo) still work, and the module tree does not change."""
     model.forward = torch.compile(model.forward, **_arguments(backend, compile_kwargs))
 
