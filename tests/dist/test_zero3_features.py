@@ -191,6 +191,8 @@ def test_units_reduce_during_backward_and_free_after_use(monkeypatch):
     # before the root's own grads: by then every block was reduce-scattered and freed, while the root is
     # still gathered.
     monkeypatch.setattr(UnitSharding, "_accumulates_directly", lambda self, o: False)
+    # and the forward hooks kept: every unit aliases its source here ([Note: hook-free forward])
+    monkeypatch.setattr(UnitSharding, "_forward_without_hooks", lambda self: False)
     opts = options(overlap=True)
     model = Net3(0)
     engine = Engine(model, opts)

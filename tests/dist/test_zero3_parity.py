@@ -207,6 +207,7 @@ def _train_cases(rank, world_size, names):
             "frozen_resident_numel": sum(p.numel() for _, p in engine.sharding.frozen_params),
             "peak_live": engine.sharding.schedule.peak_live_numel,
             "prefetch_hits": engine.sharding.schedule.prefetch_hits,
+            "hook_free": engine.forward_hooks_free,
             "largest_unit": max(f.padded_numel for f in flats if not f.resident),
         }
     return out
@@ -254,6 +255,9 @@ def _check(results, world_size, names):
             low, high = 4 * (sharded + resident), 4 * (sharded + padding + resident + 2 * (world_size - 1))
             assert low <= got["param_bytes"] <= high, (name, low, got["param_bytes"], high)
             prefetch = opts.zero.stage3_prefetch_bucket_size > 0 and opts.zero.stage3_max_live_parameters > 1
+            # one process, every unit aliasing its master: no forward hook, nothing gathered or prefetched
+            assert got["hook_free"] is (world_size == 1), name
+            prefetch = prefetch and not got["hook_free"]
             # forward and backward each find the next unit already gathered (or in flight) when prefetching.
             assert (got["prefetch_hits"] >= 2 * STEPS * 2) if prefetch else got["prefetch_hits"] == 0, name
             if name == "max_live_tiny":
