@@ -5,7 +5,7 @@ Tests: fp32 and pure bf16 register no forward hook on any module and say Engine.
 model over an fp32 master (each gather a cast) keeps its hooks; engine.compile() then gives one dynamo graph
 (no break: the whole forward, loss included) holding the embedding (the root unit's compute) on the
 hook-free engine, and only the blocks' graph on the hooked one; on a model with tied weights and a frozen
-layer, 3 steps of the compiled stage-3 engine leave the weights of the uncompiled stage-3 engine (bit for
+layer, with the optimizer on the device or offloaded, 3 steps of the compiled stage-3 engine leave the weights of the uncompiled stage-3 engine (bit for
 bit), of stage 2 and of plain torch AdamW (tests/dist/_reference.py; fp32, 1e-6); and a direct forward of
 the module, without Engine.gathered, gives the engine's output. One process, CPU, dynamo's graphs run as
 captured (no inductor). Leaves out: inductor's kernels, the speed and the memory (the GPU machine), several
@@ -112,10 +112,14 @@ def test_compile_takes_the_whole_forward_exactly_where_no_hook_runs_in_it(bf16, 
         assert len(graphs) == 1 and "embedding" not in ops
 
 
-def _net_engine(stage: int):
+def _net_engine(stage: int, offload: str = "none"):
     config = {
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
-        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        "zero_optimization": {
+            "stage": stage,
+            "stage3_param_persistence_threshold": 0,
+            "offload_optimizer": {"device": offload},
+        },
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
         "gradient_clipping": 1.0,
     }
@@ -123,15 +127,22 @@ def _net_engine(stage: int):
     return engine[0] if isinstance(engine, tuple) else engine
 
 
-def test_the_compiled_hook_free_forward_trains_as_eager_stage3_stage2_and_torch():
-    # the awkward model: tied weights and a frozen layer (a unit with frozen params: no input wrapper now)
+@pytest.mark.parametrize("offload", ["none", "cpu"])
+def test_the_compiled_hook_free_forward_trains_as_eager_stage3_stage2_and_torch(offload):
+    # the awkward model: tied weights and a frozen layer (a unit with frozen params: no input wrapper now);
+    # with the optimizer offloaded the units alias their compute-dtype shards and grads take the reducing path
     torch._dynamo.reset()
     steps, graphs = 3, []
-    compiled = _net_engine(3)
+    compiled = _net_engine(3, offload)
     compiled.compile(backend=_recording_backend(graphs))
     assert compiled.compiled == "the whole forward"
     runs = {}
-    for name, engine in (("stage 2", _net_engine(2)), ("stage 3", _net_engine(3)), ("compiled", compiled)):
+    engines = (
+        ("stage 2", _net_engine(2, offload)),
+        ("stage 3", _net_engine(3, offload)),
+        ("compiled", compiled),
+    )
+    for name, engine in engines:
         train_engine(engine.engine, 0, 1, steps)
         runs[name] = dict(engine.engine.iter_full_state())
     assert len(graphs) == 1  # the forward traced once, reused for every step
