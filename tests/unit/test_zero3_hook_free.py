@@ -5,11 +5,11 @@ Tests: fp32 and pure bf16 register no forward hook on any module and say Engine.
 model over an fp32 master (each gather a cast) keeps its hooks; engine.compile() then gives one dynamo graph
 (no break: the whole forward, loss included) holding the embedding (the root unit's compute) on the
 hook-free engine, and only the blocks' graph on the hooked one; on a model with tied weights and a frozen
-layer, with the optimizer on the device or offloaded, 3 steps of the compiled stage-3 engine leave the weights of the uncompiled stage-3 engine (bit for
-bit), of stage 2 and of plain torch AdamW (tests/dist/_reference.py; fp32, 1e-6); and a direct forward of
-the module, without Engine.gathered, gives the engine's output. One process, CPU, dynamo's graphs run as
-captured (no inductor). Leaves out: inductor's kernels, the speed and the memory (the GPU machine), several
-ranks (tests/dist/test_zero3_*.py).
+layer, with the optimizer on the device or offloaded, 3 steps of the compiled stage-3 engine leave the
+weights of the uncompiled stage-3 engine (bit for bit), of stage 2 and of plain torch AdamW
+(tests/dist/_reference.py; fp32, 1e-6); and a direct forward of the module, without Engine.gathered, gives
+the engine's output. One process, CPU, dynamo's graphs run as captured (no inductor). Leaves out: inductor's
+kernels, the speed and the memory (the GPU machine), several ranks (tests/dist/test_zero3_*.py).
 """
 
 from __future__ import annotations
