@@ -112,8 +112,8 @@ class Engine(EngineStateMixin):
     def forward_hooks_free(self) -> bool:
         """No engine hook runs inside the model's forward, so torch.compile can take the whole forward as one
         graph: stages 0-2 without overlap_step, and stage 3 where every unit aliases what it holds (world
-        size 1, params not offloaded, the master in the compute dtype: [Note: hook-free forward] in
-        stage3/schedule.py). Otherwise compile the blocks (models/compiling.py)."""
+        size 1, params not offloaded, nothing to cast: [Note: hook-free forward] in stage3/schedule.py).
+        Otherwise compile the blocks (models/compiling.py)."""
         return self.sharding.forward_hooks_free
 
     # ---- training step --------------------------------------------------------------------------------
