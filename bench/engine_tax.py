@@ -221,7 +221,11 @@ def profile_steps(step, batches, path: Path) -> None:
             step(b)
         torch.cuda.synchronize()
     events = prof.events()
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    # the GPU side of a record_function label (zerolaunch::<phase>) is a device event too, spanning kernels and
+    # the gaps between them: not a kernel
+    kernels = [
+        e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation
+    ]
     gpu_ms = sum(e.device_time_total for e in kernels if e.device_time_total) / 1e3
     steps = len(batches)
     syncs = {
