@@ -61,7 +61,6 @@ buffer gave. Nothing is issued.
 from __future__ import annotations
 
 import enum
-from functools import partial
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
@@ -70,6 +69,7 @@ from .. import comm, phases
 from ..grad_shards import GradShards
 from ..plan import IssueOrder
 from ..reduce import DirectWrites, ReducePipeline
+from ..weak_hooks import remove_with, weak_partial
 from .partition import ROOT
 from .unit import Stage3Unit
 from .unit_buffers import UnitFlat
@@ -198,12 +198,15 @@ class Stage3Schedule:
             if module is None or flats[k] is None or k == ROOT:
                 continue
             self._handles.append(
-                module.register_forward_pre_hook(partial(self._pre_forward, k), with_kwargs=True)
+                module.register_forward_pre_hook(weak_partial(self._pre_forward, k), with_kwargs=True)
             )
-            self._handles.append(module.register_forward_hook(partial(self._post_forward, k)))
+            self._handles.append(module.register_forward_hook(weak_partial(self._post_forward, k)))
         for k, unit_params in enumerate(params):
             for name, p in unit_params:
-                self._handles.append(p.register_post_accumulate_grad_hook(partial(self._on_grad, k, name)))
+                self._handles.append(
+                    p.register_post_accumulate_grad_hook(weak_partial(self._on_grad, k, name))
+                )
+        remove_with(self, self._handles)  # [Note: weak hooks]: the model outlives the schedule
 
     def _reset_backward_state(self) -> None:
         self.issue_order.reset()
@@ -306,7 +309,7 @@ class Stage3Schedule:
         picked = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
         if not picked:
             return None
-        wrapped = _InputsBackward.apply(partial(self._inputs_done, k), *[flat[i] for i in picked])
+        wrapped = _InputsBackward.apply(weak_partial(self._inputs_done, k), *[flat[i] for i in picked])
         for i, t in zip(picked, wrapped, strict=True):
             flat[i] = t
         self.units[k].input_waits += 1
@@ -335,7 +338,7 @@ class Stage3Schedule:
             if tensors:
                 unit.hooked = True
             for t in tensors:
-                t.register_hook(partial(self._pre_backward, k))
+                t.register_hook(weak_partial(self._pre_backward, k))
             if tensors and self._reused_soon(k):
                 unit.held = True
                 self.reuse_kept += 1

@@ -1,0 +1,138 @@
+"""An engine nobody references any more is freed with every buffer it owns, and leaves the model as it was given.
+
+The engine's hooks live on the user's model (each param's post-accumulate-grad hook, stage 3's module forward
+hooks), which usually outlives the engine: a notebook, a second Trainer on the same model, a reference model.
+Tests ([Note: weak hooks] in zero/weak_hooks.py), stages 1-3, with and without cpu offload (stage 3: of params
+too), the model kept or dropped with the engine: (1) after a step and `del engine` + gc.collect(), the engine
+object and the storages it alone owns (fp32 grad shards, optimizer state, the master unless it is the params'
+own buffers, stage 3's compute-dtype unit shards) are gone, and a kept model has none of the engine's hooks
+left; (2) stages 1-2: a new engine on a model whose first engine was dropped trains exactly as an engine on a
+fresh copy of the model (a dropped engine's hooks used to take the grads first).
+Leaves out: CUDA memory (the same objects hold it) and world size > 1 (the hooks do not depend on it).
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zerolaunch.zero import Engine
+from zerolaunch.zero.options import EngineOptions, OffloadOptions, OptimizerOptions, ZeroOptions
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(x))
+
+
+class Net(nn.Module):
+    """Blocks in a ModuleList: stage 3 makes each one a unit, with its own forward hooks."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(5, 8)
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def _options(stage: int, offload: bool) -> EngineOptions:
+    host = OffloadOptions(device="cpu" if offload else "none")
+    return EngineOptions(
+        zero=ZeroOptions(
+            stage=stage,
+            stage3_param_persistence_threshold=0,  # every param sharded in its unit
+            offload_optimizer=host,
+            offload_param=host if stage == 3 else OffloadOptions(),
+        ),
+        optimizer=OptimizerOptions(name="adamw", lr=1e-2, weight_decay=0.1),
+    )
+
+
+def _train(engine, steps: int = 1) -> None:
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(4, 5, generator=g), torch.randn(4, 3, generator=g)
+        engine.backward(F.mse_loss(engine(x), y))
+        engine.step()
+
+
+def _owned_storages(engine) -> list[torch.UntypedStorage]:
+    """Storages only the engine holds: a weakref to one dies with the last tensor on it."""
+    sharding = engine.sharding
+    tensors = list(sharding.grad_shards.tensors)
+    tensors += [t for kinds in sharding.shards.state for t in kinds.values()]
+    if (
+        not sharding.shards.master_is_external
+    ):  # else the master is the model's params ([Note: master is params])
+        tensors += sharding.shards.master
+    tensors += [f.shard for f in getattr(sharding, "flats", ()) if f is not None and f.shard is not None]
+    assert tensors
+    return [t.untyped_storage() for t in tensors]
+
+
+def _engine_hooks(model: nn.Module) -> list[str]:
+    hooks = []
+    for name, module in model.named_modules():
+        if module._forward_pre_hooks or module._forward_hooks or module._state_dict_pre_hooks:
+            hooks.append(f"module {name!r}")
+    for name, p in model.named_parameters():
+        if getattr(p, "_post_accumulate_grad_hooks", None):
+            hooks.append(f"param {name}")
+    return hooks
+
+
+@pytest.mark.parametrize("keep_model", [True, False], ids=["model_kept", "model_dropped"])
+@pytest.mark.parametrize("offload", [False, True], ids=["device", "offload"])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_dropped_engine_frees_its_buffers(stage, offload, keep_model):
+    model = Net()
+    engine = Engine(model, _options(stage, offload))
+    _train(engine)
+    engine_ref = weakref.ref(engine)
+    storage_refs = [weakref.ref(s) for s in _owned_storages(engine)]
+    del engine
+    if not keep_model:
+        del model
+    gc.collect()
+    assert engine_ref() is None
+    alive = [i for i, ref in enumerate(storage_refs) if ref() is not None]
+    assert not alive, f"{len(alive)} of {len(storage_refs)} engine storages outlive the engine"
+    if keep_model:
+        assert _engine_hooks(model) == []
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_new_engine_on_a_model_whose_engine_was_dropped(stage):
+    reused = Net()
+    first = Engine(reused, _options(stage, offload=False))
+    _train(first)
+    del first
+    gc.collect()
+    second = Engine(reused, _options(stage, offload=False))
+    weights_after_first = [p.detach().clone() for p in reused.parameters()]
+
+    fresh = Net()
+    with torch.no_grad():
+        for p, w in zip(fresh.parameters(), weights_after_first, strict=True):
+            p.copy_(w)
+    reference = Engine(fresh, _options(stage, offload=False))
+    _train(second, steps=2)
+    _train(reference, steps=2)
+    for p, q in zip(reused.parameters(), fresh.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
