@@ -23,6 +23,7 @@ from torch import nn
 
 from zerolaunch.zero import Engine
 from zerolaunch.zero.options import EngineOptions, OffloadOptions, OptimizerOptions, ZeroOptions
+from zerolaunch.zero.weak_hooks import refuse_when_gone
 
 
 class Block(nn.Module):
@@ -86,11 +87,14 @@ def _owned_storages(engine) -> list[torch.UntypedStorage]:
     return [t.untyped_storage() for t in tensors]
 
 
-def _engine_hooks(model: nn.Module) -> list[str]:
+def _hooks_left(model: nn.Module) -> list[str]:
+    """The hooks on `model` that are not stage 3's refusal to run without the engine."""
     hooks = []
     for name, module in model.named_modules():
-        if module._forward_pre_hooks or module._forward_hooks or module._state_dict_pre_hooks:
+        if module._forward_hooks or module._state_dict_pre_hooks:
             hooks.append(f"module {name!r}")
+        if any(not isinstance(h, refuse_when_gone) for h in module._forward_pre_hooks.values()):
+            hooks.append(f"module {name!r} pre-forward")
     for name, p in model.named_parameters():
         if getattr(p, "_post_accumulate_grad_hooks", None):
             hooks.append(f"param {name}")
@@ -104,6 +108,9 @@ def test_dropped_engine_frees_its_buffers(stage, offload, keep_model):
     model = Net()
     engine = Engine(model, _options(stage, offload))
     _train(engine)
+    x = torch.randn(2, 5)
+    with torch.no_grad():
+        last_output = engine(x)
     engine_ref = weakref.ref(engine)
     storage_refs = [weakref.ref(s) for s in _owned_storages(engine)]
     del engine
@@ -113,8 +120,15 @@ def test_dropped_engine_frees_its_buffers(stage, offload, keep_model):
     assert engine_ref() is None
     alive = [i for i, ref in enumerate(storage_refs) if ref() is not None]
     assert not alive, f"{len(alive)} of {len(storage_refs)} engine storages outlive the engine"
-    if keep_model:
-        assert _engine_hooks(model) == []
+    if not keep_model:
+        return
+    assert _hooks_left(model) == []
+    with torch.no_grad():
+        if stage == 3:  # the sharded weights went with the engine: refused, not zeros
+            with pytest.raises(RuntimeError, match="stage-3 engine that has been freed"):
+                model(x)
+        else:  # the params are the model's own
+            torch.testing.assert_close(model(x), last_output, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("stage", [1, 2])

@@ -11,9 +11,11 @@ so the cycle is never collected. And a dropped engine's grad hooks would keep ru
 setting it to None) before a new engine on the same model saw it.
 So every such hook is a `weak_partial`: it holds its target by weak reference and does nothing once the
 target is gone; and `remove_with(target, handles)` removes the hooks as the target is collected, leaving the
-model as it was given. The engine (through its strategy) is what holds these parts; DeepSpeed's
-`engine.destroy()` and FSDP2's state on the module are the alternatives this avoids: dropping the engine is
-enough.
+model as it was given. Dropping the engine is enough (no DeepSpeed-style `destroy()` to call). The user's
+model keeps what is its own: at stages 0-2 its params (views of flat buffers the params keep alive); at
+stage 3 only the resident params, since the sharded weights live in the engine's shards and go with it. A
+module whose params were sharded then holds zero placeholders, so stage 3 leaves `refuse_when_gone` on it:
+running it raises by name instead of computing with zeros.
 """
 
 from __future__ import annotations
@@ -37,6 +39,21 @@ class weak_partial:  # noqa: N801 - used like functools.partial
         if method is None:
             return None
         return method(*self._args, *args, **kwargs)
+
+
+class refuse_when_gone:  # noqa: N801 - a hook, named as weak_partial
+    """A hook that does nothing while `target` lives and raises RuntimeError(message) once it is gone: for a
+    model that cannot run without it (stage 3's sharded weights go with the engine)."""
+
+    __slots__ = ("_target", "_message")
+
+    def __init__(self, target: object, message: str):
+        self._target = weakref.ref(target)
+        self._message = message
+
+    def __call__(self, *_):
+        if self._target() is None:
+            raise RuntimeError(self._message)
 
 
 def remove_with(target: object, handles: Iterable) -> None:

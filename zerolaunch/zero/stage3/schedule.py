@@ -69,7 +69,7 @@ from .. import comm, phases
 from ..grad_shards import GradShards
 from ..plan import IssueOrder
 from ..reduce import DirectWrites, ReducePipeline
-from ..weak_hooks import remove_with, weak_partial
+from ..weak_hooks import refuse_when_gone, remove_with, weak_partial
 from .partition import ROOT
 from .unit import Stage3Unit
 from .unit_buffers import UnitFlat
@@ -90,6 +90,15 @@ class SchedulePhase(enum.Enum):
     """From begin_backward until finish_backward: units are gathered again for their backward, a forward
     hook only makes sure its unit is gathered (activation-checkpoint recompute), and grads are moved into
     staging buffers and reduce-scattered in the fixed order."""
+
+
+def _engine_gone_message(module) -> str:
+    return (
+        f"this {type(module).__name__} was sharded by a ZeRO stage-3 engine that has been freed (nothing "
+        "referenced it any more), and its weights went with the engine: its parameters are zero placeholders. "
+        "Keep a reference to the engine while the model is in use, or save the weights first "
+        "(engine.consolidated_state_dict(), save_16bit_model or save_pretrained) and load them into a new model"
+    )
 
 
 class _InputsBackward(torch.autograd.Function):
@@ -207,6 +216,10 @@ class Stage3Schedule:
                     p.register_post_accumulate_grad_hook(weak_partial(self._on_grad, k, name))
                 )
         remove_with(self, self._handles)  # [Note: weak hooks]: the model outlives the schedule
+        for k, module in enumerate(modules):
+            if module is not None and flats[k] is not None and not flats[k].resident:
+                # stays after the schedule: the module's sharded weights went with it
+                module.register_forward_pre_hook(refuse_when_gone(self, _engine_gone_message(module)))
 
     def _reset_backward_state(self) -> None:
         self.issue_order.reset()
