@@ -150,3 +150,31 @@ def test_new_engine_on_a_model_whose_engine_was_dropped(stage):
     _train(reference, steps=2)
     for p, q in zip(reused.parameters(), fresh.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+class GeneratingNet(Net):
+    def generate(self, x, synced_gpus=None):
+        return self(x)
+
+
+def test_trainer_hooks_on_the_model_do_not_keep_the_engine():
+    """The Trainer's stage-3 additions to the model it trains (hf/): the direct-call guard (forward hooks
+    on the root) and the synced generate (an attribute of the model)."""
+    from zerolaunch.hf.reference import guard_direct_calls
+    from zerolaunch.hf.trainer import _synced_generate
+
+    model = GeneratingNet()
+    engine = Engine(model, _options(3, offload=False))
+    _train(engine)
+    guard_direct_calls(engine)
+    model.generate = _synced_generate(model.generate, engine)
+    x = torch.randn(2, 5)
+    with torch.no_grad():
+        expected = engine(x)
+        torch.testing.assert_close(model(x), expected, rtol=0, atol=0)  # the guard gathers the root
+        torch.testing.assert_close(model.generate(x), expected, rtol=0, atol=0)
+    engine_ref = weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert engine_ref() is None
+    assert _hooks_left(model) == []
