@@ -5,9 +5,13 @@ hooks), which usually outlives the engine: a notebook, a second Trainer on the s
 Tests ([Note: weak hooks] in zero/weak_hooks.py), stages 1-3, with and without cpu offload (stage 3: of params
 too), the model kept or dropped with the engine: (1) after a step and `del engine` + gc.collect(), the engine
 object and the storages it alone owns (fp32 grad shards, optimizer state, the master unless it is the params'
-own buffers, stage 3's compute-dtype unit shards) are gone, and a kept model has none of the engine's hooks
-left; (2) stages 1-2: a new engine on a model whose first engine was dropped trains exactly as an engine on a
-fresh copy of the model (a dropped engine's hooks used to take the grads first).
+own buffers, stage 3's compute-dtype unit shards) are gone; a kept model has none of the engine's hooks left
+and still runs at stages 1-2 (its params are its own), while at stage 3, whose sharded weights went with the
+engine, running it raises a clear error instead of computing with zero placeholders, and so does building
+another engine on it, even while the first is alive (it used to start from the zeros); (2) stages 1-2: a new
+engine on a model whose first engine was dropped trains exactly as an engine on a fresh copy of the model (a
+dropped engine's hooks used to take the grads first); (3) the HF Trainer's stage-3 additions to the model
+(hf/: direct-call guard, synced generate) work while the engine lives and do not keep it.
 Leaves out: CUDA memory (the same objects hold it) and world size > 1 (the hooks do not depend on it).
 """
 
@@ -150,6 +154,19 @@ def test_new_engine_on_a_model_whose_engine_was_dropped(stage):
     _train(reference, steps=2)
     for p, q in zip(reused.parameters(), fresh.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("first_alive", [True, False], ids=["first_alive", "first_freed"])
+def test_no_second_engine_on_a_model_stage_3_sharded(first_alive):
+    """Its params are zero placeholders: a new engine (any stage) would silently start from zeros."""
+    model = Net()
+    first = Engine(model, _options(3, offload=False))
+    if not first_alive:
+        del first
+        gc.collect()
+    for stage in (1, 3):
+        with pytest.raises(ValueError, match="already sharded by a ZeRO stage-3 engine"):
+            Engine(model, _options(stage, offload=False))
 
 
 class GeneratingNet(Net):

@@ -56,6 +56,16 @@ class refuse_when_gone:  # noqa: N801 - a hook, named as weak_partial
             raise RuntimeError(self._message)
 
 
+def refusing_modules(model) -> list[str]:
+    """Names of the modules of `model` (an nn.Module) that carry a `refuse_when_gone` hook: their weights
+    are another engine's (alive or not)."""
+    return [
+        name or type(module).__name__
+        for name, module in model.named_modules()
+        if any(isinstance(hook, refuse_when_gone) for hook in module._forward_pre_hooks.values())
+    ]
+
+
 def remove_with(target: object, handles: Iterable) -> None:
     """Remove the hooks of `handles` (torch's RemovableHandle) when `target` is garbage collected."""
     handles = list(handles)
