@@ -11,14 +11,17 @@ engine, running it raises a clear error instead of computing with zero placehold
 another engine on it, even while the first is alive (it used to start from the zeros); (2) stages 1-2: a new
 engine on a model whose first engine was dropped trains exactly as an engine on a fresh copy of the model (a
 dropped engine's hooks used to take the grads first); (3) the HF Trainer's stage-3 additions to the model
-(hf/: direct-call guard, synced generate) work while the engine lives and do not keep it.
+(hf/: direct-call guard, synced generate) work while the engine lives and do not keep it; (4) a deep copy of
+the model carries no live engine hook (stage 3: it refuses to run, its params being copied placeholders).
 Leaves out: CUDA memory (the same objects hold it) and world size > 1 (the hooks do not depend on it).
 """
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
+from dataclasses import replace
 
 import pytest
 import torch
@@ -167,6 +170,30 @@ def test_no_second_engine_on_a_model_stage_3_sharded(first_alive):
     for stage in (1, 3):
         with pytest.raises(ValueError, match="already sharded by a ZeRO stage-3 engine"):
             Engine(model, _options(stage, offload=False))
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deep_copy_of_the_model_is_no_part_of_the_engine(stage):
+    """Stage 2 with overlap_step (module hooks that wait for the step): the copy is a plain model with the
+    same weights. Stage 3: the copy's params are copies of placeholders, so it refuses to run by name."""
+    options = _options(stage, offload=stage == 2)
+    if stage == 2:
+        offload = replace(options.zero.offload_optimizer, overlap_step=True)
+        options = replace(options, zero=replace(options.zero, offload_optimizer=offload))
+    model = Net()
+    engine = Engine(model, options)
+    _train(engine)
+    engine.wait_for_step()
+    copied = copy.deepcopy(model)
+    x = torch.randn(2, 5)
+    with torch.no_grad():
+        if stage == 3:
+            with pytest.raises(RuntimeError, match="deep copy of a module a ZeRO stage-3 engine sharded"):
+                copied(x)
+            return
+        torch.testing.assert_close(copied(x), engine(x), rtol=0, atol=0)
+    copied(x).sum().backward()  # the copy's grads are its own: no engine hook takes them
+    assert all(p.grad is not None for p in copied.parameters())
 
 
 class GeneratingNet(Net):

@@ -40,20 +40,42 @@ class weak_partial:  # noqa: N801 - used like functools.partial
             return None
         return method(*self._args, *args, **kwargs)
 
+    def __deepcopy__(self, memo):
+        # a deep copy of the model (an EMA, a reference model) is no part of the engine: its hooks do nothing
+        detached = weak_partial.__new__(weak_partial)
+        detached._method = _gone
+        detached._args = self._args
+        return detached
+
+
+def _gone() -> None:
+    return None
+
 
 class refuse_when_gone:  # noqa: N801 - a hook, named as weak_partial
     """A hook that does nothing while `target` lives and raises RuntimeError(message) once it is gone: for a
-    model that cannot run without it (stage 3's sharded weights go with the engine)."""
+    model that cannot run without it (stage 3's sharded weights go with the engine). A deep copy of the model
+    holds copies of what the params hold without the target (stage 3: zero placeholders): its hook always
+    raises RuntimeError(copy_message)."""
 
-    __slots__ = ("_target", "_message")
+    __slots__ = ("_target", "_message", "_copy_message")
 
-    def __init__(self, target: object, message: str):
+    def __init__(self, target: object, message: str, copy_message: str):
         self._target = weakref.ref(target)
         self._message = message
+        self._copy_message = copy_message
 
     def __call__(self, *_):
+        if self._target is None:
+            raise RuntimeError(self._copy_message)
         if self._target() is None:
             raise RuntimeError(self._message)
+
+    def __deepcopy__(self, memo):
+        copied = refuse_when_gone.__new__(refuse_when_gone)
+        copied._target = None
+        copied._message = copied._copy_message = self._copy_message
+        return copied
 
 
 def refusing_modules(model) -> list[str]:

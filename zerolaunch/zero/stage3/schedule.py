@@ -101,6 +101,14 @@ def _engine_gone_message(module) -> str:
     )
 
 
+def _copied_message(module) -> str:
+    return (
+        f"this {type(module).__name__} is a deep copy of a module a ZeRO stage-3 engine sharded: its parameters "
+        "are copies of zero placeholders (the weights live in the engine). Copy the weights instead: load the "
+        "engine's consolidated_state_dict() into a new model"
+    )
+
+
 class _InputsBackward(torch.autograd.Function):
     """Identity on a unit's inputs that need grad; its backward calls `on_done` (the unit's backward is over:
     every node that reads its params ran before the grads of its inputs exist)."""
@@ -219,7 +227,9 @@ class Stage3Schedule:
         for k, module in enumerate(modules):
             if module is not None and flats[k] is not None and not flats[k].resident:
                 # stays after the schedule: the module's sharded weights went with it
-                module.register_forward_pre_hook(refuse_when_gone(self, _engine_gone_message(module)))
+                module.register_forward_pre_hook(
+                    refuse_when_gone(self, _engine_gone_message(module), _copied_message(module))
+                )
 
     def _reset_backward_state(self) -> None:
         self.issue_order.reset()
