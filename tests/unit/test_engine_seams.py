@@ -120,15 +120,6 @@ def _gathered_units(engine: Engine) -> list[int]:
     ]
 
 
-@pytest.fixture
-def stage3_hooks(monkeypatch):
-    """Keep stage 3's forward hooks at world size 1, where every unit aliases its source and the engine would
-    otherwise run the forward without them ([Note: hook-free forward]): the hooks are what this checks."""
-    from zerolaunch.zero.stage3.unit_sharding import UnitSharding
-
-    monkeypatch.setattr(UnitSharding, "_forward_without_hooks", lambda self: False)
-
-
 def test_gathered_lets_direct_forwards_read_the_whole_model_at_stage_3(stage3_hooks):
     engine = _engine(3)
     _train_step(engine, 0)

@@ -141,15 +141,6 @@ def test_meta_tensor_without_init_is_a_clear_error():
         Engine(model, EngineOptions(zero=ZeroOptions(stage=3)))
 
 
-@pytest.fixture
-def stage3_hooks(monkeypatch):
-    """Keep stage 3's forward hooks at world size 1, where every unit aliases its source and the engine would
-    otherwise run the forward without them ([Note: hook-free forward]): the hooks are what this checks."""
-    from zerolaunch.zero.stage3.unit_sharding import UnitSharding
-
-    monkeypatch.setattr(UnitSharding, "_forward_without_hooks", lambda self: False)
-
-
 def test_stage3_phases_and_unit_states_through_one_micro_step(stage3_hooks):
     """SchedulePhase and UnitState name what the hooks did: IDLE -> FORWARD (each block gathered in its
     pre-hook, sharded again after) -> IDLE with only the root gathered -> BACKWARD -> IDLE, all sharded."""

@@ -21,12 +21,14 @@ gives such a call at stage 3 the root unit's gather the engine's forward would d
 from __future__ import annotations
 
 import copy
+import weakref
 from dataclasses import replace
 
 from torch import nn
 
 from zerolaunch.config import deepspeed_engine_options
 from zerolaunch.config.errors import UserError
+from zerolaunch.zero.weak_hooks import remove_with
 
 FROZEN_ONLY_KEYS = ("optimizer", "scheduler")
 """Config blocks an engine with no optimizer has no use for (dropped, as TRL's prepare_deepspeed does)."""
@@ -109,8 +111,14 @@ def guard_direct_calls(engine) -> None:
     if engine.stage != 3:
         return
     contexts: list = []  # per forward of the module in progress, innermost last
+    # the hooks live on the user's model, which may outlive the engine: they hold it weakly and go with it
+    # ([Note: weak hooks] in zero/weak_hooks.py)
+    engine_ref = weakref.ref(engine)
 
     def before(module, args):
+        engine = engine_ref()
+        if engine is None:
+            return
         context = engine.gathered()
         context.__enter__()
         contexts.append(context)
@@ -119,5 +127,8 @@ def guard_direct_calls(engine) -> None:
         if contexts:
             contexts.pop().__exit__(None, None, None)
 
-    engine.module.register_forward_pre_hook(before)
-    engine.module.register_forward_hook(after, always_call=True)
+    handles = [
+        engine.module.register_forward_pre_hook(before),
+        engine.module.register_forward_hook(after, always_call=True),
+    ]
+    remove_with(engine, handles)

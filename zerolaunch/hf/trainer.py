@@ -126,10 +126,16 @@ def _release_group_at_exit() -> None:
 
 def _synced_generate(generate, engine):
     """model.generate at stage 3: the whole generation inside Engine.gathered(), and synced_gpus on (a rank
-    that finished keeps running forwards, so every rank joins every gather, as under DeepSpeed ZeRO-3)."""
+    that finished keeps running forwards, so every rank joins every gather, as under DeepSpeed ZeRO-3). It sits
+    on the model, which may outlive the engine: it holds the engine weakly ([Note: weak hooks] in
+    zero/weak_hooks.py; without the engine the model's forward refuses to run)."""
+    engine_ref = weakref.ref(engine)
 
     @functools.wraps(generate)
     def wrapper(*args, **kwargs):
+        engine = engine_ref()
+        if engine is None:
+            return generate(*args, **kwargs)
         if kwargs.get("synced_gpus") is None:
             kwargs["synced_gpus"] = engine.world_size > 1
         with engine.gathered():

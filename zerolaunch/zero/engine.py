@@ -27,6 +27,7 @@ from .options import EngineOptions
 from .protocol import DTYPES, StepInfo, validate_options
 from .sched import LRSchedule, Schedule, groups_description
 from .sharding import Sharding, StrategyContext
+from .weak_hooks import refusing_modules
 
 
 def sharding_for(stage: int) -> type[Sharding]:
@@ -38,6 +39,19 @@ def sharding_for(stage: int) -> type[Sharding]:
     from .flat.flat_sharding import FlatSharding
 
     return FlatSharding
+
+
+def _refuse_sharded_model(model: nn.Module) -> None:
+    """A model a stage-3 engine sharded holds zero placeholders where its weights were ([Note: weak hooks]):
+    another engine built on it would start from zeros."""
+    sharded = refusing_modules(model)
+    if sharded:
+        raise ValueError(
+            f"this {type(model).__name__} was already sharded by a ZeRO stage-3 engine ({len(sharded)} modules, "
+            f"first {sharded[0]!r}): its weights live in that engine, and its parameters are zero placeholders, "
+            "so a new engine would start from zeros. Build the new engine on a fresh model, loading the weights "
+            "into it first (the first engine's consolidated_state_dict(), save_16bit_model or checkpoint)"
+        )
 
 
 class Engine(EngineStateMixin):
@@ -55,6 +69,7 @@ class Engine(EngineStateMixin):
         groups of options.optimizer (decay_1d). init_fn(module): stage 3 initializes a unit built on the
         meta device with it (one unit is materialized at a time)."""
         validate_options(options)
+        _refuse_sharded_model(model)
         self.options = options
         self.stage = options.zero.stage
         self.group = group

@@ -16,7 +16,6 @@ The buffers and gradient buckets are reducer.py's; see [Note: layout].
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 import torch
 from torch import nn
@@ -29,6 +28,7 @@ from ..optim.overlapped_step import OverlappedStep
 from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
 from ..param_groups import collect_aliases, collect_params, optimizer_groups
 from ..sharding import Sharding, StrategyContext, nbytes
+from ..weak_hooks import remove_with, weak_partial
 from . import reducer
 from .full_grads import FullGrads
 
@@ -167,6 +167,7 @@ class FlatSharding(Sharding):
             self.named_params[slot.name].register_post_accumulate_grad_hook(path.hook_for(slot))
             for slot in self.layout.params
         ]
+        remove_with(path, self._hook_handles)  # [Note: weak hooks]: the model outlives the reducer
         return path
 
     def _master_is_params(self, options) -> bool:
@@ -206,6 +207,7 @@ class FlatSharding(Sharding):
         reaches each of them) waits for the step first, so a checkpoint the user writes with torch holds this step's
         weights, not the previous one's."""
         slot_by_param = {id(self.named_params[s.name]): s for s in self.layout.params}
+        handles = []
         for module in self.module.modules():
             buckets = [
                 slot_by_param[id(p)].bucket
@@ -213,9 +215,15 @@ class FlatSharding(Sharding):
                 if id(p) in slot_by_param
             ]
             if buckets:
-                module.register_forward_pre_hook(partial(self._publish_before_forward, min(buckets)))
-                module.register_state_dict_pre_hook(lambda *_: self.wait_for_step())
-        self.module.register_forward_hook(lambda *_: self.wait_for_step())
+                handles.append(
+                    module.register_forward_pre_hook(weak_partial(self._publish_before_forward, min(buckets)))
+                )
+                handles.append(module.register_state_dict_pre_hook(weak_partial(self._wait_in_hook)))
+        handles.append(self.module.register_forward_hook(weak_partial(self._wait_in_hook)))
+        remove_with(self, handles)  # [Note: weak hooks]
+
+    def _wait_in_hook(self, *_) -> None:
+        self.wait_for_step()
 
     @property
     def forward_hooks_free(self) -> bool:

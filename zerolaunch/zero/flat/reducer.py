@@ -30,6 +30,7 @@ from ..grad_shards import GradShards
 from ..layout import BucketPlan, Layout, ParamSlot
 from ..reduce import DirectWrites, ReducePipeline, ReduceWork
 from ..sharding import GradWindow
+from ..weak_hooks import weak_partial
 
 
 def bucket_view(flats: list[torch.Tensor], bucket: BucketPlan) -> torch.Tensor:
@@ -121,7 +122,8 @@ class GradReducer(GradPath, Protocol):
         ...
 
     def hook_for(self, slot: ParamSlot):
-        """The post-accumulate-grad hook of the param in `slot`."""
+        """The post-accumulate-grad hook of the param in `slot`; it holds the reducer weakly ([Note: weak
+        hooks] in ../weak_hooks.py)."""
         ...
 
     def take_grad_sq(self) -> torch.Tensor | None: ...
@@ -284,21 +286,21 @@ class BackwardReducer(_HookedReducer):
         )
 
     def hook_for(self, slot: ParamSlot):
-        def on_grad_ready(param: torch.Tensor) -> None:
-            if param.grad is None:
-                return
-            unit = self.units[slot.bucket]
-            with phases.phase(phases.STAGE_GRAD):
-                # here, on the compute stream, not in the unit's write (which may run on the reduce stream):
-                # the block then belongs to the stream that frees it after the step.
-                self.shards.prepare_write(unit.segment)
-                self._stage(unit)
-                unit.add_grad(slot.name, param.grad)
-            param.grad = None  # the full gradient is released: this rank keeps only its shard
-            for index in self.pool.grad_ready(slot.bucket):
-                self._issue(self.units[index])
+        return weak_partial(self._on_grad_ready, slot)  # [Note: weak hooks]
 
-        return on_grad_ready
+    def _on_grad_ready(self, slot: ParamSlot, param: torch.Tensor) -> None:
+        if param.grad is None:
+            return
+        unit = self.units[slot.bucket]
+        with phases.phase(phases.STAGE_GRAD):
+            # here, on the compute stream, not in the unit's write (which may run on the reduce stream):
+            # the block then belongs to the stream that frees it after the step.
+            self.shards.prepare_write(unit.segment)
+            self._stage(unit)
+            unit.add_grad(slot.name, param.grad)
+        param.grad = None  # the full gradient is released: this rank keeps only its shard
+        for index in self.pool.grad_ready(slot.bucket):
+            self._issue(self.units[index])
 
     def _stage(self, unit: BucketUnit) -> None:
         """The unit holds a staging buffer (taken as the pool decides) from here until it is issued."""
@@ -382,10 +384,10 @@ class DirectAccumulator(_HookedReducer, DirectWrites):
         )
 
     def hook_for(self, slot: ParamSlot):
-        def on_grad_ready(param: torch.Tensor) -> None:
-            if param.grad is None:
-                return
-            self.write(slot.name, param.grad)
-            param.grad = None  # released: the shard holds it now
+        return weak_partial(self._on_grad_ready, slot)  # [Note: weak hooks]
 
-        return on_grad_ready
+    def _on_grad_ready(self, slot: ParamSlot, param: torch.Tensor) -> None:
+        if param.grad is None:
+            return
+        self.write(slot.name, param.grad)
+        param.grad = None  # released: the shard holds it now

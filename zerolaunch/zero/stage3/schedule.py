@@ -71,7 +71,6 @@ unit may be freed, and the pre-backward hooks only gather and prefetch.
 from __future__ import annotations
 
 import enum
-from functools import partial
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
@@ -80,6 +79,7 @@ from .. import comm, phases
 from ..grad_shards import GradShards
 from ..plan import IssueOrder
 from ..reduce import DirectWrites, ReducePipeline
+from ..weak_hooks import refuse_when_gone, remove_with, weak_partial
 from .partition import ROOT
 from .unit import Stage3Unit
 from .unit_buffers import UnitFlat
@@ -100,6 +100,23 @@ class SchedulePhase(enum.Enum):
     """From begin_backward until finish_backward: units are gathered again for their backward, a forward
     hook only makes sure its unit is gathered (activation-checkpoint recompute), and grads are moved into
     staging buffers and reduce-scattered in the fixed order."""
+
+
+def _engine_gone_message(module) -> str:
+    return (
+        f"this {type(module).__name__} was sharded by a ZeRO stage-3 engine that has been freed (nothing "
+        "referenced it any more), and its weights went with the engine: its parameters are zero placeholders. "
+        "Keep a reference to the engine while the model is in use, or save the weights first "
+        "(engine.consolidated_state_dict(), save_16bit_model or save_pretrained) and load them into a new model"
+    )
+
+
+def _copied_message(module) -> str:
+    return (
+        f"this {type(module).__name__} is a deep copy of a module a ZeRO stage-3 engine sharded: its parameters "
+        "are copies of zero placeholders (the weights live in the engine). Copy the weights instead: load the "
+        "engine's consolidated_state_dict() into a new model"
+    )
 
 
 class _InputsBackward(torch.autograd.Function):
@@ -216,12 +233,23 @@ class Stage3Schedule:
             if hook_free or module is None or flats[k] is None or k == ROOT:
                 continue
             self._handles.append(
-                module.register_forward_pre_hook(partial(self._pre_forward, k), with_kwargs=True)
+                module.register_forward_pre_hook(weak_partial(self._pre_forward, k), with_kwargs=True)
             )
-            self._handles.append(module.register_forward_hook(partial(self._post_forward, k)))
+            self._handles.append(module.register_forward_hook(weak_partial(self._post_forward, k)))
         for k, unit_params in enumerate(params):
             for name, p in unit_params:
-                self._handles.append(p.register_post_accumulate_grad_hook(partial(self._on_grad, k, name)))
+                self._handles.append(
+                    p.register_post_accumulate_grad_hook(weak_partial(self._on_grad, k, name))
+                )
+        remove_with(self, self._handles)  # [Note: weak hooks]: the model outlives the schedule
+        for k, module in enumerate(modules):
+            # a hook-free forward keeps every param a view of its master or shard, which the params keep
+            # alive: the model runs on without the engine (and no hook may enter the compiled forward)
+            if not hook_free and module is not None and flats[k] is not None and not flats[k].resident:
+                # stays after the schedule: the module's sharded weights went with it
+                module.register_forward_pre_hook(
+                    refuse_when_gone(self, _engine_gone_message(module), _copied_message(module))
+                )
 
     def _reset_backward_state(self) -> None:
         self.issue_order.reset()
@@ -324,7 +352,7 @@ class Stage3Schedule:
         picked = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
         if not picked:
             return None
-        wrapped = _InputsBackward.apply(partial(self._inputs_done, k), *[flat[i] for i in picked])
+        wrapped = _InputsBackward.apply(weak_partial(self._inputs_done, k), *[flat[i] for i in picked])
         for i, t in zip(picked, wrapped, strict=True):
             flat[i] = t
         self.units[k].input_waits += 1
@@ -353,7 +381,7 @@ class Stage3Schedule:
             if tensors:
                 unit.hooked = True
             for t in tensors:
-                t.register_hook(partial(self._pre_backward, k))
+                t.register_hook(weak_partial(self._pre_backward, k))
             if tensors and self._reused_soon(k):
                 unit.held = True
                 self.reuse_kept += 1
