@@ -447,17 +447,35 @@ def run_train_row(row: str, args) -> dict:
     try:
         # the user's shell: no torchrun variables of a row process that ran before (the launcher sets its own)
         env = {k: v for k, v in os.environ.items() if k not in one_rank_torchrun_env()}
-        p = subprocess.run(
-            cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, env=env
+        p = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+            env=env,
+            start_new_session=True,  # its launcher and worker are one process group: stopped together below
         )
+        started = time.perf_counter()
+        try:
+            # inside the row's own timeout: the steps logged so far are read even when the run is cut (the
+            # end-of-run save of a 1.3B model's state can outlast what a device call has left)
+            out, err = p.communicate(timeout=max(10.0, args.timeout - 20))
+            cut = False
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            out, err = p.communicate()
+            cut = True
+        wall_s = time.perf_counter() - started
     finally:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     metrics = Path(run_dir) / "metrics.jsonl"
     run = read_run(run_dir, args.warmup) if metrics.exists() else {"steps": 0}
     # the steps are what is measured: a failed end-of-run save (a small /dev/shm) is recorded, not fatal
     if run["steps"] < args.steps:
-        tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-6:])
-        raise RuntimeError(f"zerolaunch train rc={p.returncode}, {run['steps']} timed steps logged: {tail}")
+        tail = " | ".join((err or out).strip().splitlines()[-6:])
+        why = f"stopped after {wall_s:.0f} s" if cut else f"rc={p.returncode}"
+        raise RuntimeError(f"zerolaunch train {why}, {run['steps']} timed steps logged: {tail}")
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     last = [r for r in rows if r.get("step_seconds")][-1]
     peak = last.get("mem_allocated_bytes")
@@ -470,7 +488,9 @@ def run_train_row(row: str, args) -> dict:
         "peak_gib": peak / 2**30 if peak and args.device.startswith("cuda") else None,
         "final_loss": last["loss"],
         "data_wait_ms": run.get("median_data_wait_ms"),
-        "train_rc": p.returncode,
+        "train_rc": None if cut else p.returncode,
+        "train_wall_s": wall_s,
+        "cut_after_its_steps": cut,
         "command": " ".join(cmd),
     }
 

@@ -46,6 +46,7 @@ def test_the_train_row_trains_what_the_engine_row_trains(one_rank_group):
         steps=2,
         warmup=1,
         device="cpu",
+        timeout=300,
     )
     # the engine row in its own process, as the bench runs it: numerics in this test process depend on what ran
     # before it (thread pools, float32 matmul precision), a fresh zerolaunch train process's do not
