@@ -180,6 +180,18 @@ def trained_hf_engine(config: dict, *, steps: int = 1, seq_len: int = 16):
     return engine, x
 
 
+def forget_compiled_models() -> None:
+    """Drop what torch.compile of an earlier test still holds (dynamo's tracked fakes keep that test's params
+    and example inputs, and let go of them at some later point): call before a baseline of
+    live_cpu_storage_bytes(), which would otherwise see them vanish in the middle of the test."""
+    import gc
+
+    import torch
+
+    torch._dynamo.reset()
+    gc.collect()
+
+
 def live_cpu_storage_bytes() -> int:
     """Bytes of every distinct CPU tensor storage the garbage collector can reach (an independent count of what
     an engine really holds, beside its own memory_bytes())."""

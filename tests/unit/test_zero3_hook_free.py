@@ -57,6 +57,14 @@ def _train(engine, steps: int = 3) -> dict[str, torch.Tensor]:
     return {name: t.clone() for name, t in engine.engine.iter_full_state()}
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Dynamo's caches hold each compiled model (its params, its example activations) after the test, and
+    free them later, in the middle of another test that counts live storages (tests/unit/test_zero_world1.py)."""
+    yield
+    torch._dynamo.reset()
+
+
 def _forward_hooks(module: torch.nn.Module) -> int:
     return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in module.modules())
 

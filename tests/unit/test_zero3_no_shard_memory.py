@@ -17,7 +17,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import live_cpu_storage_bytes  # noqa: E402
+from _helpers import forget_compiled_models, live_cpu_storage_bytes  # noqa: E402
 
 from zerolaunch.zero import Engine
 from zerolaunch.zero.options import (
@@ -71,6 +71,7 @@ def _sharded_numel(engine) -> int:
 
 
 def test_no_compute_dtype_shard_without_offload():
+    forget_compiled_models()  # an earlier test's compiled model must not be freed mid-count
     before = live_cpu_storage_bytes()
     engine = _stepped(_options())
     flats = [f for f in engine.sharding.flats if f is not None]
