@@ -22,7 +22,7 @@ HIDDEN = 24
 MODEL = SimpleNamespace(config=SimpleNamespace(hidden_size=HIDDEN))
 
 
-def _trainer(ds_config: dict) -> SimpleNamespace:
+def _trainer(ds_config: dict | str) -> SimpleNamespace:
     """What the mixin's config and options steps read of a Trainer: its arguments and model."""
     args = TrainingArguments(output_dir="/tmp/unused", report_to=[], use_cpu=True, deepspeed=ds_config)
     return SimpleNamespace(args=args, model=MODEL)
@@ -68,5 +68,18 @@ def test_a_bad_key_gets_the_configs_named_error():
     with pytest.raises(RecipeError) as frozen:
         frozen_options(trainer.args, MODEL)
     for err in (trained, frozen):
+        # named as the user gave it (here a dict), not as a recipe they never wrote
+        assert str(err.value).startswith(
+            "the DeepSpeed config given as a dict (TrainingArguments deepspeed=)"
+        )
         assert "zero_optimization.reduce_bucket_sise" in str(err.value)
         assert "`reduce_bucket_size`" in str(err.value)  # the did-you-mean
+
+
+def test_a_config_file_is_named_by_its_path(tmp_path):
+    path = tmp_path / "ds_config.json"
+    path.write_text('{"zero_optimization": {"stage": 2, "reduce_bucket_sise": 1000}}')
+    trainer = _trainer(str(path))
+    with pytest.raises(RecipeError) as err:
+        _trained_options(trainer)
+    assert str(err.value).startswith(f"the DeepSpeed config {path} (TrainingArguments deepspeed=)")

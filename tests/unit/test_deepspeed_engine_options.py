@@ -40,7 +40,10 @@ def _outcome(resolve):
 def test_a_real_config_resolves_as_load_recipe_resolves_it(name, world_size):
     config = json.loads((CORPUS / name).read_text())
     given = copy.deepcopy(config)
-    ours = _outcome(lambda: deepspeed_engine_options(config, world_size=world_size, model_hidden=H))
+    # named as load_recipe names a dict, so that the messages compare whole
+    ours = _outcome(
+        lambda: deepspeed_engine_options(config, world_size=world_size, model_hidden=H, source="the recipe")
+    )
     recipe = _outcome(lambda: load_recipe(config, world_size=world_size, model_hidden=H))
     assert ours == (recipe if isinstance(recipe, str) else recipe.engine)
     assert config == given  # the caller's dict is not normalized in place
@@ -61,10 +64,22 @@ def test_a_real_config_resolves_as_load_recipe_resolves_it(name, world_size):
 )
 def test_a_bad_config_gets_load_recipes_error(config):
     with pytest.raises(RecipeError) as ours:
-        deepspeed_engine_options(copy.deepcopy(config), world_size=2, model_hidden=H)
+        deepspeed_engine_options(copy.deepcopy(config), world_size=2, model_hidden=H, source="the recipe")
     with pytest.raises(RecipeError) as recipe:
         load_recipe(copy.deepcopy(config), world_size=2, model_hidden=H)
     assert str(ours.value) == str(recipe.value)
+
+
+def test_an_error_names_the_config_as_its_caller_names_it():
+    bad = {"zero_optimization": {"stag": 2}}
+    with pytest.raises(
+        RecipeError, match=r"^the DeepSpeed config: unknown DeepSpeed key `zero_optimization\.stag`"
+    ):
+        deepspeed_engine_options(copy.deepcopy(bad), world_size=2, model_hidden=H)
+    with pytest.raises(RecipeError, match=r"^ds_config\.json \(from the Trainer\): unknown DeepSpeed key"):
+        deepspeed_engine_options(
+            bad, world_size=2, model_hidden=H, source="ds_config.json (from the Trainer)"
+        )
 
 
 def test_no_model_data_or_checkpoint_section_is_read(monkeypatch):

@@ -462,15 +462,20 @@ def _resolve_options(
 
 
 def deepspeed_engine_options(
-    config: dict[str, Any], *, world_size: int, model_hidden: ModelHidden
+    config: dict[str, Any],
+    *,
+    world_size: int,
+    model_hidden: ModelHidden,
+    source: str = "the DeepSpeed config",
 ) -> EngineOptions:
     """The engine options of a DeepSpeed config dict, for a door that brings its own model and data (the
     Hugging Face Trainer's): the checks, "auto"s and errors of `load_recipe` on the same dict, without a
     Recipe's model, data or checkpoint sections. Every top-level key is a DeepSpeed key, `checkpoint`
     included (DeepSpeed's own block, noted). `model_hidden`: the trained model's hidden size, which the
-    bucket "auto"s need (required: there is no recipe model section to fall back on)."""
+    bucket "auto"s need (required: there is no recipe model section to fall back on). `source`: what every
+    error message names the config as (the door knows where the user wrote it: a file, an argument)."""
     _check_world_size(world_size)
-    name = "the recipe"  # as load_recipe names a dict: the Trainer door's messages are the ones it had
+    name = source
     if not isinstance(config, dict):
         raise RecipeError(f"{name}: a DeepSpeed config must be a mapping, got {type(config).__name__}.")
     limits.check_tree(config, name)  # before deepcopy, which recurses

@@ -54,6 +54,17 @@ def read_ds_config(value: Any) -> dict:
     return data
 
 
+def ds_config_source(given: Any) -> str:
+    """How an error names the config the user gave as `deepspeed=` (TrainingArguments or accelerate's
+    DeepSpeed plugin), kept as `args.zero_config`: its file where it is one."""
+    if given is None:
+        return "TrainingArguments without deepspeed= (zerolaunch's stage-0 default)"
+    if isinstance(given, str | os.PathLike) and os.path.isfile(given):
+        return f"the DeepSpeed config {os.fspath(given)} (TrainingArguments deepspeed=)"
+    kind = "a dict" if isinstance(given, dict) else "a JSON string"
+    return f"the DeepSpeed config given as {kind} (TrainingArguments deepspeed=)"
+
+
 class TrainerDSConfig:
     """The config dict and the mismatches found while filling it (transformers' HfTrainerDeepSpeedConfig)."""
 

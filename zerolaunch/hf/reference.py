@@ -59,7 +59,7 @@ class FrozenModel(EngineForward):
 
 def frozen_options(args, model: nn.Module):
     """Engine options for a frozen model from the TrainingArguments' DeepSpeed config (zero_ds_config)."""
-    from zerolaunch.hf.config import TrainerDSConfig, model_hidden, optimizer_block
+    from zerolaunch.hf.config import TrainerDSConfig, ds_config_source, model_hidden, optimizer_block
 
     config = copy.deepcopy(args.zero_ds_config)
     for key in FROZEN_ONLY_KEYS:
@@ -72,7 +72,12 @@ def frozen_options(args, model: nn.Module):
     # the options need an optimizer to describe; the inference engine builds none
     config["optimizer"] = optimizer_block(args)
     # the bucket "auto"s from this model's hidden size
-    options = deepspeed_engine_options(config, world_size=args.world_size, model_hidden=model_hidden(model))
+    options = deepspeed_engine_options(
+        config,
+        world_size=args.world_size,
+        model_hidden=model_hidden(model),
+        source=ds_config_source(getattr(args, "zero_config", None)),
+    )
     return replace(options, gradient_accumulation_steps=1)
 
 

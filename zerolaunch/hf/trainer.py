@@ -214,10 +214,15 @@ class ZeroTrainerMixin:
         return config, own_optimizer
 
     def _zero_options(self, config: dict):
-        from zerolaunch.hf.config import model_hidden
+        from zerolaunch.hf.config import ds_config_source, model_hidden
 
         hidden = model_hidden(self.model)
-        options = deepspeed_engine_options(config, world_size=self.args.world_size, model_hidden=hidden)
+        options = deepspeed_engine_options(
+            config,
+            world_size=self.args.world_size,
+            model_hidden=hidden,
+            source=ds_config_source(getattr(self.args, "zero_config", None)),
+        )
         # the Trainer divides the loss by the accumulation (or by the window's token count) itself
         return replace(options, gradient_accumulation_steps=1)
 
