@@ -32,26 +32,30 @@ def cudart():
     return torch.cuda.cudart()
 
 
+def pinnable(device: torch.device, pin: bool) -> bool:
+    """Whether a buffer on `device` asked to be pinned can be: a host buffer, with an accelerator to pin for."""
+    return pin and device.type == "cpu" and accelerator_present()
+
+
 def zeros(numel: int, device: torch.device, *, pin: bool, dtype: torch.dtype) -> torch.Tensor:
     """A zeroed flat buffer on `device`; on the host and asked to pin, with an accelerator present:
     page-locked at its exact size."""
-    if not (pin and device.type == "cpu" and accelerator_present()):
-        return torch.zeros(numel, dtype=dtype, device=device)
-    buffer = torch.zeros(numel, dtype=dtype)
-    if not _register_in_place(buffer):
-        del buffer  # not two copies at once
-        return torch.zeros(numel, dtype=dtype, pin_memory=True)  # pinned as before, rounded up
-    return buffer
+    return _buffer(torch.zeros, numel, device, pin=pin, dtype=dtype)
 
 
 def empty(numel: int, device: torch.device, *, pin: bool, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized flat buffer, placed and page-locked as `zeros` is."""
-    if not (pin and device.type == "cpu" and accelerator_present()):
-        return torch.empty(numel, dtype=dtype, device=device)
-    buffer = torch.empty(numel, dtype=dtype)
+    return _buffer(torch.empty, numel, device, pin=pin, dtype=dtype)
+
+
+def _buffer(factory, numel: int, device: torch.device, *, pin: bool, dtype: torch.dtype) -> torch.Tensor:
+    """factory (torch.zeros or torch.empty) of numel elements, page-locked in place where `pinnable`."""
+    if not pinnable(device, pin):
+        return factory(numel, dtype=dtype, device=device)
+    buffer = factory(numel, dtype=dtype)
     if not _register_in_place(buffer):
         del buffer  # not two copies at once
-        return torch.empty(numel, dtype=dtype, pin_memory=True)  # pinned as before, rounded up
+        return factory(numel, dtype=dtype, pin_memory=True)  # pinned as before, rounded up
     return buffer
 
 

@@ -41,8 +41,7 @@ def recycled_empty(
 ) -> torch.Tensor:
     """An uninitialized flat buffer made and dropped again and again while training: pinned blocks come
     from torch's host cache, which hands a block out again only once the copy that read it has completed."""
-    pinnable = pin and device.type == "cpu" and host_pinning.accelerator_present()
-    return torch.empty(numel, dtype=dtype, device=device, pin_memory=pinnable)
+    return torch.empty(numel, dtype=dtype, device=device, pin_memory=host_pinning.pinnable(device, pin))
 
 
 def to_host(
