@@ -147,6 +147,28 @@ def tiny_llama(**overrides) -> dict:
     return {**config, **overrides}
 
 
+def save_tiny_llama_base(folder: Path, *, num_hidden_layers: int = 3) -> dict:
+    """A tiny Hugging Face Llama (vocab 256, 32 wide, untied head: a LoRA base with a file a recipe can name)
+    saved to `folder` from seed 0; returns its weights (cloned)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(folder)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
 def tiny_gpt2(**overrides) -> dict:
     """A Hugging Face GPT-2 config dict for CPU tests: 1 layer, 32 wide, 4 heads, vocab 64, 32 positions."""
     config = {

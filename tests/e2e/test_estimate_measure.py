@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _helpers import save_tiny_llama_base
 from typer.testing import CliRunner
 
 from zerolaunch.cli.app import app
@@ -99,23 +100,11 @@ def test_measure_builds_a_stage3_lora_base_on_meta_as_train_does(tmp_path, monke
     # zerolaunch train builds an HF base under a peft: block on the meta device at stage 3 and the engine fills
     # it unit by unit from the files; --measure must take that path, not build the whole base first
     pytest.importorskip("peft")
-    transformers = pytest.importorskip("transformers")
-    import torch
+    pytest.importorskip("transformers")
 
     from zerolaunch import build
 
-    config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "base")
+    save_tiny_llama_base(tmp_path / "base")
     (tmp_path / "corpus.jsonl").write_text('{"text": "a lazy dog jumps over the quick brown fox"}\n' * 8)
     recipe = tmp_path / "lora.yaml"
     recipe.write_text(

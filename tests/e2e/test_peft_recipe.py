@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import run_zerolaunch
+from _helpers import run_zerolaunch, save_tiny_llama_base
 
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
@@ -45,27 +45,10 @@ def _cli(*args, cwd):
     return run_zerolaunch(*args, cwd=cwd, timeout=300)
 
 
-def _base(folder: Path):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("peft_run")
-    _base(tmp / "base")
+    save_tiny_llama_base(tmp / "base", num_hidden_layers=2)
     lines = [json.dumps({"text": f"line {i}: a lazy dog sleeps under the tree."}) for i in range(200)]
     (tmp / "corpus.jsonl").write_text("\n".join(lines) + "\n")
     (tmp / "lora.yaml").write_text(RECIPE)

@@ -11,28 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _helpers import save_tiny_llama_base
 
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
-
-
-def _base(folder):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(folder)
-    return {k: v.clone() for k, v in model.state_dict().items()}
 
 
 def _recipe(folder, **peft):
@@ -74,7 +56,7 @@ def _base_name(peft_name: str) -> str:
 def test_peft_recipe_builds_the_base_on_meta(group, tmp_path):
     from zerolaunch.build import build_engine
 
-    files = _base(tmp_path / "base")
+    files = save_tiny_llama_base(tmp_path / "base")
     recipe = _recipe(tmp_path / "base")
     model = _trainer_model(recipe)
     assert all(p.is_meta for p in model.parameters()), "the base was built with real weights"
@@ -101,7 +83,7 @@ def test_peft_recipe_builds_the_base_on_meta(group, tmp_path):
 def test_modules_to_save_starts_as_its_original(group, tmp_path):
     from zerolaunch.build import build_engine
 
-    files = _base(tmp_path / "base")
+    files = save_tiny_llama_base(tmp_path / "base")
     recipe = _recipe(tmp_path / "base", modules_to_save=["lm_head"])
     model = _trainer_model(recipe)
     assert all(p.is_meta for p in model.parameters())
@@ -117,7 +99,7 @@ def test_modules_to_save_starts_as_its_original(group, tmp_path):
 def test_modules_to_save_of_a_whole_unit_is_refused(tmp_path):
     from zerolaunch.util.errors import UserError
 
-    _base(tmp_path / "base")
+    save_tiny_llama_base(tmp_path / "base")
     with pytest.raises(UserError) as err:
         _trainer_model(_recipe(tmp_path / "base", modules_to_save=["layers.1"]))
     message = str(err.value)
