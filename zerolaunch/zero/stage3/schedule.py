@@ -229,24 +229,25 @@ class Stage3Schedule:
             for flat in flats:
                 if flat is not None:
                     flat.stay_gathered()
-        for k, module in enumerate(modules):
-            if hook_free or module is None or flats[k] is None or k == ROOT:
-                continue
-            self._handles.append(
-                module.register_forward_pre_hook(weak_partial(self._pre_forward, k), with_kwargs=True)
-            )
-            self._handles.append(module.register_forward_hook(weak_partial(self._post_forward, k)))
+        else:
+            for k, module in enumerate(modules):
+                if module is None or flats[k] is None or k == ROOT:
+                    continue
+                self._handles.append(
+                    module.register_forward_pre_hook(weak_partial(self._pre_forward, k), with_kwargs=True)
+                )
+                self._handles.append(module.register_forward_hook(weak_partial(self._post_forward, k)))
         for k, unit_params in enumerate(params):
             for name, p in unit_params:
                 self._handles.append(
                     p.register_post_accumulate_grad_hook(weak_partial(self._on_grad, k, name))
                 )
         remove_with(self, self._handles)  # [Note: weak hooks]: the model outlives the schedule
+        # A hook-free forward keeps every param a view of its master or shard, which the params keep alive: its
+        # model runs on without the engine (and no hook may enter its compiled forward). Otherwise a module
+        # whose weights were sharded refuses to run once they have gone with the schedule.
         for k, module in enumerate(modules):
-            # a hook-free forward keeps every param a view of its master or shard, which the params keep
-            # alive: the model runs on without the engine (and no hook may enter the compiled forward)
             if not hook_free and module is not None and flats[k] is not None and not flats[k].resident:
-                # stays after the schedule: the module's sharded weights went with it
                 module.register_forward_pre_hook(
                     refuse_when_gone(self, _engine_gone_message(module), _copied_message(module))
                 )

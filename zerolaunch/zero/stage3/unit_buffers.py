@@ -358,8 +358,7 @@ class UnitFlat:
         in schedule.py)."""
         if not self.aliases_source:
             raise ValueError(f"unit {self.index} gathers into a buffer of its own: it cannot stay gathered")
-        for p, view in self._params:
-            p.data = view
+        self._point_params_at_views()
         self.state = UnitState.GATHERED
         self.stays_gathered = True
 
@@ -393,8 +392,7 @@ class UnitFlat:
         else:
             self._params = [(params[name], self._source_view(sources, name)) for name in self.slots]
             self.full.untyped_storage().resize_(0)
-        for p, view in self._params:
-            p.data = view
+        self._point_params_at_views()
         if not self.resident:
             self.full.untyped_storage().resize_(0)
             self._point_params_at_placeholders()
@@ -403,6 +401,11 @@ class UnitFlat:
     def _source_view(self, sources: list[torch.Tensor], name: str) -> torch.Tensor:
         slot = self.slots[name]
         return sources[slot.bucket][slot.offset : slot.offset + slot.numel].view(slot.shape)
+
+    def _point_params_at_views(self) -> None:
+        """Each param shows its view of the full buffer, or of its source where the unit aliases it."""
+        for p, view in self._params:
+            p.data = view
 
     def _point_params_at_placeholders(self) -> None:
         # a freed param must never read the released memory (a print or a user's .sum() would crash the
@@ -421,8 +424,7 @@ class UnitFlat:
     def _gather(self, group, *, stream, stats: comm.CommStats) -> None:
         if not self.aliases_source:
             self.full.untyped_storage().resize_(self.full_nbytes)
-        for p, view in self._params:
-            p.data = view
+        self._point_params_at_views()
         self.state = UnitState.GATHERED
         if self.aliases_source:  # the views show the source itself: nothing to move
             return
