@@ -475,11 +475,10 @@ def deepspeed_engine_options(
     bucket "auto"s need (required: there is no recipe model section to fall back on). `source`: what every
     error message names the config as (the door knows where the user wrote it: a file, an argument)."""
     _check_world_size(world_size)
-    name = source
     if not isinstance(config, dict):
-        raise RecipeError(f"{name}: a DeepSpeed config must be a mapping, got {type(config).__name__}.")
-    limits.check_tree(config, name)  # before deepcopy, which recurses
-    tree = _deepspeed_tree(copy.deepcopy(config), name, {})
+        raise RecipeError(f"{source}: a DeepSpeed config must be a mapping, got {type(config).__name__}.")
+    limits.check_tree(config, source)  # before deepcopy, which recurses
+    tree = _deepspeed_tree(copy.deepcopy(config), source, {})
     return _resolve_options(tree, world_size, None, model_hidden)[2]
 
 
