@@ -16,6 +16,10 @@ numbers) and trains the same synthetic batches from the same weights:
                 `engine.compile()`; the same AdamW, clip and lr.
 - torch-amp:    fp32 params + bf16 autocast, torch.compile(model), fused AdamW: the numerics of an fp32 master.
 - zl-z{2,3}:    `zerolaunch.initialize` with bf16 compute and the fp32 master, then `engine.compile()`.
+- zl-z3-resident: zl-z3 with `stage3_param_persistence_threshold` above every param: every param persistent
+                (DeepSpeed's rule: not partitioned), so the 16-bit copy stays whole (stage 2's memory),
+                refreshed from the master after each step, and the whole forward compiles; zl-z3's units
+                cast their master slices in each gather (forward and backward) and compile one by one.
 
 Two more rows (with `--model gpt`) put the user's `zerolaunch train` against the engine on one model and data:
 zerolaunch's built-in GPT (zerolaunch.models.gpt) at this bench's shape and its synthetic Markov data
@@ -54,7 +58,7 @@ from _row_process import (
     single_rank_env,
 )
 
-ROWS = ("torch-bf16", "zl-z2-bf16", "zl-z3-bf16", "torch-amp", "zl-z2", "zl-z3")
+ROWS = ("torch-bf16", "zl-z2-bf16", "zl-z3-bf16", "torch-amp", "zl-z2", "zl-z3", "zl-z3-resident")
 BUILTIN_ROWS = ("zl-gpt-z2-bf16", "zl-train-z2-bf16")
 """The built-in GPT's rows (the module docstring): the engine against `zerolaunch train`, --model gpt only."""
 DATA_SEED = 1234  # recipes/gpt-1.3b.yaml's train.seed: the synthetic stream both built-in rows draw
@@ -67,6 +71,8 @@ SIZES = {  # (layers, d_model, heads)
 # as this bench's rows were measured
 HF_LLAMA = {k: v for k, v in LLAMA_1B.items() if k != "rms_norm_eps"} | {"max_position_embeddings": 4096}
 LR, BETAS, WEIGHT_DECAY, CLIP = 3e-4, (0.9, 0.95), 0.1, 1.0
+ABOVE_EVERY_PARAM = 10**12
+"""zl-z3-resident's stage3_param_persistence_threshold: every param is persistent."""
 
 
 def own_gpt(n_layer: int, d_model: int, n_head: int, vocab: int, seq_len: int):
@@ -148,16 +154,19 @@ def loss_of(model, batch, hf: bool):
     return model(batch["input_ids"], batch["labels"])
 
 
-def ds_config(stage: int, pure_bf16: bool, micro_batch: int) -> dict:
+def ds_config(stage: int, pure_bf16: bool, micro_batch: int, resident: bool = False) -> dict:
     bf16 = {"enabled": True}
     if pure_bf16:
         bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    zero = {"stage": stage}
+    if resident:
+        zero["stage3_param_persistence_threshold"] = ABOVE_EVERY_PARAM
     return {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": CLIP,
         "bf16": bf16,
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": zero,
         "optimizer": {
             "type": "AdamW",
             "params": {"lr": LR, "betas": list(BETAS), "weight_decay": WEIGHT_DECAY},
@@ -196,7 +205,9 @@ def build_step(row: str, args, device):
 
     stage = int(row[4])
     engine = zerolaunch.initialize(
-        model, ds_config(stage, row.endswith("-bf16"), args.micro_batch), device=device
+        model,
+        ds_config(stage, row.endswith("-bf16"), args.micro_batch, resident=row.endswith("-resident")),
+        device=device,
     )
     if not args.eager:
         engine.compile()

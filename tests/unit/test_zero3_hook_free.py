@@ -31,11 +31,15 @@ from zerolaunch.zero.weak_hooks import refuse_when_gone  # noqa: E402
 PURE_BF16 = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
 
 
-def _engine(stage: int, bf16: dict | None = None):
+ABOVE_EVERY_PARAM = 10**12
+"""A stage3_param_persistence_threshold that makes every param persistent (resident, never gathered)."""
+
+
+def _engine(stage: int, bf16: dict | None = None, persistence_threshold: int = 0):
     torch.manual_seed(0)
     config = {
         "train_micro_batch_size_per_gpu": 2,
-        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": persistence_threshold},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
         "gradient_clipping": 1.0,
     }
@@ -49,12 +53,13 @@ def _batch(step: int) -> torch.Tensor:
     return torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(step))
 
 
-def _train(engine, steps: int = 3) -> dict[str, torch.Tensor]:
+def _train(engine, steps: int = 3, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The weights after `steps` steps; dtype fp32 over a 16-bit model: the fp32 master."""
     for step in range(steps):
         ids = _batch(step)
         engine.backward(engine(input_ids=ids, labels=ids).loss)
         engine.step()
-    return {name: t.clone() for name, t in engine.engine.iter_full_state()}
+    return {name: t.clone() for name, t in engine.engine.iter_full_state(dtype)}
 
 
 @pytest.fixture(autouse=True)
@@ -103,18 +108,29 @@ def test_a_bf16_model_over_an_fp32_master_keeps_its_gather_hooks():
     assert _forward_hooks(engine.module) - refusals == 2 * 2
 
 
+def test_a_bf16_model_over_an_fp32_master_with_every_param_persistent_hooks_no_forward():
+    # the resident unit holds the whole 16-bit model, cast from the master after each step: nothing to gather
+    engine = _engine(3, {"enabled": True}, ABOVE_EVERY_PARAM)
+    flats = [f for f in engine.engine.sharding.flats if f is not None]
+    assert [f.resident for f in flats] == [True] and not flats[0].aliases_source
+    assert engine.engine.forward_hooks_free
+    assert _forward_hooks(engine.module) == 0
+
+
 def test_stage2_has_no_forward_hooks_either():
     engine = _engine(2)
     assert engine.engine.forward_hooks_free and _forward_hooks(engine.module) == 0
 
 
 @pytest.mark.parametrize(
-    "bf16, whole", [(None, True), ({"enabled": True}, False)], ids=["fp32", "bf16-fp32-master"]
+    "bf16, persistence_threshold, whole",
+    [(None, 0, True), ({"enabled": True}, 0, False), ({"enabled": True}, ABOVE_EVERY_PARAM, True)],
+    ids=["fp32", "bf16-fp32-master", "bf16-fp32-master-persistent"],
 )
-def test_compile_takes_the_whole_forward_exactly_where_no_hook_runs_in_it(bf16, whole):
+def test_compile_takes_the_whole_forward_exactly_where_no_hook_runs_in_it(bf16, persistence_threshold, whole):
     torch._dynamo.reset()
     graphs = []
-    engine = _engine(3, bf16)
+    engine = _engine(3, bf16, persistence_threshold)
     engine.compile(backend=_recording_backend(graphs))
     assert engine.compiled == ("the whole forward" if whole else "2 blocks")
     ids = _batch(0)
@@ -181,3 +197,24 @@ def test_a_direct_forward_reads_the_trained_weights_without_gathered():
             inside = engine.module(input_ids=ids, labels=ids).loss
     torch.testing.assert_close(direct, expected, rtol=0, atol=0)
     torch.testing.assert_close(inside, expected, rtol=0, atol=0)
+
+
+def test_the_compiled_persistent_bf16_engine_trains_as_eager_and_as_the_gathering_units():
+    # bf16 compute over an fp32 master, every param persistent: the resident unit's 16-bit copy is refreshed
+    # from the master after each step; with threshold 0 the units cast their master slices in each gather
+    # instead. Both forwards read the same bf16 values. Compared after one step: Adam's first update is about
+    # lr * sign(grad), so later steps turn an ulp of difference in a near-zero grad into 2 * lr.
+    torch._dynamo.reset()
+    graphs, master = [], torch.float32
+    compiled = _engine(3, {"enabled": True}, ABOVE_EVERY_PARAM)
+    compiled.compile(backend=_recording_backend(graphs))
+    compiled_weights = _train(compiled, dtype=master)
+    eager_weights = _train(_engine(3, {"enabled": True}, ABOVE_EVERY_PARAM), dtype=master)
+    assert len(graphs) == 1
+    for name, value in eager_weights.items():
+        assert value.dtype == master, name
+        assert torch.equal(compiled_weights[name], value), name
+    one_step = _train(_engine(3, {"enabled": True}, ABOVE_EVERY_PARAM), steps=1, dtype=master)
+    gathering = _train(_engine(3, {"enabled": True}), steps=1, dtype=master)
+    for name, value in gathering.items():
+        torch.testing.assert_close(one_step[name], value, rtol=1e-6, atol=1e-6, msg=name)

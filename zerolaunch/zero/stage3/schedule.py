@@ -66,6 +66,11 @@ forward hook: the forward is the model's own code, which torch.compile can trace
 `compile_scope: model`). Nothing else needs the forward bookkeeping then: the post-accumulate-grad hooks
 count arrivals and write or stage grads by themselves, the frozen-param input wrappers only decide when a
 unit may be freed, and the pre-backward hooks only gather and prefetch.
+The same holds where `stage3_param_persistence_threshold` is above every param: all of them are persistent
+(DeepSpeed's rule: not partitioned), in the resident unit, which is gathered for good and registers no hook
+anyway. At world size 1 over an fp32 master that is the way to trade stage 3's transient 16-bit units for
+stage 2's memory and a forward compiled whole: the resident unit keeps the cast and refreshes it after each
+step, where the units would cast their master slices twice a step (forward and backward).
 """
 
 from __future__ import annotations
@@ -156,7 +161,8 @@ class Stage3Schedule:
     ):
         """flats[k] / params[k]: unit k's buffers and sharded params (None / [] when it has none); the last
         entry is the resident unit of persistent params (modules[-1] is None). hook_free: every unit stays
-        gathered and no forward hook is registered ([Note: hook-free forward]; each flat must alias)."""
+        gathered and no forward hook is registered ([Note: hook-free forward]; each flat must alias or be
+        resident)."""
         self.flats = flats
         self.units = [
             None
@@ -227,7 +233,7 @@ class Stage3Schedule:
         self._handles = []
         if hook_free:
             for flat in flats:
-                if flat is not None:
+                if flat is not None and not flat.resident:  # a resident unit is gathered for good already
                     flat.stay_gathered()
         else:
             for k, module in enumerate(modules):

@@ -158,9 +158,10 @@ class UnitSharding(UnitStateMixin, Sharding):
         self.grad_shards.release()  # not held before the first backward either
 
     def _forward_without_hooks(self) -> bool:
-        """Every unit aliases its source, so none needs gathering in the forward ([Note: hook-free forward]
-        in schedule.py). A method: tests force the hooks to check the schedule at world size 1."""
-        return all(f.aliases_source for f in self.flats if f is not None)
+        """Every unit aliases its source or is resident (every param under stage3_param_persistence_threshold),
+        so none needs gathering in the forward ([Note: hook-free forward] in schedule.py). A method: tests
+        force the hooks to check the schedule at world size 1."""
+        return all(f.aliases_source or f.resident for f in self.flats if f is not None)
 
     @property
     def forward_hooks_free(self) -> bool:
