@@ -241,7 +241,8 @@ class UnitSharding(UnitStateMixin, Sharding):
 
     @torch.no_grad()
     def _materialize(self, part, named: dict[str, nn.Parameter], init_fn) -> None:
-        """One unit at a time: real fp32 values of the unit's size -> this rank's shard + master, dropped."""
+        """One unit at a time: real fp32 values of the unit's size -> this rank's shard + master (both the values
+        in the compute dtype: _write_master_start), dropped."""
         seed = torch.tensor([torch.initial_seed() % (2**62)], dtype=torch.int64, device=self.ctx.device)
         comm.broadcast(seed, 0, self.ctx.group, stats=self.ctx.stats)  # every rank inits with rank 0's seed
         base_seed = int(seed.item())
