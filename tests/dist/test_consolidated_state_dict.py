@@ -84,9 +84,9 @@ def test_rank0_gets_the_unsharded_state_dict(ranks, stage, dtype):
     assert list(got) == list(want)  # same keys, same order: tied names and the persistent buffer only
     for name, tensor in want.items():
         assert got[name].device.type == "cpu" and got[name].dtype == torch.float32, name
-        if dtype == "bf16" and (stage < 3 or not name.startswith(("embed.", "blocks.", "head."))):
-            # stages 0-2 start from the model cast to bf16; stage 3 fills its fp32 master from the model before
-            # the cast (the frozen params and the buffer, which have no master, are bf16 either way)
+        if dtype == "bf16":
+            # every stage's fp32 master starts from the model cast to bf16, as DeepSpeed's (the frozen params
+            # and the buffer, which have no master, are bf16 themselves)
             tensor = tensor.bfloat16().float()
         assert torch.equal(got[name], tensor), name
     assert ranks[1][(stage, dtype)]["consolidated"] == {}

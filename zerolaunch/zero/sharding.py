@@ -69,6 +69,17 @@ class StrategyContext:
         return self.options.zero.stage
 
 
+def master_start(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The values a master starts from, given the model's initial values: those of the model in its compute
+    dtype `dtype`, i.e. rounded through it (a no-op for fp32 training; a bf16 master rounds once either way).
+    DeepSpeed casts the module to bf16/fp16 before it builds its optimizer (zero.Init stores the params in
+    it), so its fp32 master is made from the 16-bit values at every stage. Stages 0-2 get that by copying
+    their master from the cast flat buffers; stage 3, which materializes fp32 values unit by unit, rounds
+    them here, so that the stage does not change where training starts. Not for a checkpoint's master, which
+    is restored exactly."""
+    return values if dtype == torch.float32 else values.to(dtype).to(values.dtype)
+
+
 class Sharding:
     module: nn.Module
     named_params: dict[str, nn.Parameter]

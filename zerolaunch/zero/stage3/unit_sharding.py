@@ -31,7 +31,7 @@ from ..optim import nvme_store, shard_optimizer
 from ..optim.shard_optimizer import Chunk, ShardOptimizer, split_chunks
 from ..param_groups import collect_aliases, collect_params, optimizer_groups
 from ..plan import GradSegment, aliases_gathered, gathers_from_master
-from ..sharding import Sharding, StrategyContext, nbytes
+from ..sharding import Sharding, StrategyContext, master_start, nbytes
 from .fragments import UnitStateMixin
 from .materialize import materialize, param_sites, unit_seed
 from .partition import partition
@@ -225,10 +225,13 @@ class UnitSharding(UnitStateMixin, Sharding):
                     ]
                 )
 
-    def _write_master(self, flat: UnitFlat, i: int, start: int, values: torch.Tensor) -> None:
-        """Elements [start, start + n) of unit bucket i's fp32 master shard <- values."""
+    def _write_master_start(self, flat: UnitFlat, i: int, start: int, values: torch.Tensor) -> None:
+        """Elements [start, start + n) of unit bucket i's master shard <- the initial values, rounded through
+        the compute dtype as stages 0-2's master is (sharding.master_start)."""
         group = flat.buckets[i].group
-        self.shards.write("master", group, flat.master_offsets[i] + start, values.float())
+        self.shards.write(
+            "master", group, flat.master_offsets[i] + start, master_start(values.float(), self.ctx.dtype)
+        )
 
     def close(self) -> None:
         """Release the nvme swap files now (they are also removed at garbage collection and at exit)."""
@@ -238,7 +241,8 @@ class UnitSharding(UnitStateMixin, Sharding):
 
     @torch.no_grad()
     def _materialize(self, part, named: dict[str, nn.Parameter], init_fn) -> None:
-        """One unit at a time: real fp32 values of the unit's size -> this rank's shard + master, dropped."""
+        """One unit at a time: real fp32 values of the unit's size -> this rank's shard + master (both the values
+        in the compute dtype: _write_master_start), dropped."""
         seed = torch.tensor([torch.initial_seed() % (2**62)], dtype=torch.int64, device=self.ctx.device)
         comm.broadcast(seed, 0, self.ctx.group, stats=self.ctx.stats)  # every rank inits with rank 0's seed
         base_seed = int(seed.item())
@@ -273,7 +277,7 @@ class UnitSharding(UnitStateMixin, Sharding):
             )
             for name, value in delivered.items():  # the owner (root) is sharded already: write its slices
                 owner = self.flats[self._flat_of[name]]
-                owner.write_owned(name, value.float(), partial(self._write_master, owner))
+                owner.write_owned(name, value.float(), partial(self._write_master_start, owner))
             if flat is None:
                 continue
             if not had_meta:  # real weights from a builder: rank 0's win (ranks may have seeded differently)
@@ -306,7 +310,7 @@ class UnitSharding(UnitStateMixin, Sharding):
             owned = flat.bucket_owned(init32, i)
             flat.write_shard(flat.shard_offsets[i], owned)
             if not flat.is_frozen_bucket(i):
-                self._write_master(flat, i, 0, owned)
+                self._write_master_start(flat, i, 0, owned)
         # views can only be taken of allocated storage; they stay valid while it is freed again.
         flat.full.untyped_storage().resize_(flat.full_nbytes)
         if flat.resident:
