@@ -199,11 +199,12 @@ def test_a_direct_forward_reads_the_trained_weights_without_gathered():
     torch.testing.assert_close(inside, expected, rtol=0, atol=0)
 
 
-def test_the_compiled_persistent_bf16_engine_trains_as_eager_and_as_the_gathering_units():
+def test_the_compiled_persistent_bf16_engine_trains_as_eager_as_the_gathering_units_and_as_stage2():
     # bf16 compute over an fp32 master, every param persistent: the resident unit's 16-bit copy is refreshed
-    # from the master after each step; with threshold 0 the units cast their master slices in each gather
-    # instead. Both forwards read the same bf16 values. Compared after one step: Adam's first update is about
-    # lr * sign(grad), so later steps turn an ulp of difference in a near-zero grad into 2 * lr.
+    # from the master after each step, as stage 2 refreshes its params; with threshold 0 the units cast their
+    # master slices in each gather instead. All read the same bf16 values, from the same master start
+    # (sharding.master_start). Compared after one step: Adam's first update is about lr * sign(grad), so later
+    # steps turn an ulp of difference in a near-zero grad (a norm summed in another order) into 2 * lr.
     torch._dynamo.reset()
     graphs, master = [], torch.float32
     compiled = _engine(3, {"enabled": True}, ABOVE_EVERY_PARAM)
@@ -215,6 +216,10 @@ def test_the_compiled_persistent_bf16_engine_trains_as_eager_and_as_the_gatherin
         assert value.dtype == master, name
         assert torch.equal(compiled_weights[name], value), name
     one_step = _train(_engine(3, {"enabled": True}, ABOVE_EVERY_PARAM), steps=1, dtype=master)
-    gathering = _train(_engine(3, {"enabled": True}), steps=1, dtype=master)
-    for name, value in gathering.items():
-        torch.testing.assert_close(one_step[name], value, rtol=1e-6, atol=1e-6, msg=name)
+    others = {
+        "stage 3 gathering": _train(_engine(3, {"enabled": True}), steps=1, dtype=master),
+        "stage 2": _train(_engine(2, {"enabled": True}), steps=1, dtype=master),
+    }
+    for run, weights in others.items():
+        for name, value in weights.items():
+            torch.testing.assert_close(one_step[name], value, rtol=1e-6, atol=1e-6, msg=f"{run} {name}")
