@@ -233,6 +233,18 @@ def live_cpu_storage_bytes() -> int:
     return sum(seen.values())
 
 
+def hold_cpu_tensors() -> list:
+    """Every CPU tensor alive now, held: call before a baseline of live_cpu_storage_bytes() and keep the list
+    until the last count. An earlier test's leftovers (a frame a warning or traceback kept, a finalizer that has
+    not run) can otherwise be freed in the middle of the count and make the measured growth look smaller."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type == "cpu"]
+
+
 def load_bench_script(name: str):
     """bench/NAME.py as a module (bench/ is scripts, not a package): what its CPU-side tests call into. bench/
     goes on sys.path as it does when a script runs, so the scripts' imports of each other (_row_process) resolve."""

@@ -17,7 +17,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import forget_compiled_models, live_cpu_storage_bytes  # noqa: E402
+from _helpers import forget_compiled_models, hold_cpu_tensors, live_cpu_storage_bytes  # noqa: E402
 
 from zerolaunch.zero import Engine
 from zerolaunch.zero.options import (
@@ -72,6 +72,7 @@ def _sharded_numel(engine) -> int:
 
 def test_no_compute_dtype_shard_without_offload():
     forget_compiled_models()  # an earlier test's compiled model must not be freed mid-count
+    held = hold_cpu_tensors()  # nothing alive now can vanish from the count
     before = live_cpu_storage_bytes()
     engine = _stepped(_options())
     flats = [f for f in engine.sharding.flats if f is not None]
@@ -88,6 +89,7 @@ def test_no_compute_dtype_shard_without_offload():
     # model states. Small tensors (lr, loss scale, counters) are allowed; a shard (2 B per sharded element,
     # > 1.7 MB here) is not.
     live = live_cpu_storage_bytes() - before
+    del held
     assert abs(live - model_states) < 64 * 1024, (live, model_states)
 
 

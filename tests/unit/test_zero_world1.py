@@ -24,7 +24,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import forget_compiled_models, live_cpu_storage_bytes  # noqa: E402
+from _helpers import forget_compiled_models, hold_cpu_tensors, live_cpu_storage_bytes  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "dist"))
 
@@ -73,6 +73,7 @@ def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
     x = torch.randn(8, 64)
     y = torch.randn(8, 64)
     forget_compiled_models()  # an earlier test's compiled model must not be freed mid-count
+    held = hold_cpu_tensors()  # nothing alive now can vanish from the count
     before = live_cpu_storage_bytes()
     engine = Engine(WideNet(), _options(stage, dtype))
     # not held before the first backward
@@ -103,6 +104,7 @@ def test_one_fp32_grad_per_element_and_nothing_else(stage, dtype):
     engine.backward(loss)
     del loss
     live = live_cpu_storage_bytes() - before
+    del held
     assert abs(live - model_states) < 64 * 1024, (live, model_states)
     assert sum(t.untyped_storage().nbytes() for t in engine.sharding.grad_shards.tensors) == 4 * padded
 
