@@ -214,22 +214,30 @@ def forget_compiled_models() -> None:
     gc.collect()
 
 
-def live_cpu_storage_bytes() -> int:
-    """Bytes of every distinct CPU tensor storage the garbage collector can reach (an independent count of what
-    an engine really holds, beside its own memory_bytes())."""
+def _live_cpu_tensors() -> list:
+    """Every CPU tensor the garbage collector can reach, after a collection."""
     import gc
 
     import torch
 
     gc.collect()
-    seen: dict[int, int] = {}
+    tensors = []
     for obj in gc.get_objects():
         try:
             if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-                s = obj.untyped_storage()
-                seen[s.data_ptr()] = s.nbytes()
+                tensors.append(obj)
         except Exception:  # noqa: BLE001 - some objects refuse introspection; they are not ours
             continue
+    return tensors
+
+
+def live_cpu_storage_bytes() -> int:
+    """Bytes of every distinct CPU tensor storage the garbage collector can reach (an independent count of what
+    an engine really holds, beside its own memory_bytes())."""
+    seen: dict[int, int] = {}
+    for t in _live_cpu_tensors():
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
     return sum(seen.values())
 
 
@@ -237,12 +245,7 @@ def hold_cpu_tensors() -> list:
     """Every CPU tensor alive now, held: call before a baseline of live_cpu_storage_bytes() and keep the list
     until the last count. An earlier test's leftovers (a frame a warning or traceback kept, a finalizer that has
     not run) can otherwise be freed in the middle of the count and make the measured growth look smaller."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type == "cpu"]
+    return _live_cpu_tensors()
 
 
 def load_bench_script(name: str):
