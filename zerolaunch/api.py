@@ -229,8 +229,9 @@ class ZeroLaunchEngine:
         (models/compiling.py). DeepSpeed compiles the whole module; here the model's whole forward is
         compiled (`compile_scope: model`) wherever no engine hook runs inside it (Engine.forward_hooks_free:
         stages 0-2 without overlap_step, and stage 3 where nothing is gathered: at world size 1 every unit
-        aliases what it holds, or every param is persistent), and otherwise each unit's forward (`compile_scope: blocks`), since dynamo
-        would trace stage 3's gather hooks or overlap_step's publish hooks into the graph. With the inductor
+        aliases what it holds, or every param is persistent), and otherwise each unit's forward
+        (`compile_scope: blocks`), since dynamo would trace stage 3's gather hooks or overlap_step's publish
+        hooks into the graph. With the inductor
         backend the optimizer step is fused too where it can be (Engine.use_fused_step), as
         `train.compile_optimizer` defaults. A second call does nothing, as DeepSpeed's. `schedule` and
         `compiled_autograd_enabled` are DeepCompile's and compiled autograd's, which zerolaunch does not have:
