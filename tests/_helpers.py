@@ -214,30 +214,22 @@ def forget_compiled_models() -> None:
     gc.collect()
 
 
-def _live_cpu_tensors() -> list:
-    """Every CPU tensor the garbage collector can reach, after a collection."""
+def live_cpu_storage_bytes() -> int:
+    """Bytes of every distinct CPU tensor storage the garbage collector can reach (an independent count of what
+    an engine really holds, beside its own memory_bytes())."""
     import gc
 
     import torch
 
     gc.collect()
-    tensors = []
+    seen: dict[int, int] = {}
     for obj in gc.get_objects():
         try:
             if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-                tensors.append(obj)
+                s = obj.untyped_storage()
+                seen[s.data_ptr()] = s.nbytes()
         except Exception:  # noqa: BLE001 - some objects refuse introspection; they are not ours
             continue
-    return tensors
-
-
-def live_cpu_storage_bytes() -> int:
-    """Bytes of every distinct CPU tensor storage the garbage collector can reach (an independent count of what
-    an engine really holds, beside its own memory_bytes())."""
-    seen: dict[int, int] = {}
-    for t in _live_cpu_tensors():
-        s = t.untyped_storage()
-        seen[s.data_ptr()] = s.nbytes()
     return sum(seen.values())
 
 
@@ -245,7 +237,12 @@ def hold_cpu_tensors() -> list:
     """Every CPU tensor alive now, held: call before a baseline of live_cpu_storage_bytes() and keep the list
     until the last count. An earlier test's leftovers (a frame a warning or traceback kept, a finalizer that has
     not run) can otherwise be freed in the middle of the count and make the measured growth look smaller."""
-    return _live_cpu_tensors()
+    import gc
+
+    import torch
+
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type == "cpu"]
 
 
 def load_bench_script(name: str):
