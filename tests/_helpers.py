@@ -214,21 +214,33 @@ def forget_compiled_models() -> None:
     gc.collect()
 
 
-def live_cpu_storage_bytes() -> int:
-    """Bytes of every distinct CPU tensor storage the garbage collector can reach (an independent count of what
-    an engine really holds, beside its own memory_bytes())."""
+def _live_cpu_tensors() -> list:
+    """Every CPU tensor the garbage collector can reach, after a collection."""
     import gc
 
     import torch
 
     gc.collect()
-    seen: dict[int, int] = {}
+    found = []
     for obj in gc.get_objects():
         try:
             if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-                s = obj.untyped_storage()
-                seen[s.data_ptr()] = s.nbytes()
+                found.append(obj)
         except Exception:  # noqa: BLE001 - some objects refuse introspection; they are not ours
+            continue
+    return found
+
+
+def live_cpu_storage_bytes() -> int:
+    """Bytes of every distinct CPU tensor storage the garbage collector can reach (an independent count of what
+    an engine really holds, beside its own memory_bytes())."""
+    seen: dict[int, int] = {}
+    for tensor in _live_cpu_tensors():
+        # inside the guard: a FakeTensor dynamo left behind is a CPU tensor whose storage refuses data_ptr()
+        try:
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        except Exception:  # noqa: BLE001 - not a real storage, so not memory the engine holds
             continue
     return sum(seen.values())
 
@@ -237,12 +249,7 @@ def hold_cpu_tensors() -> list:
     """Every CPU tensor alive now, held: call before a baseline of live_cpu_storage_bytes() and keep the list
     until the last count. An earlier test's leftovers (a frame a warning or traceback kept, a finalizer that has
     not run) can otherwise be freed in the middle of the count and make the measured growth look smaller."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type == "cpu"]
+    return _live_cpu_tensors()
 
 
 def load_bench_script(name: str):
