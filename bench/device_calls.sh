@@ -56,7 +56,7 @@ fi
 for s in "${WANT[@]}"; do
   case $s in
     tests) step tests 180 python3 -m pytest -q -p no:cacheprovider $CUDA_TESTS ;;
-    tax-resident) step tax-resident 240 python3 bench/engine_tax.py --rows torch-amp,zl-z3,zl-z3-resident --timeout 110 --out "$R" ;;
+    tax-resident) step tax-resident 240 python3 bench/engine_tax.py --rows torch-amp,zl-z3-resident,zl-z3 --timeout 110 --out "$R" ;;
     tax-llama) step tax-llama 240 python3 bench/engine_tax.py --model hf-llama --rows torch-bf16,zl-z2-bf16,zl-z3-bf16 --timeout 70 --out "$R" ;;
     train-path) step train-path 330 python3 bench/engine_tax.py --rows zl-gpt-z2-bf16,zl-train-z2-bf16 --timeout 160 --out "$R" ;;
     longseq-gpt) step longseq-gpt 560 python3 bench/longseq.py --models gpt-1.3b --rows zl,ds,fsdp2 --row-budget 100 --out "$R" ;;
